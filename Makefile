@@ -1,0 +1,71 @@
+# perfpipe: `make run` runs the nightly DAG once on this machine, `make test` runs the tests.
+# Both install what they need first (OS packages through apt when missing, a venv with the
+# pinned Python packages, an Airflow home with its metadata DB); a second run skips that.
+
+SHELL := /bin/bash
+STATE := $(CURDIR)/.state
+VENV := $(STATE)/venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.8
+APT_PACKAGES := mosquitto mosquitto-clients openssh-server iproute2 postgresql openjdk-17-jre-headless procps util-linux
+
+export AIRFLOW_HOME := $(STATE)/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := True
+export PERFPIPE_STATE_DIR ?= $(STATE)
+
+.PHONY: run test deps os-deps venv airflow-db lock clean help
+
+help:
+	@echo "make run   - run the nightly DAG once (localhost, Mosquitto, Spark local, SQLite, Slack to file)"
+	@echo "make test  - run the test suite"
+	@echo "make deps  - only install OS packages, the venv and the Airflow metadata DB"
+
+run: deps
+	$(VENV)/bin/perfpipe nightly
+
+test: deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+deps: os-deps venv airflow-db
+
+# OS packages: installed through apt only when one of the commands is missing.
+os-deps: $(STATE)/.os-deps
+$(STATE)/.os-deps:
+	@mkdir -p $(STATE)
+	@missing=""; \
+	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
+	  [ -x /usr/sbin/sshd ] || missing="$$missing sshd"; \
+	  command -v ip >/dev/null || missing="$$missing ip"; \
+	  command -v java >/dev/null || missing="$$missing java"; \
+	  command -v setsid >/dev/null || missing="$$missing setsid"; \
+	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing OS packages (missing:$$missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	  fi
+	@touch $@
+
+# The venv: uv installs the exact pins of requirements.txt; the project itself is editable.
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	@[ -x $(UV) ] || $(PY) -m pip install -q uv==$(UV_VERSION)
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -q -r requirements.txt
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --no-deps -e .
+	@touch $@
+
+airflow-db: $(AIRFLOW_HOME)/.migrated
+$(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
+	@mkdir -p $(AIRFLOW_HOME)
+	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || (tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1)
+	@touch $@
+
+# Regenerate the exact pins after editing requirements.in (needs the package registry).
+lock: venv
+	$(UV) pip compile requirements.in --python-version 3.11 -o requirements.txt
+
+clean:
+	rm -rf $(STATE)

@@ -1,0 +1,100 @@
+"""Alert lifecycle rows: one open alert per (stage_key, metric), never re-posted for the
+same change. Functions take the caller's session so each store call is one transaction.
+
+Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
+and kept when the pipeline reports the same regression again). Closing statuses: fixed,
+accepted, false_positive (human) and recovered (pipeline).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .common import StoreError, check, finite, row_dict
+from .models import OPEN_ALERT_STATUSES, Alert, Run
+
+_PIPELINE_OPEN = ("new", "suspected", "confirmed")
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _latest(s: Session, stage_key: str, metric: str, *, open_only: bool) -> Alert | None:
+    q = select(Alert).where(Alert.stage_key == stage_key, Alert.metric == metric)
+    if open_only:
+        q = q.where(Alert.status.in_(OPEN_ALERT_STATUSES))
+    return s.scalars(q.order_by(Alert.id.desc()).limit(1)).first()
+
+
+def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status: str,
+                 change_pct: float | None) -> tuple[int, bool]:
+    """Open, update or close the alert of stage_key+metric; (alert id, changed).
+
+    `changed` is False when nothing worth telling happened: the open alert already has this
+    status and change (a retry, or one more night of the same evidence: only last_run_id
+    moves), or a closing status arrives when nothing is open. A changed alert is marked
+    undelivered so the next Slack delivery carries it.
+    """
+    check("alerts.status", status)
+    if s.get(Run, run_id) is None:
+        raise StoreError(f"unknown run {run_id!r}")
+    change_pct = finite(change_pct)
+    alert = _latest(s, stage_key, metric, open_only=True)
+    if alert is None:
+        if status not in OPEN_ALERT_STATUSES:
+            closed = _latest(s, stage_key, metric, open_only=False)
+            if closed is None:
+                raise StoreError(f"no alert for {stage_key} {metric} to set to {status!r}")
+            return closed.id, False
+        # This run may already have opened an alert that a human closed since: keep it closed.
+        done = s.scalars(select(Alert).where(
+            Alert.stage_key == stage_key, Alert.metric == metric,
+            Alert.first_run_id == run_id)).first()
+        if done is not None:
+            return done.id, False
+        alert = Alert(stage_key=stage_key, metric=metric, status=status, first_run_id=run_id,
+                      last_run_id=run_id, change_pct=change_pct, delivered=False)
+        s.add(alert)
+        s.flush()
+        return alert.id, True
+    if alert.status == "acked" and status in _PIPELINE_OPEN:
+        status = "acked"  # a human has seen it: the same regression again is no news
+    changed = status != alert.status or not _same(change_pct, alert.change_pct)
+    alert.last_run_id = run_id
+    if changed:
+        alert.status, alert.change_pct, alert.delivered = status, change_pct, False
+    return alert.id, changed
+
+
+def set_status(s: Session, alert_id: int, status: str) -> Alert:
+    check("alerts.status", status)
+    alert = s.get(Alert, alert_id)
+    if alert is None:
+        raise StoreError(f"unknown alert {alert_id}")
+    alert.status = status
+    return alert
+
+
+def listing(s: Session, *, open_only: bool = False, undelivered: bool = False) -> list[dict[str, Any]]:
+    q = select(Alert).order_by(Alert.id)
+    if open_only:
+        q = q.where(Alert.status.in_(OPEN_ALERT_STATUSES))
+    if undelivered:
+        q = q.where(Alert.delivered.is_(False))
+    return [row_dict(a, skip=()) for a in s.scalars(q)]
+
+
+def mark_delivered(s: Session, alert_id: int, slack_ts: str | None) -> None:
+    """Delivered; the first Slack ts is kept, so later nights reply in the same thread."""
+    alert = s.get(Alert, alert_id)
+    if alert is None:
+        raise StoreError(f"unknown alert {alert_id}")
+    alert.delivered = True
+    alert.slack_ts = alert.slack_ts or slack_ts

@@ -1,0 +1,313 @@
+"""The results store: every read and write of run results goes through `Store`.
+
+Each public call is one transaction. Every write is idempotent (upsert, or delete-then-
+insert in one transaction), so a retried Airflow task never duplicates rows or fails.
+SQLite (the embedded default) and PostgreSQL (production) are supported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.util import CommandError
+from sqlalchemy import create_engine, delete, event, insert, select, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tasks import metrics as metric_defs
+
+from . import alerts, queries
+from .common import StoreError, check, finite, json_safe, row_dict, upsert, upsert_baseline
+from .models import (Baseline, Comparison, HostFingerprint, Metric, Run, Series, Stage,
+                     TuningSnapshot, utcnow)
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_MIGRATE_LOCK = 0x70657266  # pg advisory lock key: concurrent migrate() calls take turns
+_FINISHED = ("ok", "failed", "invalid")
+
+
+def fingerprint_hash(fingerprint: dict[str, Any]) -> str:
+    """First 16 hex chars of the sha256 of the canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Store:
+    """Results store on one database URL (sqlite:///path or postgresql[+psycopg]://...).
+
+    Call `migrate()` once before use. Errors are StoreError, whose messages show the URL
+    only through `url_for_display` (password masked).
+    """
+
+    def __init__(self, url: str) -> None:
+        try:
+            parsed = make_url(url)
+        except SQLAlchemyError:
+            raise StoreError("cannot parse the database URL (not shown: it may hold a "
+                             "password)") from None
+        if parsed.drivername == "postgresql":  # psycopg 3 is the installed driver
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        self._url: URL = parsed
+        backend = parsed.get_backend_name()
+        if backend not in ("sqlite", "postgresql"):
+            raise StoreError(f"unsupported database {self.url_for_display}: "
+                             "use sqlite or postgresql")
+        kwargs: dict[str, Any] = {}
+        if backend == "sqlite":
+            kwargs["connect_args"] = {"timeout": 30}  # mapped tasks write concurrently
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._engine = create_engine(parsed, **kwargs)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot use database {self.url_for_display}: {exc}") from None
+        if backend == "sqlite":
+            event.listen(self._engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+
+    @property
+    def url_for_display(self) -> str:
+        return self._url.render_as_string(hide_password=True)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url_for_display!r})"
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _error(self, exc: SQLAlchemyError) -> StoreError:
+        detail = exc.orig if isinstance(exc, DBAPIError) else exc
+        first = str(detail).strip().splitlines()[0] if str(detail).strip() else type(detail).__name__
+        return StoreError(f"database error on {self.url_for_display}: {first}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except SQLAlchemyError as exc:
+            raise self._error(exc) from exc
+
+    def _run(self, s: Session, run_id: str) -> Run:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise StoreError(f"unknown run {run_id!r}")
+        return run
+
+    # -- schema -----------------------------------------------------------------------
+    def migrate(self) -> None:
+        """alembic upgrade head, in one transaction; a no-op when already at head."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+        try:
+            with self._engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except SQLAlchemyError as exc:
+            raise self._error(exc) from exc
+        except CommandError as exc:  # e.g. the database is at a revision this code lacks
+            raise StoreError(f"cannot migrate {self.url_for_display}: {exc}") from exc
+
+    # -- runs -------------------------------------------------------------------------
+    def create_run(self, run_id: str, *, kind: str, suite: str, broker_kind: str,
+                   artifact_dir: str, broker_version: str | None = None,
+                   release_label: str | None = None, dag_run_id: str | None = None,
+                   started_at: datetime | None = None) -> None:
+        """Insert the run as 'running'. Again for the same run_id: descriptive fields are
+        refreshed (None keeps the stored value); status, start and exclusion stay."""
+        check("runs.kind", kind)
+        values = {"run_id": run_id, "kind": kind, "suite": suite, "broker_kind": broker_kind,
+                  "artifact_dir": artifact_dir, "broker_version": broker_version,
+                  "release_label": release_label, "dag_run_id": dag_run_id,
+                  "status": "running", "excluded": False, "started_at": started_at or utcnow()}
+        with self._tx() as s:
+            upsert(s, Run, values, ("run_id",), keep=("status", "excluded", "started_at"),
+                   keep_if_none=("broker_version", "release_label", "dag_run_id"))
+
+    def set_broker_version(self, run_id: str, version: str) -> None:
+        with self._tx() as s:
+            self._run(s, run_id).broker_version = version
+
+    def finish_run(self, run_id: str, status: str, *, excluded: bool = False,
+                   reason: str | None = None) -> None:
+        """Close the run. `reason` (kept in excluded_reason) says why it is excluded or not
+        ok. finished_at is set once, so a retry does not move it."""
+        check("runs.status", status, _FINISHED)
+        with self._tx() as s:
+            run = self._run(s, run_id)
+            run.status, run.excluded, run.excluded_reason = status, excluded, reason
+            run.finished_at = run.finished_at or utcnow()
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        with self._tx() as s:
+            run = s.get(Run, run_id)
+            return None if run is None else row_dict(run, skip=())
+
+    def latest_runs(self, limit: int = 10) -> list[dict[str, Any]]:
+        with self._tx() as s:
+            q = select(Run).order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)
+            return [row_dict(r, skip=()) for r in s.scalars(q)]
+
+    # -- hosts ------------------------------------------------------------------------
+    def record_fingerprint(self, run_id: str, host: str, fingerprint: dict[str, Any]) -> str:
+        digest = fingerprint_hash(fingerprint)
+        with self._tx() as s:
+            upsert(s, HostFingerprint, {"run_id": run_id, "host": host,
+                                        "fingerprint_hash": digest,
+                                        "fingerprint": fingerprint}, ("run_id", "host"))
+        return digest
+
+    def record_tuning(self, run_id: str, host: str, profile: str,
+                      entries: list[dict[str, Any]]) -> None:
+        with self._tx() as s:
+            upsert(s, TuningSnapshot, {"run_id": run_id, "host": host, "profile": profile,
+                                       "entries": entries}, ("run_id", "host", "profile"))
+
+    # -- stages and results -----------------------------------------------------------
+    def record_stage(self, run_id: str, stage_id: str, *, scenario: str, stage_key: str,
+                     params: dict[str, Any], fingerprint_hash: str | None) -> None:
+        """Upsert the stage's plan; its validity and results are left as they are."""
+        with self._tx() as s:
+            upsert(s, Stage, {"run_id": run_id, "stage_id": stage_id, "scenario": scenario,
+                              "stage_key": stage_key, "params": params,
+                              "fingerprint_hash": fingerprint_hash}, ("run_id", "stage_id"))
+
+    def record_results(self, run_id: str, stage_id: str, *, metrics: dict[str, float | None],
+                       series: dict[str, list[float]], validity: str,
+                       reason: str | None) -> None:
+        """Replace the stage's metrics and series and set its validity, atomically.
+        Non-finite numbers are stored as NULL."""
+        check("stages.validity", validity)
+        try:
+            clean = {name: [finite(v) for v in values] for name, values in series.items()}
+        except (TypeError, ValueError):
+            raise StoreError(f"series of stage {stage_id!r}: values must be numbers") from None
+        units = {}
+        for name in metrics:
+            try:
+                units[name] = metric_defs.metric(name).unit
+            except KeyError:
+                raise StoreError(f"unknown metric {name!r}: add it to tasks.metrics") from None
+        with self._tx() as s:
+            stage = s.scalars(select(Stage).where(Stage.run_id == run_id,
+                                                  Stage.stage_id == stage_id)).first()
+            if stage is None:
+                raise StoreError(f"unknown stage {stage_id!r} of run {run_id!r}: "
+                                 "record_stage first")
+            stage.validity, stage.reason = validity, reason
+            for model in (Metric, Series):
+                s.execute(delete(model).where(model.run_id == run_id, model.stage_id == stage_id))
+            key = {"run_id": run_id, "stage_id": stage_id}
+            if metrics:
+                s.execute(insert(Metric), [{**key, "name": n, "value": finite(v), "unit": units[n]}
+                                           for n, v in metrics.items()])
+            if clean:
+                s.execute(insert(Series), [{**key, "name": n, "values": v}
+                                           for n, v in clean.items()])
+
+    def record_comparisons(self, run_id: str, verdicts: list[dict[str, Any]]) -> None:
+        """Replace the run's comparisons. Each dict: stage_id, metric, verdict and optional
+        baseline_value, value, change_pct, confidence, detail."""
+        rows, seen = [], set()
+        for v in verdicts:
+            check("comparisons.verdict", v["verdict"])
+            if v["metric"] not in metric_defs.METRICS:
+                raise StoreError(f"unknown metric {v['metric']!r}: add it to tasks.metrics")
+            if (v["stage_id"], v["metric"]) in seen:
+                raise StoreError(f"two verdicts for {v['stage_id']} {v['metric']}")
+            seen.add((v["stage_id"], v["metric"]))
+            rows.append({"run_id": run_id, "stage_id": v["stage_id"], "metric": v["metric"],
+                         "verdict": v["verdict"], "detail": json_safe(v.get("detail") or {}),
+                         **{k: finite(v.get(k)) for k in
+                            ("baseline_value", "value", "change_pct", "confidence")}})
+        with self._tx() as s:
+            self._run(s, run_id)
+            s.execute(delete(Comparison).where(Comparison.run_id == run_id))
+            if rows:
+                s.execute(insert(Comparison), rows)
+
+    def stages(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's stages in recorded order, each with metrics, units, series and
+        comparisons."""
+        with self._tx() as s:
+            return queries.stages(s, run_id)
+
+    # -- history and baselines --------------------------------------------------------
+    def history(self, stage_key: str, fingerprint_hash: str | None, *, before_run: str,
+                limit: int = 30) -> list[dict[str, Any]]:
+        """Comparable earlier results for one stage key, newest first.
+
+        Runs that finished ok, are not excluded, started before `before_run` and have a
+        valid stage with this key (and this fingerprint hash when given). History starts at
+        the stage key's reset marker (an accepted change), if any.
+        """
+        with self._tx() as s:
+            before = self._run(s, before_run).started_at
+            return queries.history(s, stage_key, fingerprint_hash, before=before, limit=limit)
+
+    def reset_history(self, stage_key: str, run_id: str) -> None:
+        """History for `stage_key` starts at `run_id` (inclusive) from now on."""
+        with self._tx() as s:
+            self._run(s, run_id)
+            upsert_baseline(s, "reset", stage_key, run_id)
+
+    def pin_release_baseline(self, label: str, run_id: str) -> None:
+        with self._tx() as s:
+            run = self._run(s, run_id)
+            if run.status != "ok" or run.excluded:
+                raise StoreError(f"run {run_id!r} is {run.status}"
+                                 f"{' and excluded' if run.excluded else ''}: only an ok, "
+                                 "not excluded run can be a release baseline")
+            upsert_baseline(s, "release", label, run_id)
+
+    def release_baseline(self, label: str) -> str | None:
+        with self._tx() as s:
+            return s.scalar(select(Baseline.run_id).where(Baseline.kind == "release",
+                                                          Baseline.label == label))
+
+    # -- alerts (see sql/alerts.py) ---------------------------------------------------
+    def upsert_alert(self, *, stage_key: str, metric: str, run_id: str, status: str,
+                     change_pct: float | None) -> tuple[int, bool]:
+        with self._tx() as s:
+            return alerts.upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
+                                       status=status, change_pct=change_pct)
+
+    def set_alert_status(self, alert_id: int, status: str) -> None:
+        """Set by a human. 'accepted' (the new normal) also restarts the stage key's history
+        at the alert's first run, unless history already starts later."""
+        with self._tx() as s:
+            alert = alerts.set_status(s, alert_id, status)
+            if status != "accepted":
+                return
+            current = queries.reset_start(s, alert.stage_key)
+            if current is None or current <= self._run(s, alert.first_run_id).started_at:
+                upsert_baseline(s, "reset", alert.stage_key, alert.first_run_id)
+
+    def open_alerts(self) -> list[dict[str, Any]]:
+        with self._tx() as s:
+            return alerts.listing(s, open_only=True)
+
+    def undelivered_alerts(self) -> list[dict[str, Any]]:
+        with self._tx() as s:
+            return alerts.listing(s, undelivered=True)
+
+    def mark_alert_delivered(self, alert_id: int, slack_ts: str | None) -> None:
+        with self._tx() as s:
+            alerts.mark_delivered(s, alert_id, slack_ts)

@@ -1,0 +1,71 @@
+"""Step 7, aggregate: spark-submit spark/aggregate.py over the raw files, load into SQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .provision import run_fingerprint
+from .run_context import RunContext
+from .settings import REPO_ROOT
+from .validity import judge
+
+SPARK_JOB = REPO_ROOT / "spark" / "aggregate.py"
+METRICS_DIR = "metrics"
+
+
+class AggregationError(RuntimeError):
+    """spark-submit failed; the message carries the end of its output."""
+
+
+def spark_submit_binary() -> str:
+    beside_python = Path(sys.executable).parent / "spark-submit"
+    found = str(beside_python) if beside_python.exists() else shutil.which("spark-submit")
+    if not found:
+        raise AggregationError("spark-submit not found: install pyspark (make deps)")
+    return found
+
+
+def submit(run_dir: Path, out_dir: Path, master: str) -> str:
+    """Run the Spark job; returns its stdout (the timing line)."""
+    argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",
+            str(SPARK_JOB), "--run-dir", str(run_dir), "--out", str(out_dir)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise AggregationError(f"spark-submit exited {done.returncode}:\n{tail}")
+    return done.stdout.strip()
+
+
+def load_results(ctx: RunContext) -> list[dict]:
+    """Record every stage's metrics and validity in the store; returns one row per stage."""
+    document = json.loads((ctx.run_dir / METRICS_DIR / "stage_metrics.json").read_text())
+    stages = {stage.stage_id: stage for stage in ctx.stages}
+    fingerprint = run_fingerprint(ctx)
+    broker_kind = ctx.inventory.broker.kind
+    store = ctx.store()
+    rows = []
+    for result in document["stages"]:
+        stage = stages[result["stage_id"]]
+        validity, reasons = judge(result["metrics"], qos=stage.qos,
+                                  aggregation_status=result["status"], problems=result["problems"])
+        store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
+                           stage_key=f"{broker_kind}|{stage.stage_id}", params=stage.to_dict(),
+                           fingerprint_hash=fingerprint)
+        store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
+                             series=result.get("series", {}), validity=validity,
+                             reason="; ".join(reasons) or None)
+        rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
+    return rows
+
+
+def aggregate(ctx: RunContext) -> dict:
+    timing = submit(ctx.run_dir, ctx.run_dir / METRICS_DIR, ctx.settings.spark_master)
+    rows = load_results(ctx)
+    return {"timing": timing.splitlines()[-1] if timing else "", "stages": len(rows),
+            "invalid": [r["stage_id"] for r in rows if r["validity"] != "valid"]}

@@ -1,0 +1,120 @@
+"""perfpipe: the command line. Every command calls the same step functions as the DAGs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config_files import ConfigError
+from .settings import load_settings
+from .summary import print_run
+
+EPILOG = """pipeline steps, in order (each is also `perfpipe step NAME RUN_ID`):
+  plan       validate suite + inventory, expand stages, create the run
+  provision  check each host, record its fingerprint              (per host)
+  tune       read the tuning profile's values back, record drift  (per host)
+  broker     start the broker under test (or check the running one)
+  stages     run every stage's drivers: barrier, common start, windows
+  collect    fetch raw driver files with checksums
+  aggregate  spark-submit spark/aggregate.py, load metrics into SQL
+  compare    verdicts per stage and metric against history
+  report     write the HTML report
+  alert      Slack message (written to the run folder without a token)
+  teardown   stop drivers and broker, close the run (always runs)
+
+settings come from PERFPIPE_* environment variables (see README)."""
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .pipeline import run_pipeline
+
+    outcome = run_pipeline(load_settings(), suite=args.suite, inventory=args.inventory,
+                           kind=args.kind)
+    return 0 if outcome.status == "ok" else 1
+
+
+def _nightly(args: argparse.Namespace) -> int:
+    from sql import Store
+
+    from .airflow_run import test_dag
+    from .plan import new_run_id
+
+    conf = {"suite": args.suite} if args.suite else {}
+    airflow_run_id, state = test_dag("mqtt_perf_nightly", conf)
+    store = Store(load_settings().database_url())
+    run = store.run(new_run_id("nightly", f"mqtt_perf_nightly/{airflow_run_id}"))
+    if run is None:
+        print(f"Airflow run {airflow_run_id} ended {state} before perfpipe planned a run",
+              file=sys.stderr)
+        return 1
+    print_run(store, run["run_id"])
+    print(f"Airflow run {airflow_run_id}: {state}")
+    return 0 if state == "success" else 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import stage_table
+    from .tables import table
+
+    print(table(stage_table(load_settings(), args.suite or load_settings().suite)))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from sql import Store
+
+    store = Store(load_settings().database_url())
+    if store.run(args.run_id) is None:
+        print(f"no run {args.run_id!r}; recent: {[r['run_id'] for r in store.latest_runs(5)]}",
+              file=sys.stderr)
+        return 2
+    print_run(store, args.run_id)
+    return 0
+
+
+def _step(args: argparse.Namespace) -> int:
+    from . import steps
+
+    result = steps.run_step(args.name, args.run_id, host=args.host)
+    print(result)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="perfpipe", description=__doc__, epilog=EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = root.add_subparsers(dest="command", required=True)
+    nightly = sub.add_parser("nightly", help="run the nightly DAG once through Airflow (dag.test)")
+    nightly.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")
+    nightly.set_defaults(func=_nightly)
+    run = sub.add_parser("run", help="run the whole pipeline once, without Airflow")
+    run.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")
+    run.add_argument("--inventory", type=Path, help="inventory YAML (default: infra/inventories/local.yml)")
+    run.add_argument("--kind", default="manual", choices=("manual", "nightly", "release"))
+    run.set_defaults(func=_run)
+    plan = sub.add_parser("plan", help="print the stage table of a suite")
+    plan.add_argument("--suite")
+    plan.set_defaults(func=_plan)
+    show = sub.add_parser("show", help="print a stored run's metrics and verdicts")
+    show.add_argument("run_id")
+    show.set_defaults(func=_show)
+    step = sub.add_parser("step", help="run one step of an existing run (see the list below)")
+    step.add_argument("name")
+    step.add_argument("run_id")
+    step.add_argument("--host", help="the host, for per-host steps (provision, tune)")
+    step.set_defaults(func=_step)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"perfpipe: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

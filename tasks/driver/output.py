@@ -1,0 +1,117 @@
+"""Raw driver output: the contract between `tasks.driver` and `spark/aggregate.py`.
+
+One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>/``.
+
+``counters.csv``  one row per wall-clock second (integer Unix seconds, the second in which
+                  the event happened on this host), columns ``COUNTER_COLUMNS``:
+                  published   PUBLISH packets handed to the socket
+                  acked       PUBACK/PUBCOMP received (QoS 1/2)
+                  received    messages received by subscribers (duplicates included)
+                  lost        sequence gaps seen by subscribers in that second; the stage's
+                              loss is computed from expected minus unique deliveries
+                  duplicated  messages whose sequence number a subscriber had already seen
+                  out_of_order  messages that filled an earlier gap
+                  errors      client errors (refused/dropped connections, failed publishes)
+                  inflight_full  publish attempts deferred because the in-flight window was full
+                  connects_ok, connects_failed   CONNACK accepted / refused or failed
+                  delay_overruns  messages sent more than ``DELAY_OVERRUN_US`` after their
+                              intended time
+``histograms.csv`` sparse latency histograms, columns ``HISTOGRAM_COLUMNS``
+                  (second, kind, bucket, count); ``kind`` is one of ``HISTOGRAM_KINDS``,
+                  buckets are `tasks.driver.histogram` indexes of microseconds.
+``events.jsonl``  one JSON object per line: disconnects and errors with their codes.
+``summary.json``  written last (its presence marks a complete process): the stage window in
+                  Unix seconds, the config echo without secrets, library versions, the clock
+                  source, totals and the last sequence number of every publisher.
+
+Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
+``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).
+
+``raw/<stage_id>/stage.json`` is written by the orchestrator (`tasks.workload`) when it
+starts the stage, and tells the aggregation what was intended:
+  run_id, stage_id, scenario, qos, clients (publishers + subscribers),
+  windows: {start, measure_start, measure_end, end} in Unix seconds (measure window is
+           [measure_start, measure_end), whole seconds),
+  target_publish_rate: msg/s summed over all publishers,
+  expected_delivery_rate: msg/s that subscribers together should receive,
+  receivers: {publisher_index (as a string): subscribers that should get each message},
+  processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
+  broker_host: the host whose ``sampler/`` holds broker.csv, or null.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+COUNTER_COLUMNS = (
+    "second", "published", "acked", "received", "lost", "duplicated", "out_of_order",
+    "errors", "inflight_full", "connects_ok", "connects_failed", "delay_overruns",
+)
+HISTOGRAM_COLUMNS = ("second", "kind", "bucket", "count")
+HISTOGRAM_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
+SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes")
+DELAY_OVERRUN_US = 1000
+
+COUNTERS_FILE = "counters.csv"
+HISTOGRAMS_FILE = "histograms.csv"
+EVENTS_FILE = "events.jsonl"
+SUMMARY_FILE = "summary.json"
+SAMPLER_FILE = "broker.csv"
+READY_FILE = "ready.json"
+START_FILE = "start.json"
+STAGE_FILE = "stage.json"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as handle:
+        write(handle)
+    os.replace(tmp, path)
+
+
+def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable]) -> None:
+    def write(handle):
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerows(rows)
+
+    _atomic_write(path, write)
+
+
+def write_json(path: Path, document: Mapping) -> None:
+    _atomic_write(path, lambda handle: json.dump(document, handle, indent=1, sort_keys=True))
+
+
+class RawWriter:
+    """Writes one driver process's raw files into its directory."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._events = open(self.out_dir / EVENTS_FILE, "a")
+
+    def event(self, record: Mapping) -> None:
+        self._events.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def counters(self, per_second: Mapping[int, Mapping[str, int]]) -> None:
+        rows = (
+            [second] + [per_second[second].get(name, 0) for name in COUNTER_COLUMNS[1:]]
+            for second in sorted(per_second)
+        )
+        write_csv(self.out_dir / COUNTERS_FILE, COUNTER_COLUMNS, rows)
+
+    def histograms(self, per_second: Mapping[tuple[int, str], Mapping[int, int]]) -> None:
+        rows = (
+            (second, kind, bucket, count)
+            for (second, kind) in sorted(per_second)
+            for bucket, count in sorted(per_second[(second, kind)].items())
+        )
+        write_csv(self.out_dir / HISTOGRAMS_FILE, HISTOGRAM_COLUMNS, rows)
+
+    def summary(self, document: Mapping) -> None:
+        self._events.close()
+        write_json(self.out_dir / SUMMARY_FILE, document)

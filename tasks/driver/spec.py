@@ -1,0 +1,172 @@
+"""The stage spec one driver process runs: parsed from JSON with the standard library.
+
+Errors name the field and the fix, e.g. ``publishers[3].qos: must be 0, 1 or 2, got 5``.
+The pipeline builds these specs from the scenario catalog (`tasks.stages`); a person can
+also write one by hand and run ``python -m tasks.driver --spec spec.json --out DIR``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A stage spec that cannot be run; the message names the field and what to do."""
+
+
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    host: str
+    port: int
+    tls: bool = False
+    ca_file: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # secret: never echoed
+
+
+@dataclass(frozen=True)
+class PublisherSpec:
+    client_id: str
+    topic: str
+    publisher_index: int
+    qos: int = 0
+    rate: float = 1.0  # messages per second from this client
+    payload_bytes: int = 256
+
+
+@dataclass(frozen=True)
+class SubscriberSpec:
+    client_id: str
+    topics: tuple[str, ...]
+    qos: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    run_id: str
+    stage_id: str
+    host: str
+    proc: int
+    broker: BrokerEndpoint
+    publishers: tuple[PublisherSpec, ...] = ()
+    subscribers: tuple[SubscriberSpec, ...] = ()
+    warmup_s: int = 2
+    measure_s: int = 10
+    drain_s: int = 2
+    connect_rate: float = 500.0  # new connections per second from this process
+    max_pending_connects: int = 64  # CONNECTs awaiting CONNACK (Mosquitto's backlog is ~100)
+    max_inflight: int = 100  # unacknowledged QoS 1/2 publishes per client
+    keepalive_s: int = 60
+    clean_session: bool = True
+    connect_timeout_s: float = 30.0
+    start_timeout_s: float = 180.0
+
+    def echo(self) -> dict[str, Any]:
+        """The spec as recorded in the summary: everything but secrets."""
+        doc = dataclasses.asdict(self)
+        doc["broker"].pop("password", None)
+        return doc
+
+
+HEADER_BYTES = 32  # see tasks.driver.engine.HEADER
+
+
+def _require(cond: bool, where: str, message: str) -> None:
+    if not cond:
+        raise SpecError(f"{where}: {message}")
+
+
+def _get(doc: dict, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
+    if key not in doc:
+        _require(default is not ..., f"{where}{key}", "is required")
+        return default
+    value = doc[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float))
+    _require(ok, f"{where}{key}", f"must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _qos(doc: dict, where: str) -> int:
+    qos = _get(doc, "qos", where, int, 0)
+    _require(qos in (0, 1, 2), f"{where}qos", f"must be 0, 1 or 2, got {qos}")
+    return qos
+
+
+def _publisher(doc: dict, where: str) -> PublisherSpec:
+    rate = _get(doc, "rate", where, float, 1.0)
+    _require(rate > 0, f"{where}rate", f"must be > 0 messages/s, got {rate}")
+    size = _get(doc, "payload_bytes", where, int, 256)
+    _require(size >= HEADER_BYTES, f"{where}payload_bytes",
+             f"must be >= {HEADER_BYTES} (the latency header), got {size}")
+    topic = _get(doc, "topic", where, str)
+    _require(topic and not set("+#") & set(topic), f"{where}topic",
+             f"must be a topic name without wildcards, got {topic!r}")
+    return PublisherSpec(
+        client_id=_get(doc, "client_id", where, str), topic=topic,
+        publisher_index=_get(doc, "publisher_index", where, int), qos=_qos(doc, where),
+        rate=rate, payload_bytes=size,
+    )
+
+
+def _subscriber(doc: dict, where: str) -> SubscriberSpec:
+    topics = _get(doc, "topics", where, list)
+    _require(topics and all(isinstance(t, str) and t for t in topics), f"{where}topics",
+             "must be a non-empty list of topic filters")
+    return SubscriberSpec(client_id=_get(doc, "client_id", where, str),
+                          topics=tuple(topics), qos=_qos(doc, where))
+
+
+def parse_spec(doc: dict) -> ProcessSpec:
+    """Validate a JSON document into a ProcessSpec, or raise SpecError naming the field."""
+    _require(isinstance(doc, dict), "spec", "must be a JSON object")
+    broker_doc = _get(doc, "broker", "", dict)
+    port = _get(broker_doc, "port", "broker.", int)
+    _require(0 < port < 65536, "broker.port", f"must be 1..65535, got {port}")
+    broker = BrokerEndpoint(
+        host=_get(broker_doc, "host", "broker.", str), port=port,
+        tls=_get(broker_doc, "tls", "broker.", bool, False),
+        ca_file=_get(broker_doc, "ca_file", "broker.", str, None),
+        username=_get(broker_doc, "username", "broker.", str, None),
+        password=_get(broker_doc, "password", "broker.", str, None),
+    )
+    publishers = tuple(_publisher(p, f"publishers[{i}].")
+                       for i, p in enumerate(_get(doc, "publishers", "", list, [])))
+    subscribers = tuple(_subscriber(s, f"subscribers[{i}].")
+                        for i, s in enumerate(_get(doc, "subscribers", "", list, [])))
+    ids = [c.client_id for c in publishers + subscribers]
+    _require(len(ids) == len(set(ids)), "client_id", "must be unique within a process")
+    _require(bool(ids), "publishers/subscribers", "a process needs at least one client")
+    spec = ProcessSpec(
+        run_id=_get(doc, "run_id", "", str), stage_id=_get(doc, "stage_id", "", str),
+        host=_get(doc, "host", "", str), proc=_get(doc, "proc", "", int), broker=broker,
+        publishers=publishers, subscribers=subscribers,
+        warmup_s=_get(doc, "warmup_s", "", int, 2), measure_s=_get(doc, "measure_s", "", int, 10),
+        drain_s=_get(doc, "drain_s", "", int, 2),
+        connect_rate=_get(doc, "connect_rate", "", float, 500.0),
+        max_pending_connects=_get(doc, "max_pending_connects", "", int, 64),
+        max_inflight=_get(doc, "max_inflight", "", int, 100),
+        keepalive_s=_get(doc, "keepalive_s", "", int, 60),
+        clean_session=_get(doc, "clean_session", "", bool, True),
+        connect_timeout_s=_get(doc, "connect_timeout_s", "", float, 30.0),
+        start_timeout_s=_get(doc, "start_timeout_s", "", float, 180.0),
+    )
+    _require(spec.measure_s > 0, "measure_s", f"must be > 0 seconds, got {spec.measure_s}")
+    for name in ("warmup_s", "drain_s"):
+        _require(getattr(spec, name) >= 0, name, "must be >= 0 seconds")
+    _require(spec.connect_rate > 0, "connect_rate", "must be > 0 connections/s")
+    _require(spec.max_inflight > 0, "max_inflight", "must be > 0")
+    return spec
+
+
+def load_spec(path: Path) -> ProcessSpec:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read the spec as JSON ({exc})") from exc
+    return parse_spec(doc)

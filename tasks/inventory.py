@@ -1,0 +1,87 @@
+"""The inventory: which hosts exist, their roles, and where the broker under test is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .config_files import load_model
+from .hosts import Host, LocalHost, SshHost
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+class HostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME, description="short host name used in paths and reports")
+    address: str = "localhost"
+    transport: Literal["local", "ssh"] = "local"
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    key_file: Path | None = None
+    roles: list[Literal["broker", "driver"]] = Field(min_length=1)
+    procs: int = Field(1, ge=1, le=256, description="driver processes on this host")
+    python: str = "python3"
+    code_root: str = "/opt/perfpipe"
+    work_root: str = "/var/tmp/perfpipe"
+
+
+class BrokerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["mosquitto"] = "mosquitto"
+    host: str = Field(description="inventory host that runs the broker")
+    managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
+    port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
+    address: str | None = Field(None, description="address clients connect to; default the host's")
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "local"
+    hosts: list[HostConfig] = Field(min_length=1)
+    broker: BrokerConfig
+    tuning_profile: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Inventory:
+        names = [h.name for h in self.hosts]
+        if len(names) != len(set(names)):
+            raise ValueError("hosts: host names must be unique")
+        if not self.driver_hosts():
+            raise ValueError("hosts: at least one host needs the role 'driver'")
+        broker_host = self.host(self.broker.host) if self.broker.host in names else None
+        if broker_host is None:
+            raise ValueError(f"broker.host: {self.broker.host!r} is not a host in hosts ({names})")
+        if self.broker.managed and "broker" not in broker_host.roles:
+            raise ValueError(f"broker.host: host {broker_host.name!r} lacks the role 'broker'")
+        if not self.broker.managed and self.broker.port is None:
+            raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
+        return self
+
+    def host(self, name: str) -> HostConfig:
+        return next(h for h in self.hosts if h.name == name)
+
+    def driver_hosts(self) -> list[HostConfig]:
+        return [h for h in self.hosts if "driver" in h.roles]
+
+    def broker_address(self) -> str:
+        return self.broker.address or self.host(self.broker.host).address
+
+
+def load_inventory(path: Path) -> Inventory:
+    return load_model(Inventory, path)
+
+
+def connect(config: HostConfig, work_root: str) -> Host:
+    """A Host for an inventory entry; local hosts keep run files under `work_root`."""
+    if config.transport == "local":
+        return LocalHost(config.name, work_root=work_root)
+    return SshHost(config.name, config.address, port=config.port, user=config.user,
+                   key_file=str(config.key_file) if config.key_file else None,
+                   python=config.python, code_root=config.code_root,
+                   work_root=config.work_root)

@@ -1,0 +1,58 @@
+"""Per-stage metric names, units and better-direction: a contract shared by the Spark job,
+the results store, the comparison and the report. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    unit: str
+    better: str  # "higher" | "lower" | "none" (recorded, never judged)
+    min_effect: float = 0.0  # smallest relative change that matters (0: never judged)
+
+
+LATENCY_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
+LATENCY_STATS = ("avg", "p50", "p95", "p99", "p99_9", "max", "stddev")
+
+_DEFS: list[MetricDef] = [
+    MetricDef("delivered_rate", "msg/s", "higher", 0.05),
+    MetricDef("published_rate", "msg/s", "higher", 0.05),
+    MetricDef("target_rate", "msg/s", "none"),
+    MetricDef("achieved_ratio", "ratio", "higher"),
+    MetricDef("throughput_cv", "ratio", "none"),
+    MetricDef("messages_delivered", "msg", "none"),
+    MetricDef("lost", "msg", "lower"),
+    MetricDef("loss_ratio", "ratio", "lower"),
+    MetricDef("duplicated", "msg", "lower"),
+    MetricDef("out_of_order", "msg", "lower"),
+    MetricDef("errors", "count", "lower"),
+    MetricDef("inflight_full", "count", "none"),
+    MetricDef("delay_overruns", "count", "none"),
+    MetricDef("connects_ok", "count", "none"),
+    MetricDef("connects_failed", "count", "lower"),
+    # Not judged until the driver times the connect phase itself: per-second counts of a
+    # sub-second burst swing by 2x between runs.
+    MetricDef("connect_rate", "conn/s", "higher"),
+    MetricDef("broker_cpu_avg", "%", "lower", 0.10),
+    MetricDef("broker_cpu_max", "%", "none"),
+    MetricDef("broker_rss_avg", "bytes", "lower", 0.10),
+    MetricDef("broker_rss_max", "bytes", "none"),
+    MetricDef("broker_cpu_per_10k", "%/(10K msg/s)", "lower", 0.10),
+]
+for _kind in LATENCY_KINDS:
+    for _stat in LATENCY_STATS:
+        _effect = {"p50": 0.10, "p99": 0.10, "avg": 0.10}.get(_stat, 0.0) if _kind in ("e2e", "pub_ack") else 0.0
+        _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect))
+
+METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
+
+
+def metric(name: str) -> MetricDef:
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}: add it to tasks.metrics") from None

@@ -1,0 +1,101 @@
+"""Step 2, provision (per host): check the host can run the driver, record its fingerprint.
+
+The fingerprint (CPU, memory, kernel, OS, Python, paho version, clock offset) is stored
+with the run; comparisons only match stages whose hosts have the same fingerprint hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from .hosts import Host, HostError
+from .run_context import RunContext
+
+HOSTS_DIR = "hosts"
+# Runs on the host with its own Python: standard library plus paho (the driver's runtime).
+_FINGERPRINT_SCRIPT = r"""
+import json, os, platform, time
+def cpu_model():
+    try:
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+def mem_bytes():
+    for line in open('/proc/meminfo'):
+        if line.startswith('MemTotal:'):
+            return int(line.split()[1]) * 1024
+def os_name():
+    try:
+        for line in open('/etc/os-release'):
+            if line.startswith('PRETTY_NAME='):
+                return line.split('=', 1)[1].strip().strip('"')
+    except OSError:
+        return platform.system()
+try:
+    import paho.mqtt
+    paho_version = paho.mqtt.__version__
+except ImportError:
+    paho_version = None
+print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'memory_bytes': mem_bytes(),
+    'kernel': platform.release(), 'arch': platform.machine(), 'os': os_name(),
+    'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': time.time()}))
+"""
+
+# What makes two runs comparable; the clock offset and the time of day do not.
+FINGERPRINT_KEYS = ("cpu_model", "cpus", "memory_bytes", "kernel", "arch", "os", "python",
+                    "paho_mqtt")
+
+
+class ProvisionError(RuntimeError):
+    """A host cannot take part in the run; the message says what to install or fix."""
+
+
+def fingerprint(host: Host) -> dict:
+    sent = time.time()
+    out = host.run([host.python, "-c", _FINGERPRINT_SCRIPT], timeout=60).stdout
+    received = time.time()
+    facts = json.loads(out.strip().splitlines()[-1])
+    facts["clock_offset_s"] = round(facts.pop("time") - (sent + received) / 2, 4)
+    facts["clock_uncertainty_s"] = round((received - sent) / 2, 4)
+    return facts
+
+
+def fingerprint_hash(facts: dict) -> str:
+    canonical = json.dumps({k: facts.get(k) for k in FINGERPRINT_KEYS}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def provision_host(ctx: RunContext, host_name: str) -> dict:
+    """Check one host and record its fingerprint; returns it (small, XCom-safe)."""
+    host = ctx.host(host_name)
+    try:
+        facts = fingerprint(host)
+    except HostError as exc:
+        raise ProvisionError(f"{host_name}: cannot run {host.python}: {exc}") from exc
+    roles = ctx.inventory.host(host_name).roles
+    if "driver" in roles and not facts["paho_mqtt"]:
+        raise ProvisionError(f"{host_name}: paho-mqtt is missing for {host.python}; "
+                             f"install the pinned version (pip install -r requirements.txt)")
+    facts["host"] = host_name
+    facts["roles"] = list(roles)
+    facts["hash"] = fingerprint_hash(facts)
+    ctx.write_json(f"{HOSTS_DIR}/{host_name}.json", facts)
+    ctx.store().record_fingerprint(ctx.run_id, host_name, {k: facts[k] for k in FINGERPRINT_KEYS})
+    return {"host": host_name, "hash": facts["hash"], "clock_offset_s": facts["clock_offset_s"]}
+
+
+def run_fingerprint(ctx: RunContext) -> str:
+    """One hash over every host's fingerprint, the broker version and the tuning read back."""
+    parts = []
+    for path in sorted((ctx.run_dir / HOSTS_DIR).glob("*.json")):
+        parts.append(json.loads(path.read_text())["hash"])
+    for path in sorted((ctx.run_dir / "tuning").glob("*.json")):
+        parts.append(json.loads(path.read_text()).get("values_hash", ""))
+    broker = ctx.broker()
+    parts.append(f"{broker['kind']}:{broker.get('version')}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

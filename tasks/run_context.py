@@ -1,0 +1,71 @@
+"""What every step needs to know about one run, rebuilt from the run directory.
+
+Steps exchange only the run id (small enough for XCom); everything else lives in the run
+directory (`plan.json`, `broker.json`, `hosts/`, `raw/`, `metrics/`) and in the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sql import Store
+
+from .hosts import Host
+from .inventory import Inventory, connect
+from .settings import Settings
+from .stages import Stage
+
+PLAN_FILE = "plan.json"
+BROKER_FILE = "broker.json"
+
+
+@dataclass
+class RunContext:
+    settings: Settings
+    run_id: str
+    run_dir: Path
+    plan: dict
+
+    @classmethod
+    def load(cls, settings: Settings, run_id: str) -> RunContext:
+        run_dir = settings.run_dir(run_id)
+        path = run_dir / PLAN_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no plan for run {run_id!r}; run the plan step first")
+        return cls(settings, run_id, run_dir, json.loads(path.read_text()))
+
+    @property
+    def inventory(self) -> Inventory:
+        return Inventory.model_validate(self.plan["inventory"])
+
+    @property
+    def stages(self) -> list[Stage]:
+        return [Stage.from_dict(doc) for doc in self.plan["stages"]]
+
+    def host(self, name: str) -> Host:
+        return connect(self.inventory.host(name), work_root=str(self.run_dir))
+
+    def remote_run_dir(self, host: Host) -> str:
+        """Where this run's files live on a host (the run directory itself for local hosts)."""
+        if not host.work_root or host.work_root == str(self.run_dir):
+            return str(self.run_dir)
+        return f"{host.work_root}/{self.run_id}"
+
+    def store(self) -> Store:
+        return Store(self.settings.database_url())
+
+    def broker(self) -> dict:
+        path = self.run_dir / BROKER_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: the broker step has not run for {self.run_id!r}")
+        return json.loads(path.read_text())
+
+    def write_json(self, name: str, document: dict) -> Path:
+        path = self.run_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
+        tmp.replace(path)
+        return path

@@ -1,0 +1,47 @@
+"""Where perfpipe keeps its state and which services it talks to, from PERFPIPE_* variables.
+
+Read when a step runs, never at import time (an Airflow DAG file imports this package).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """PERFPIPE_STATE_DIR, PERFPIPE_DB_URL, PERFPIPE_SLACK_TOKEN, ... (see README)."""
+
+    model_config = SettingsConfigDict(env_prefix="PERFPIPE_", extra="ignore")
+
+    state_dir: Path = REPO_ROOT / ".state"
+    db_url: SecretStr | None = None  # default: SQLite under state_dir
+    inventory: Path = REPO_ROOT / "infra" / "inventories" / "local.yml"
+    scenarios_dir: Path = REPO_ROOT / "scenarios"
+    tuning_dir: Path = REPO_ROOT / "infra" / "tuning"
+    suite: str = "smoke"
+    spark_master: str = "local[*]"
+    slack_token: SecretStr | None = None
+    slack_channel: str = "#perf-alerts"
+    slack_base_url: str | None = None  # a Slack-compatible API root, e.g. for tests
+    airflow_base_url: str | None = None  # for links from alerts to the Airflow run
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.state_dir / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    def database_url(self) -> str:
+        if self.db_url is not None:
+            return self.db_url.get_secret_value()
+        return f"sqlite:///{self.state_dir / 'results.db'}"
+
+
+def load_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,43 @@
+"""Plain-text tables for the CLI and the Airflow log: pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3f}"
+    return str(value)
+
+
+def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "(none)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    body = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+            for r in cells]
+    return "\n".join([line, "  ".join("-" * w for w in widths), *body])
+
+
+def metrics_rows(stages: list[dict]) -> list[dict]:
+    return [{
+        "stage": s["stage_id"], "validity": s["validity"],
+        "target msg/s": s["metrics"].get("target_rate"),
+        "delivered msg/s": s["metrics"].get("delivered_rate"),
+        "e2e p50 us": s["metrics"].get("e2e_latency_p50"),
+        "e2e p99 us": s["metrics"].get("e2e_latency_p99"),
+        "lost": s["metrics"].get("lost"), "errors": s["metrics"].get("errors"),
+    } for s in stages]
+
+
+def verdict_rows(stages: list[dict]) -> list[dict]:
+    return [{
+        "stage": s["stage_id"], "metric": c["metric"], "verdict": c["verdict"],
+        "baseline": c["baseline_value"], "tonight": c["value"], "change %": c["change_pct"],
+    } for s in stages for c in s.get("comparisons", [])]

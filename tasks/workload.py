@@ -1,0 +1,143 @@
+"""Step 5, stages: run each stage's driver processes on the driver hosts, in order.
+
+Per stage: place clients on every driver process, start the processes, wait until all
+are connected and subscribed (readiness barrier), hand them one common start time, sample
+the broker over the same window, and wait for every process to finish within a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .driver.output import READY_FILE, STAGE_FILE, START_FILE
+from .hosts import Host
+from .run_context import RunContext
+from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, place,
+                     process_spec, receivers)
+
+READY_TIMEOUT_S = 60.0
+START_LEAD_S = 2  # seconds between the barrier and the common start
+PROCESSES_DIR = "processes"  # launched process groups, for teardown
+
+
+class StageError(RuntimeError):
+    """A stage could not be run (a driver failed to start or never got ready)."""
+
+
+@dataclass
+class Launched:
+    host: Host
+    plan: ProcessPlan
+    out_dir: str
+    group_pid: int
+
+
+def _put_json(host: Host, document: dict, remote: str) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(document, handle)
+    try:
+        host.put(Path(handle.name), remote)
+    finally:
+        Path(handle.name).unlink()
+
+
+def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> Launched:
+    host = ctx.host(plan.host)
+    out_dir = f"{ctx.remote_run_dir(host)}/raw/{stage.stage_id}/{plan.host}/{plan.proc}"
+    host.mkdir(out_dir)
+    endpoint = {"host": broker["address"], "port": broker["port"]}
+    _put_json(host, process_spec(stage, plan, run_id=ctx.run_id, broker=endpoint),
+              f"{out_dir}/spec.json")
+    argv = ["env", f"PYTHONPATH={host.code_root}", host.python, "-m", "tasks.driver",
+            "--spec", f"{out_dir}/spec.json", "--out", out_dir]
+    return Launched(host, plan, out_dir, host.launch(argv, f"{out_dir}/driver.log"))
+
+
+def _wait_ready(launched: list[Launched], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = list(launched)
+    while waiting and time.monotonic() < deadline:
+        for proc in list(waiting):
+            if proc.host.exists(f"{proc.out_dir}/{READY_FILE}"):
+                waiting.remove(proc)
+            elif proc.host.exit_code(f"{proc.out_dir}/driver.log") is not None:
+                log = proc.host.run(["tail", "-n", "3", f"{proc.out_dir}/driver.log"], check=False)
+                raise StageError(f"driver {proc.plan.host}/{proc.plan.proc} exited before it was "
+                                 f"ready: {log.stdout.strip()}")
+        time.sleep(0.1)
+    if waiting:
+        names = [f"{p.plan.host}/{p.plan.proc}" for p in waiting]
+        raise StageError(f"drivers not ready after {timeout_s:.0f} s: {names}")
+
+
+def _wait_done(launched: list[Launched], until: float) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    pending = list(launched)
+    while pending and time.time() < until:
+        for proc in list(pending):
+            code = proc.host.exit_code(f"{proc.out_dir}/driver.log")
+            if code is not None:
+                codes[f"{proc.plan.host}/{proc.plan.proc}"] = code
+                pending.remove(proc)
+        time.sleep(0.2)
+    for proc in pending:  # overran its bound: stop it, the partial files say the rest
+        proc.host.kill_group(proc.group_pid)
+        codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
+    return codes
+
+
+def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> None:
+    if not broker.get("pid"):
+        return  # an unmanaged broker: perfpipe does not know its process
+    host = ctx.host(broker["host"])
+    out_dir = f"{ctx.remote_run_dir(host)}/raw/{stage.stage_id}/{broker['host']}/sampler"
+    host.mkdir(out_dir)
+    host.launch(["env", f"PYTHONPATH={host.code_root}", host.python, "-m",
+                 "tasks.driver.sampler", "--pid", str(broker["pid"]), "--until", str(until),
+                 "--out", out_dir], f"{out_dir}/sampler.log")
+
+
+def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
+    inventory = ctx.inventory
+    plans = place(stage, driver_slots([(h.name, h.procs) for h in inventory.driver_hosts()]))
+    launched = [_launch(ctx, stage, plan, broker) for plan in plans]
+    ctx.write_json(f"{PROCESSES_DIR}/{stage.stage_id}.json",
+                   {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})
+    try:
+        _wait_ready(launched, READY_TIMEOUT_S)
+    except StageError:
+        for proc in launched:
+            proc.host.kill_group(proc.group_pid)
+        raise
+    start_at = int(time.time()) + START_LEAD_S
+    windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
+               "measure_end": start_at + stage.warmup_s + stage.measure_s,
+               "end": start_at + stage.duration_s}
+    ctx.write_json(f"raw/{stage.stage_id}/{STAGE_FILE}", {
+        "run_id": ctx.run_id, "stage_id": stage.stage_id, "scenario": stage.scenario,
+        "qos": stage.qos, "clients": stage.publishers + stage.subscribers,
+        "windows": windows, "target_publish_rate": stage.target_publish_rate,
+        "expected_delivery_rate": expected_delivery_rate(plans), "receivers": receivers(plans),
+        "processes": [{"host": p.host, "proc": p.proc} for p in plans],
+        "broker_host": broker["host"] if broker.get("pid") else None,
+    })
+    _start_sampler(ctx, broker, stage, windows["end"])
+    for proc in launched:
+        _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
+    codes = _wait_done(launched, windows["end"] + 30)
+    return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes}
+
+
+def run_stages(ctx: RunContext, progress=print) -> list[dict]:
+    broker = ctx.broker()
+    results = []
+    for number, stage in enumerate(ctx.stages, 1):
+        progress(f"stage {number}/{len(ctx.stages)} {stage.stage_id}: {stage.publishers} pubs, "
+                 f"{stage.subscribers} subs, {stage.target_publish_rate:g} msg/s, "
+                 f"{stage.duration_s} s")
+        results.append(run_stage(ctx, stage, broker))
+    return results

@@ -1,0 +1,357 @@
+"""The results store against real databases: SQLite (a file) and a throwaway PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Column, Integer, MetaData, create_engine, func, select, text
+
+from sql import Store, StoreError
+from sql.models import Base
+from tests.pg import PostgresUnavailable, create_database, start_postgres
+
+T0 = datetime(2025, 1, 1, 2, 0, tzinfo=timezone.utc)
+TABLES = ("runs", "host_fingerprints", "tuning_snapshots", "stages", "metrics", "series",
+          "baselines", "comparisons", "alerts")
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory):
+    try:
+        url, stop = start_postgres(tmp_path_factory.mktemp("pg"))
+    except PostgresUnavailable as exc:
+        problem = str(exc)  # fail, never skip: CI must run against PostgreSQL
+    else:
+        problem = None
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    yield url
+    stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state' / 'results.db'}"
+    return create_database(request.getfixturevalue("pg_server"), f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def store(db_url: str):
+    s = Store(db_url)
+    s.migrate()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def count(db_url: str):
+    engine = create_engine(db_url)
+
+    def rows(table: str) -> int:
+        with engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(text(table))).scalar_one()
+
+    yield rows
+    engine.dispose()
+
+
+def new_run(store: Store, run_id: str, day: int = 0, **kw) -> None:
+    store.create_run(run_id, kind=kw.pop("kind", "nightly"), suite="smoke",
+                     broker_kind="mosquitto", artifact_dir=f"/runs/{run_id}",
+                     started_at=T0 + timedelta(days=day), **kw)
+
+
+def stage(store: Store, run_id: str, stage_id: str = "fanin.q1", *, key: str = "fanin.q1",
+          fp: str | None = "fp1", validity: str = "valid", rate: float = 100.0) -> None:
+    store.record_stage(run_id, stage_id, scenario="fanin", stage_key=key,
+                       params={"qos": 1}, fingerprint_hash=fp)
+    store.record_results(run_id, stage_id, metrics={"delivered_rate": rate},
+                         series={"delivered_rate": [rate, rate]}, validity=validity,
+                         reason=None if validity == "valid" else "backlog rising")
+
+
+def nightly(store: Store, run_id: str, day: int, status: str = "ok", **kw) -> None:
+    new_run(store, run_id, day)
+    stage(store, run_id, rate=float(day), **kw)
+    store.finish_run(run_id, status)
+
+
+def test_migrate_on_empty_db_then_again(db_url: str) -> None:
+    store = Store(db_url)
+    store.migrate()
+    store.migrate()
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() \
+            == ["0001"]
+    engine.dispose()
+    store.close()
+
+
+def test_models_match_migrations(store: Store, db_url: str) -> None:
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(ctx, Base.metadata) == []
+        # and the comparison does see a drift
+        drifted = MetaData(naming_convention=Base.metadata.naming_convention)
+        for table in Base.metadata.tables.values():
+            table.to_metadata(drifted)
+        drifted.tables["runs"].append_column(Column("extra", Integer()))
+        assert [d[0] for d in compare_metadata(ctx, drifted)] == ["add_column"]
+    engine.dispose()
+
+
+def test_round_trip(store: Store) -> None:
+    new_run(store, "r1", release_label="v2", dag_run_id="manual__1")
+    store.set_broker_version("r1", "2.0.11")
+    fp = store.record_fingerprint("r1", "lab1", {"cpu": "x86", "mem": 8, "kernel": "6.1"})
+    assert fp == store.record_fingerprint("r1", "lab2", {"kernel": "6.1", "mem": 8, "cpu": "x86"})
+    assert len(fp) == 16 and fp != store.record_fingerprint("r1", "lab3", {"cpu": "arm"})
+    store.record_tuning("r1", "lab1", "throughput", [{"key": "net.core.somaxconn",
+                                                      "before": "128", "after": "4096"}])
+    store.record_stage("r1", "s1", scenario="fanin", stage_key="k1", params={"qos": 1},
+                       fingerprint_hash=fp)
+    store.record_stage("r1", "s2", scenario="fanin", stage_key="k2", params={"qos": 0},
+                       fingerprint_hash=fp)
+    store.record_results("r1", "s1", metrics={"delivered_rate": 1234.5, "lost": float("nan"),
+                                              "e2e_latency_p99": None},
+                         series={"delivered_rate": [1200.0, 1269.0, float("inf")]},
+                         validity="valid", reason=None)
+    store.record_results("r1", "s2", metrics={}, series={}, validity="invalid",
+                         reason="driver CPU saturated")
+    store.record_comparisons("r1", [
+        {"stage_id": "s1", "metric": "delivered_rate", "verdict": "regression",
+         "baseline_value": 1300.0, "value": 1234.5, "change_pct": -5.04, "confidence": 0.99,
+         "detail": {"nights": 1, "mad": float("nan")}},
+        {"stage_id": "s2", "metric": "delivered_rate", "verdict": "invalid"}])
+    store.finish_run("r1", "ok")
+
+    run = store.run("r1")
+    assert run is not None and store.run("nope") is None
+    assert (run["broker_version"], run["release_label"], run["dag_run_id"], run["status"]) \
+        == ("2.0.11", "v2", "manual__1", "ok")
+    assert run["started_at"] == T0 and run["finished_at"].tzinfo is not None
+    s1, s2 = store.stages("r1")
+    assert s1["metrics"] == {"delivered_rate": 1234.5, "lost": None, "e2e_latency_p99": None}
+    assert s1["units"]["delivered_rate"] == "msg/s" and s1["units"]["e2e_latency_p99"] == "us"
+    assert s1["series"] == {"delivered_rate": [1200.0, 1269.0, None]}
+    assert (s1["validity"], s1["params"], s1["fingerprint_hash"]) == ("valid", {"qos": 1}, fp)
+    assert s1["comparisons"] == [{"metric": "delivered_rate", "verdict": "regression",
+                                  "baseline_value": 1300.0, "value": 1234.5,
+                                  "change_pct": -5.04, "confidence": 0.99,
+                                  "detail": {"nights": 1, "mad": None}}]
+    assert (s2["validity"], s2["reason"], s2["comparisons"][0]["verdict"]) \
+        == ("invalid", "driver CPU saturated", "invalid")
+    assert [r["run_id"] for r in store.latest_runs()] == ["r1"]
+
+
+def test_retried_writes_do_not_duplicate(store: Store, count) -> None:
+    verdicts = [{"stage_id": "s1", "metric": "delivered_rate", "verdict": "unchanged"}]
+    for attempt in range(2):
+        new_run(store, "r1")
+        store.record_fingerprint("r1", "lab1", {"cpu": "x86"})
+        store.record_tuning("r1", "lab1", "throughput", [{"key": "a", "after": "1"}])
+        store.record_stage("r1", "s1", scenario="fanin", stage_key="k1", params={},
+                           fingerprint_hash=None)
+        store.record_results("r1", "s1", metrics={"delivered_rate": 1.0, "lost": 0.0},
+                             series={"delivered_rate": [1.0]}, validity="valid", reason=None)
+        store.record_comparisons("r1", verdicts)
+        store.finish_run("r1", "ok")
+        store.pin_release_baseline("v1", "r1")
+        store.reset_history("k1", "r1")
+        store.upsert_alert(stage_key="k1", metric="delivered_rate", run_id="r1",
+                           status="suspected", change_pct=-6.0)
+    expected = {"runs": 1, "host_fingerprints": 1, "tuning_snapshots": 1, "stages": 1,
+                "metrics": 2, "series": 1, "baselines": 2, "comparisons": 1, "alerts": 1}
+    assert {t: count(t) for t in TABLES} == expected
+    # a retry of create_run does not reopen a finished run
+    assert store.run("r1")["status"] == "ok"
+    # results are replaced, not merged
+    store.record_results("r1", "s1", metrics={"lost": 0.0}, series={}, validity="valid",
+                         reason=None)
+    assert store.stages("r1")[0]["metrics"] == {"lost": 0.0} and count("series") == 0
+
+
+def test_record_results_is_atomic(store: Store) -> None:
+    new_run(store, "r1")
+    stage(store, "r1", "s1", rate=5.0)
+    with pytest.raises(StoreError):  # fails after the old rows were deleted: rolled back
+        store.record_results("r1", "s1", metrics={"lost": 1.0}, series={None: [1.0]},
+                             validity="invalid", reason="x")
+    with pytest.raises(StoreError, match="must be numbers"):
+        store.record_results("r1", "s1", metrics={}, series={"x": [object()]},
+                             validity="valid", reason=None)
+    (s1,) = store.stages("r1")
+    assert (s1["metrics"], s1["validity"]) == ({"delivered_rate": 5.0}, "valid")
+    with pytest.raises(StoreError, match="unknown metric 'bogus_rate'"):
+        store.record_results("r1", "s1", metrics={"bogus_rate": 1.0}, series={},
+                             validity="valid", reason=None)
+    with pytest.raises(StoreError, match="record_stage first"):
+        store.record_results("r1", "nope", metrics={}, series={}, validity="valid", reason=None)
+    with pytest.raises(StoreError):  # foreign keys are enforced (SQLite too)
+        store.record_stage("no-such-run", "s1", scenario="x", stage_key="k", params={},
+                           fingerprint_hash=None)
+
+
+def test_history(store: Store) -> None:
+    nightly(store, "n1", 1)
+    nightly(store, "n2", 2)
+    nightly(store, "n3", 3, status="failed")
+    nightly(store, "n4", 4)
+    store.finish_run("n4", "ok", excluded=True, reason="noisy neighbour")
+    nightly(store, "n5", 5, validity="invalid")
+    nightly(store, "n6", 6, fp="fp2")
+    nightly(store, "n7", 7, key="other")
+    nightly(store, "n8", 8)
+    nightly(store, "n9", 9)
+    new_run(store, "tonight", 10)
+
+    hist = store.history("fanin.q1", "fp1", before_run="tonight")
+    assert [h["run_id"] for h in hist] == ["n9", "n8", "n2", "n1"]
+    assert hist[0] == {"run_id": "n9", "started_at": T0 + timedelta(days=9),
+                       "metrics": {"delivered_rate": 9.0}, "series": {"delivered_rate": [9.0, 9.0]}}
+    assert [h["run_id"] for h in store.history("fanin.q1", None, before_run="tonight")] \
+        == ["n9", "n8", "n6", "n2", "n1"]
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n8")] == ["n2", "n1"]
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight",
+                                               limit=2)] == ["n9", "n8"]
+    assert store.history("fanin.q1", "fp1", before_run="n1") == []
+    with pytest.raises(StoreError, match="unknown run"):
+        store.history("fanin.q1", "fp1", before_run="nope")
+
+    store.reset_history("fanin.q1", "n8")  # an accepted change: history restarts at n8
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] \
+        == ["n9", "n8"]
+    assert [h["run_id"] for h in store.history("other", "fp1", before_run="tonight")] == ["n7"]
+
+    # accepting an alert moves the start to the alert's first run, never backwards
+    alert_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
+                                     run_id="n9", status="confirmed", change_pct=-8.0)
+    store.set_alert_status(alert_id, "accepted")
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] == ["n9"]
+    old_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n2",
+                                   status="new", change_pct=None)
+    store.set_alert_status(old_id, "accepted")
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] == ["n9"]
+
+
+def test_release_baseline(store: Store) -> None:
+    new_run(store, "rel1", kind="release", release_label="v1")
+    with pytest.raises(StoreError, match="running"):
+        store.pin_release_baseline("v1", "rel1")
+    store.finish_run("rel1", "failed")
+    with pytest.raises(StoreError, match="failed"):
+        store.pin_release_baseline("v1", "rel1")
+    nightly(store, "rel2", 2)
+    store.pin_release_baseline("v1", "rel2")
+    assert store.release_baseline("v1") == "rel2" and store.release_baseline("v0") is None
+    store.finish_run("rel2", "ok", excluded=True, reason="bad host")
+    with pytest.raises(StoreError, match="excluded"):
+        store.pin_release_baseline("v1", "rel2")
+
+
+def test_alerts(store: Store) -> None:
+    for day in range(1, 6):
+        new_run(store, f"n{day}", day)
+    key = dict(stage_key="fanin.q1", metric="delivered_rate")
+    a1, changed = store.upsert_alert(**key, run_id="n1", status="suspected", change_pct=-6.0)
+    assert changed
+    assert store.upsert_alert(**key, run_id="n1", status="suspected", change_pct=-6.0) == (a1, False)
+    assert store.upsert_alert(**key, run_id="n2", status="confirmed", change_pct=-6.0) == (a1, True)
+    assert store.upsert_alert(**key, run_id="n2", status="confirmed", change_pct=-7.5) == (a1, True)
+    assert store.upsert_alert(**key, run_id="n3", status="confirmed", change_pct=-7.5) == (a1, False)
+    other, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n3",
+                                  status="new", change_pct=None)
+    (open1, open2) = store.open_alerts()
+    assert (open1["id"], open1["status"], open1["first_run_id"], open1["last_run_id"]) \
+        == (a1, "confirmed", "n1", "n3")
+    assert open2["id"] == other and open1["created_at"].tzinfo is not None
+
+    assert [a["id"] for a in store.undelivered_alerts()] == [a1, other]
+    store.mark_alert_delivered(a1, "1700000000.0001")
+    store.mark_alert_delivered(a1, "1700000099.0002")  # a thread reply: keep the root ts
+    assert [a["id"] for a in store.undelivered_alerts()] == [other]
+
+    store.set_alert_status(a1, "acked")  # a human saw it: the same regression is no news
+    assert store.upsert_alert(**key, run_id="n4", status="confirmed", change_pct=-7.5) == (a1, False)
+    assert store.upsert_alert(**key, run_id="n4", status="recovered", change_pct=0.0) == (a1, True)
+    assert store.upsert_alert(**key, run_id="n4", status="recovered", change_pct=0.0) == (a1, False)
+    recovered = next(a for a in store.undelivered_alerts() if a["id"] == a1)
+    assert (recovered["status"], recovered["slack_ts"]) == ("recovered", "1700000000.0001")
+    assert [a["id"] for a in store.open_alerts()] == [other]
+
+    # a new change after recovery is a new alert; a retry of a closed run's alert is not
+    a2, changed = store.upsert_alert(**key, run_id="n5", status="suspected", change_pct=-9.0)
+    assert changed and a2 != a1
+    store.set_alert_status(a2, "false_positive")
+    assert store.upsert_alert(**key, run_id="n5", status="suspected", change_pct=-9.0) == (a2, False)
+    assert [a["id"] for a in store.open_alerts()] == [other]
+
+    with pytest.raises(StoreError, match="unknown alert"):
+        store.set_alert_status(9999, "acked")
+    with pytest.raises(StoreError, match="no alert"):
+        store.upsert_alert(stage_key="x", metric="lost", run_id="n1", status="recovered",
+                           change_pct=None)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda s: new_run(s, "r9", kind="weekly"), "runs.kind"),
+    (lambda s: s.finish_run("r1", "running"), "runs.status"),
+    (lambda s: s.record_results("r1", "s1", metrics={}, series={}, validity="meh",
+                                reason=None), "stages.validity"),
+    (lambda s: s.record_comparisons("r1", [{"stage_id": "s1", "metric": "lost",
+                                            "verdict": "worse"}]), "comparisons.verdict"),
+    (lambda s: s.upsert_alert(stage_key="k", metric="lost", run_id="r1", status="open",
+                              change_pct=None), "alerts.status"),
+    (lambda s: s.set_alert_status(1, "snoozed"), "alerts.status"),
+])
+def test_bad_enum_names_the_field(store: Store, call, field: str) -> None:
+    new_run(store, "r1")
+    stage(store, "r1", "s1")
+    with pytest.raises(StoreError, match=rf"^{field} must be one of") as err:
+        call(store)
+    assert "," in str(err.value)  # the allowed values are listed
+
+
+def test_password_never_shown(pg_server: str) -> None:
+    url = create_database(pg_server, "t_secret")
+    password = url.split(":")[2].split("@")[0]
+    store = Store(url)
+    assert password not in store.url_for_display and "***" in store.url_for_display
+    assert password not in repr(store)
+    store.migrate()
+    with pytest.raises(StoreError) as err:
+        store.finish_run("nope", "ok")
+    assert password not in str(err.value)
+    store.close()
+
+    wrong = url.replace(password, "hunter2-wrong")
+    bad = Store(wrong)
+    with pytest.raises(StoreError) as err:
+        bad.migrate()
+    assert "hunter2" not in str(err.value) and "password authentication failed" in str(err.value)
+    cause = err.value.__cause__
+    while cause is not None:
+        assert "hunter2" not in str(cause)
+        cause = cause.__cause__
+    bad.close()
+    with pytest.raises(StoreError) as err:
+        Store("mysql://u:hunter2@host/db")
+    assert "hunter2" not in str(err.value)
+    with pytest.raises(StoreError) as err:
+        Store("::not a url hunter2")
+    assert "hunter2" not in str(err.value)
+
+
+def test_fingerprint_hash_is_stable() -> None:
+    from sql import fingerprint_hash
+    assert fingerprint_hash({"b": 1, "a": [1, 2]}) == fingerprint_hash({"a": [1, 2], "b": 1})
+    assert fingerprint_hash({"a": 1}) != fingerprint_hash({"a": 2})
+    assert fingerprint_hash({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()[:16]
