@@ -9,9 +9,10 @@ histograms.csv,summary.json}`` for every driver process and
 ``RUN_DIR/raw/<stage>/<broker_host>/sampler/broker.csv``.
 
 The heavy part runs on Spark: every CSV of every process is read with an explicit schema,
-malformed rows are counted per file and dropped, rows are kept or dropped by their
-``second`` column against the stage's measure window [measure_start, measure_end), counters
-are summed per (stage, second) and histogram bucket counts per (stage, kind, bucket).
+malformed rows are counted (and named per file when there are any) and dropped, rows are
+kept or dropped by their ``second`` column against the stage's measure window
+[measure_start, measure_end), counters are summed per (stage, second) and histogram bucket
+counts per (stage, kind, bucket).
 Only those small sums reach the driver, where percentiles are read from the summed buckets
 with `tasks.driver.histogram` (per-process percentiles are never averaged).
 
@@ -83,16 +84,20 @@ class Stage:
     stage_id: str
     doc: dict = field(default_factory=dict)
     window: tuple[int, int] | None = None
-    problems: list[str] = field(default_factory=list)
+    problems: list[tuple[bool, str]] = field(default_factory=list)  # (notice only, text)
     incomplete: bool = False
     summaries: list[dict] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     files: dict[str, list[Path]] = field(default_factory=dict)  # counters/histograms/broker
     labels: dict[str, str] = field(default_factory=dict)  # resolved file path -> "host/proc"
 
-    def problem(self, text: str, incomplete: bool = False) -> None:
-        self.problems.append(text)
+    def problem(self, text: str, incomplete: bool = False, notice: bool = True) -> None:
+        """Record a problem; `incomplete` ones (and status-setting ones) are listed first."""
+        self.problems.append((notice and not incomplete, text))
         self.incomplete = self.incomplete or incomplete
+
+    def problem_list(self) -> list[str]:
+        return [text for _, text in sorted(self.problems, key=lambda p: p[0])]
 
 
 def _read_json(path: Path) -> dict:
@@ -169,8 +174,8 @@ def _check_process(stage: Stage, stage_dir: Path, host: str, proc: str, listed: 
         stage.missing.append(label)
         if not proc_dir.is_dir():
             return
-    except ValueError as exc:
-        stage.problem(f"unparseable {SUMMARY_FILE} in {label}: {exc}", incomplete=True)
+    except (OSError, ValueError) as exc:
+        stage.problem(f"unreadable {SUMMARY_FILE} in {label}: {exc}", incomplete=True)
         stage.missing.append(label)
     else:
         stage.summaries.append(summary)
@@ -320,12 +325,13 @@ def collect_counters(sums: Sums, rows: list[Row]) -> None:
         if row["connects_ok"]:
             sums.connect_seconds.setdefault(stage_id, []).append(row["second"])
         if row["in_window"]:
-            sums.series.setdefault(stage_id, {})[row["second"]] = (
-                row["received"] or 0, row["published"] or 0)
+            delivered = (row["received"] or 0) - (row["duplicated"] or 0)  # unique deliveries
+            sums.series.setdefault(stage_id, {})[row["second"]] = (delivered, row["published"] or 0)
 
 
 def collect_histograms(sums: Sums, rows: list[Row]) -> None:
-    for row in rows:
+    # sorted: summarize() adds floats in dict order, and reruns must be byte-identical
+    for row in sorted(rows, key=lambda r: (r["stage_id"], r["kind"] or "", r["bucket"] or 0)):
         sums.flag("histograms", row)
         if row["count"]:
             kinds = sums.histograms.setdefault(row["stage_id"], {})
@@ -464,7 +470,7 @@ def stage_result(stage: Stage, sums: Sums) -> dict:
     if stage.window is not None:
         traffic, series = traffic_metrics(stage, sums.series.get(stage.stage_id, {}))
     if not (sum(series["delivered_per_s"]) or sum(series["published_per_s"])):
-        stage.problem("zero traffic in the measure window")
+        stage.problem("zero traffic in the measure window", notice=False)
         status = "no_data"
     else:
         metrics.update(traffic)
@@ -478,7 +484,7 @@ def stage_result(stage: Stage, sums: Sums) -> dict:
     if unknown:
         raise KeyError(f"metrics missing from tasks.metrics: {sorted(unknown)}")
     return {"stage_id": stage.stage_id, "scenario": stage.doc.get("scenario"),
-            "status": status, "problems": list(stage.problems),
+            "status": status, "problems": stage.problem_list(),
             "metrics": {k: tidy(v) for k, v in metrics.items()}, "series": series}
 
 

@@ -12,7 +12,9 @@ Only the standard library is used: this module is shipped to driver hosts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 
 SUB_BUCKET_BITS = 6
 SUB_BUCKETS = 1 << SUB_BUCKET_BITS  # 64
@@ -48,7 +50,8 @@ def percentile(counts: Mapping[int, int], pct: float) -> float | None:
     total = sum(counts.values())
     if total <= 0:
         return None
-    rank = max(1, -(-pct * total // 100))  # ceil(pct/100 * total), at least the first
+    # ceil(pct/100 * total) in exact arithmetic (floats misplace p99.9 at some totals)
+    rank = max(1, math.ceil(Fraction(str(pct)) * total / 100))
     seen = 0
     for index in sorted(counts):
         seen += counts[index]

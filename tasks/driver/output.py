@@ -6,7 +6,8 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   the event happened on this host), columns ``COUNTER_COLUMNS``:
                   published   PUBLISH packets handed to the socket
                   acked       PUBACK/PUBCOMP received (QoS 1/2)
-                  received    messages received by subscribers (duplicates included)
+                  received    messages received by subscribers (duplicates included:
+                              delivered = received - duplicated)
                   lost        sequence gaps seen by subscribers in that second; the stage's
                               loss is computed from expected minus unique deliveries
                   duplicated  messages whose sequence number a subscriber had already seen
@@ -34,7 +35,8 @@ starts the stage, and tells the aggregation what was intended:
            [measure_start, measure_end), whole seconds),
   target_publish_rate: msg/s summed over all publishers,
   expected_delivery_rate: msg/s that subscribers together should receive,
-  receivers: {publisher_index (as a string): subscribers that should get each message},
+  receivers: {publisher_index (as a string): subscribers that should get each message};
+             publisher indexes are unique across every process and host of a stage,
   processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
   broker_host: the host whose ``sampler/`` holds broker.csv, or null.
 """

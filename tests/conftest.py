@@ -1,0 +1,76 @@
+"""Shared fixtures: a real Mosquitto on a free loopback port, an isolated perfpipe state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Airflow reads its config when first imported: point it at the repo's Airflow home
+# (migrated by `make test`) unless the caller chose another.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".state" / "airflow"))
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def mosquitto_binary() -> str:
+    for candidate in ("/usr/sbin/mosquitto", shutil.which("mosquitto")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    pytest.fail("mosquitto is not installed: run `make test`, which installs it")
+
+
+class Broker:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                        "persistence false\nmax_queued_messages 1000000\n"
+                        "max_inflight_messages 0\nlog_dest stderr\n")
+        self.log = open(workdir / "mosquitto.log", "w")
+        self.process = subprocess.Popen([mosquitto_binary(), "-c", str(conf)],
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on {self.port}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+        self.log.close()
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    running = Broker(tmp_path)
+    yield running
+    running.kill()
+
+
+@pytest.fixture
+def perfpipe_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private state dir (runs, SQLite results) so tests never see each other's runs."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("PERFPIPE_STATE_DIR", str(state))
+    for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY",
+                 "PERFPIPE_SCENARIOS_DIR", "PERFPIPE_SUITE"):
+        monkeypatch.delenv(name, raising=False)
+    return state

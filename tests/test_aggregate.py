@@ -1,0 +1,380 @@
+"""spark/aggregate.py end to end: raw run directories built from known samples with the
+driver's own writers, aggregated by a real ``spark-submit``, checked against the samples.
+
+One session-scoped fixture builds the run and submits the job twice (the JVM is the slow
+part); every test reads the results of those two runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of  # noqa: E402
+from tasks.driver.output import (  # noqa: E402
+    COUNTER_COLUMNS, COUNTERS_FILE, SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, RawWriter,
+    write_csv, write_json,
+)
+from tasks.metrics import LATENCY_STATS, METRICS  # noqa: E402
+
+pytestmark = pytest.mark.slow  # runs Spark
+
+RUN_ID = "run-test"
+START = 1_800_000_000
+WINDOWS = {"start": START, "measure_start": START + 2, "measure_end": START + 7,
+           "end": START + 8}
+MEASURE = list(range(WINDOWS["measure_start"], WINDOWS["measure_end"]))
+MEASURE_S = len(MEASURE)
+CONNECT_SECONDS = (START - 2, START - 1)  # connections happen before the stage starts
+OUTSIDE = (START, START + 1, START + 7)  # warm-up and drain seconds: must be ignored
+EMPTY_SECOND = MEASURE[2]  # no process writes a row for it: it counts as 0, not missing
+HUGE = 10**9  # counter values outside the window
+HUGE_US = 60_000_000  # latencies outside the window
+HOSTS, PROCS = ("h1", "h2"), (0, 1)
+RECEIVERS = 2  # subscribers that get each message
+SHUFFLED = ("h2", 1)  # this process's counters.csv rows are written out of order
+OFFSET = ("h1", 1)  # this process reports a clock offset
+OFFSET_S = 0.05
+
+
+@dataclass
+class Expect:
+    """What the samples say, computed here independently of the job."""
+
+    per_second: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    totals: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    samples: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    last_seq_total: int = 0
+    unique: int = 0
+    cpu: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+
+
+# ---- building raw run directories from known samples -------------------------------------
+class Proc:
+    """One driver process's counters, histograms and summary, built from raw samples."""
+
+    def __init__(self, host: str, proc: int, expect: Expect) -> None:
+        self.host, self.proc, self.expect = host, proc, expect
+        self.counters: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.hist: dict[tuple[int, str], dict[int, int]] = defaultdict(dict)
+
+    def count(self, second: int, **values: int) -> None:
+        for name, n in values.items():
+            self.counters[second][name] += n
+            self.expect.totals[name] += n
+        if second in MEASURE:
+            # delivered = received minus duplicates (tasks/driver/output.py)
+            self.expect.per_second[second][0] += values.get("received", 0) - values.get("duplicated", 0)
+            self.expect.per_second[second][1] += values.get("published", 0)
+
+    def observe(self, second: int, kind: str, values, counted: bool) -> None:
+        hist = self.hist[(second, kind)]
+        for value in values:
+            bucket = bucket_of(int(value))
+            hist[bucket] = hist.get(bucket, 0) + 1
+            if counted:
+                self.expect.samples[kind].append(int(value))
+
+
+def fill(proc: Proc, rng: np.random.Generator, traffic: bool) -> None:
+    for second in CONNECT_SECONDS:
+        proc.count(second, connects_ok=5, connects_failed=1, errors=1)
+        proc.observe(second, "connect", rng.integers(300, 40_000, 5), True)
+        proc.observe(second, "subscribe", rng.integers(100, 5_000, 2), True)
+    for second in OUTSIDE:
+        proc.count(second, published=HUGE, acked=HUGE, received=HUGE, duplicated=3)
+        proc.observe(second, "e2e", [HUGE_US] * 40, False)
+        proc.observe(second, "pub_ack", [HUGE_US] * 40, False)
+    for second in MEASURE:
+        if second == EMPTY_SECOND or not traffic:
+            continue
+        received, published = (int(n) for n in rng.integers(700, 1300, 2))
+        proc.count(second, published=published, acked=published, received=received,
+                   duplicated=1, out_of_order=2, inflight_full=1, delay_overruns=4)
+        proc.observe(second, "e2e", rng.lognormal(7.5, 0.7, 250).astype(int) + 1, True)
+        proc.observe(second, "pub_ack", rng.lognormal(6.5, 0.5, 120).astype(int) + 1, True)
+
+
+def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
+    last_seq = {str(2 * proc.proc + 10 * HOSTS.index(proc.host) + i): int(rng.integers(4000, 6000))
+                for i in range(2)}
+    expected = sum(last_seq.values()) * RECEIVERS
+    unique = expected - int(rng.integers(0, 20))
+    proc.expect.last_seq_total += sum(last_seq.values())
+    proc.expect.unique += unique
+    offset = OFFSET_S if (proc.host, proc.proc) == OFFSET else None
+    return {"run_id": RUN_ID, "stage_id": stage_id, "host": proc.host, "proc": proc.proc,
+            "status": "ok", "windows": WINDOWS, "unique_received": unique,
+            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset}}
+
+
+def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
+    writer = RawWriter(proc_dir)
+    if (proc.host, proc.proc) == SHUFFLED:
+        rows = [[s] + [proc.counters[s][c] for c in COUNTER_COLUMNS[1:]] for s in proc.counters]
+        random.Random(7).shuffle(rows)
+        write_csv(proc_dir / COUNTERS_FILE, COUNTER_COLUMNS, rows)
+    else:
+        writer.counters(proc.counters)
+    writer.histograms(proc.hist)
+    writer.summary(document)
+
+
+def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect) -> None:
+    rows = [(s, 999.0, 10**12) for s in OUTSIDE]
+    for second in MEASURE:
+        cpu, rss = round(float(rng.uniform(20, 90)), 2), int(rng.integers(10**7, 10**8))
+        rows.append((second, cpu, rss))
+        expect.cpu.append(cpu)
+        expect.rss.append(rss)
+    (stage_dir / "h1" / "sampler").mkdir(parents=True)
+    write_csv(stage_dir / "h1" / "sampler" / SAMPLER_FILE, SAMPLER_COLUMNS, rows)
+
+
+def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
+                skip: tuple[str, int] | None = None) -> Expect:
+    """2 hosts x 2 processes; `skip` is listed in stage.json but writes nothing."""
+    rng, expect = np.random.default_rng(seed), Expect()
+    stage_dir = raw / stage_id
+    publishers = []
+    for host in HOSTS:
+        for number in PROCS:
+            proc = Proc(host, number, expect if (host, number) != skip else Expect())
+            fill(proc, rng, traffic)
+            document = summary(proc, stage_id, rng)
+            publishers += list(document["last_seq"])
+            if (host, number) != skip:
+                write_process(stage_dir / host / str(number), proc, document)
+    write_broker(stage_dir, rng, expect)
+    write_json(stage_dir / STAGE_FILE, {
+        "run_id": RUN_ID, "stage_id": stage_id, "scenario": "fanout", "qos": 1,
+        "clients": 16, "windows": WINDOWS, "target_publish_rate": 4000,
+        "expected_delivery_rate": 8000, "receivers": {p: RECEIVERS for p in publishers},
+        "processes": [{"host": h, "proc": p} for h in HOSTS for p in PROCS],
+        "broker_host": "h1",
+    })
+    return expect
+
+
+def truncate(path: Path, n_bytes: int) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-n_bytes])
+
+
+# ---- running the job ---------------------------------------------------------------------
+def submit(run_dir: Path, out: Path, pythonpath: bool) -> subprocess.Popen:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+               PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:  # as the pipeline runs it; without it the job finds the repo itself
+        env["PYTHONPATH"] = str(ROOT)
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+               "--driver-java-options", "-XX:TieredStopAtLevel=1",  # fast JVM start
+               str(ROOT / "spark" / "aggregate.py"), "--run-dir", str(run_dir),
+               "--out", str(out)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=run_dir)
+
+
+def finish(job: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stdout + stderr
+    return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr)
+
+
+@dataclass
+class Run:
+    expect: dict[str, Expect]
+    doc: dict
+    stages: dict[str, dict]
+    json_bytes: tuple[bytes, bytes]
+    out: Path
+    results: list[subprocess.CompletedProcess]
+
+
+@pytest.fixture(scope="session")
+def run(tmp_path_factory) -> Run:
+    run_dir = tmp_path_factory.mktemp("run")
+    raw = run_dir / "raw"
+    expect = {
+        "s1_ok": build_stage(raw, "s1_ok", 1),
+        "s2_missing": build_stage(raw, "s2_missing", 2, skip=("h2", 1)),
+        "s3_zero": build_stage(raw, "s3_zero", 3, traffic=False),
+        "s4_truncated": build_stage(raw, "s4_truncated", 4),
+    }
+    # cut the last row (a drain second) of one file mid-way: two columns and the newline
+    truncate(raw / "s4_truncated" / "h1" / "0" / COUNTERS_FILE, 5)
+    outs = [run_dir / "out1", run_dir / "out2"]
+    # two independent submits at once (one with PYTHONPATH as the pipeline sets it, one
+    # without): their outputs must be byte-identical
+    jobs = [submit(run_dir, outs[0], True), submit(run_dir, outs[1], False)]
+    results = [finish(job) for job in jobs]
+    json_bytes = tuple((o / "stage_metrics.json").read_bytes() for o in outs)
+    doc = json.loads(json_bytes[0])
+    return Run(expect, doc, {s["stage_id"]: s for s in doc["stages"]}, json_bytes, outs[0],
+               results)
+
+
+# ---- tests -------------------------------------------------------------------------------
+def _tolerance(value: float) -> float:
+    """The bucket precision: MAX_RELATIVE_ERROR plus one bucket's width at that value."""
+    lower, upper = bucket_bounds(bucket_of(int(value)))
+    return value * MAX_RELATIVE_ERROR + (upper - lower) + 0.5
+
+
+def test_document_shape(run: Run):
+    assert run.doc["run_id"] == RUN_ID
+    assert [s["stage_id"] for s in run.doc["stages"]] == sorted(run.expect)
+    for stage in run.doc["stages"]:
+        assert set(stage) == {"stage_id", "scenario", "status", "problems", "metrics", "series"}
+        assert set(stage["metrics"]) == set(METRICS)
+        assert set(stage["series"]) == {"seconds", "delivered_per_s", "published_per_s"}
+        assert stage["scenario"] == "fanout"
+
+
+def test_rates_are_window_sums_over_measure_seconds(run: Run):
+    stage, expect = run.stages["s1_ok"], run.expect["s1_ok"]
+    delivered = sum(v[0] for v in expect.per_second.values())
+    published = sum(v[1] for v in expect.per_second.values())
+    metrics = stage["metrics"]
+    assert stage["status"] == "ok", stage["problems"]
+    assert metrics["messages_delivered"] == delivered
+    assert metrics["delivered_rate"] == delivered / MEASURE_S
+    assert metrics["published_rate"] == published / MEASURE_S
+    assert metrics["target_rate"] == 4000
+    assert metrics["achieved_ratio"] == pytest.approx(delivered / MEASURE_S / 8000, rel=1e-9)
+
+
+def test_series_cover_every_measure_second(run: Run):
+    series, expect = run.stages["s1_ok"]["series"], run.expect["s1_ok"]
+    assert series["seconds"] == MEASURE
+    assert series["delivered_per_s"] == [expect.per_second[s][0] for s in MEASURE]
+    assert series["published_per_s"] == [expect.per_second[s][1] for s in MEASURE]
+    assert series["delivered_per_s"][MEASURE.index(EMPTY_SECOND)] == 0
+    values = np.array(series["delivered_per_s"], dtype=float)
+    cv = run.stages["s1_ok"]["metrics"]["throughput_cv"]
+    assert cv == pytest.approx(values.std() / values.mean(), rel=1e-8)
+
+
+def test_warmup_and_drain_are_excluded(run: Run):
+    metrics = run.stages["s1_ok"]["metrics"]
+    assert metrics["messages_delivered"] < HUGE
+    assert max(run.stages["s1_ok"]["series"]["delivered_per_s"]) < HUGE
+    assert metrics["e2e_latency_max"] < HUGE_US and metrics["pub_ack_latency_max"] < HUGE_US
+    assert metrics["broker_cpu_max"] < 999
+
+
+@pytest.mark.parametrize("kind", ["e2e", "pub_ack", "connect", "subscribe"])
+def test_percentiles_match_numpy_within_bucket_precision(run: Run, kind: str):
+    metrics, samples = run.stages["s1_ok"]["metrics"], run.expect["s1_ok"].samples[kind]
+    assert samples
+    for stat, pct in (("p50", 50), ("p95", 95), ("p99", 99), ("p99_9", 99.9), ("max", 100)):
+        got = metrics[f"{kind}_latency_{stat}"]
+        # numpy's order statistics around the percentile, widened by the bucket precision
+        low, high = (float(np.percentile(samples, pct, method=m)) for m in ("lower", "higher"))
+        assert low - _tolerance(low) <= got <= high + _tolerance(high), (stat, got, low, high)
+        # and the nearest-rank sample itself, within the bucket midpoint's relative error
+        rank = max(1, math.ceil(Fraction(str(pct)) * len(samples) / 100))
+        nearest = sorted(samples)[rank - 1]
+        assert abs(got - nearest) <= MAX_RELATIVE_ERROR * got, (stat, got, nearest)
+    mean = float(np.mean(samples))
+    assert abs(metrics[f"{kind}_latency_avg"] - mean) <= _tolerance(mean)
+    std = float(np.std(samples))
+    assert metrics[f"{kind}_latency_stddev"] == pytest.approx(std, rel=0.02, abs=1.0)
+
+
+def test_no_samples_is_null_not_zero(run: Run):
+    metrics = run.stages["s1_ok"]["metrics"]
+    assert all(metrics[f"pub_delay_latency_{stat}"] is None for stat in LATENCY_STATS)
+
+
+def test_whole_stage_counters_connects_and_loss(run: Run):
+    metrics, expect = run.stages["s1_ok"]["metrics"], run.expect["s1_ok"]
+    for name in ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
+                 "connects_ok", "connects_failed"):
+        assert metrics[name] == expect.totals[name], name
+    span = CONNECT_SECONDS[-1] - CONNECT_SECONDS[0] + 1
+    assert metrics["connect_rate"] == expect.totals["connects_ok"] / span
+    expected = expect.last_seq_total * RECEIVERS
+    assert metrics["lost"] == expected - expect.unique > 0
+    assert metrics["loss_ratio"] == pytest.approx((expected - expect.unique) / expected)
+
+
+def test_broker_metrics_from_window_samples(run: Run):
+    metrics, expect = run.stages["s1_ok"]["metrics"], run.expect["s1_ok"]
+    assert metrics["broker_cpu_avg"] == pytest.approx(np.mean(expect.cpu), rel=1e-9)
+    assert metrics["broker_cpu_max"] == max(expect.cpu)
+    assert metrics["broker_rss_avg"] == pytest.approx(np.mean(expect.rss), rel=1e-9)
+    assert metrics["broker_rss_max"] == max(expect.rss)
+    per_10k = np.mean(expect.cpu) / (metrics["delivered_rate"] / 10_000)
+    assert metrics["broker_cpu_per_10k"] == pytest.approx(per_10k, rel=1e-8)
+
+
+def test_clock_offset_is_reported(run: Run):
+    problems = run.stages["s1_ok"]["problems"]
+    assert any("clock offset" in p and "h1/1" in p for p in problems), problems
+
+
+def test_missing_process_makes_stage_incomplete(run: Run):
+    stage, expect = run.stages["s2_missing"], run.expect["s2_missing"]
+    assert stage["status"] == "incomplete"
+    # the cause comes first (the validity gate quotes the first problems); notices follow
+    assert "missing process h2/1" in stage["problems"][0], stage["problems"]
+    # what the other processes reported is still aggregated; loss cannot be known
+    delivered = sum(v[0] for v in expect.per_second.values())
+    assert stage["metrics"]["messages_delivered"] == delivered > 0
+    assert stage["metrics"]["lost"] is None and stage["metrics"]["loss_ratio"] is None
+
+
+def test_zero_traffic_is_no_data_with_null_metrics(run: Run):
+    stage = run.stages["s3_zero"]
+    assert stage["status"] == "no_data"
+    assert "zero traffic" in stage["problems"][0], stage["problems"]
+    measured = {k: v for k, v in stage["metrics"].items() if k != "target_rate"}
+    assert all(v is None for v in measured.values()), measured
+    assert stage["series"]["delivered_per_s"] == [0] * MEASURE_S
+
+
+def test_truncated_file_makes_stage_incomplete(run: Run):
+    stage, expect = run.stages["s4_truncated"], run.expect["s4_truncated"]
+    assert stage["status"] == "incomplete"
+    named = [p for p in stage["problems"] if COUNTERS_FILE in p and "h1/0" in p]
+    assert named, stage["problems"]
+    delivered = sum(v[0] for v in expect.per_second.values())
+    assert stage["metrics"]["messages_delivered"] == delivered  # the cut row was outside
+
+
+def test_second_run_is_byte_identical(run: Run):
+    assert run.json_bytes[0] == run.json_bytes[1]
+
+
+def test_parquet_has_one_row_per_stage_metric(run: Run):
+    parquet = pytest.importorskip("pyarrow.parquet")
+    table = parquet.read_table(run.out / "stage_metrics.parquet").to_pylist()
+    assert len(table) == len(run.expect) * len(METRICS)
+    for row in table:
+        assert row["run_id"] == RUN_ID
+        assert row["value"] == run.stages[row["stage_id"]]["metrics"][row["metric"]]
+
+
+def test_prints_one_timing_line_and_few_logs(run: Run):
+    for result in run.results:
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == 1 and all(w in lines[0] for w in ("session", "read", "write"))
+        assert sum(" INFO " in line for line in result.stderr.splitlines()) < 10
