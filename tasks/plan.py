@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
@@ -74,7 +73,3 @@ def stage_table(settings: Settings, suite: str) -> list[dict]:
                 "duration s": stage.duration_s,
             })
     return rows
-
-
-def plan_summary(ctx: RunContext) -> str:
-    return json.dumps({"run_id": ctx.run_id, "stages": len(ctx.plan["stages"])})
