@@ -53,6 +53,14 @@ def _nightly(args: argparse.Namespace) -> int:
     return 0 if state == "success" else 1
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from .tuning.command import tune_command
+
+    settings = load_settings()
+    return tune_command(settings, inventory=args.inventory or settings.inventory,
+                        profile=args.profile, mode=args.mode, hosts=args.host)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from .plan import stage_table
     from .tables import table
@@ -93,6 +101,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--inventory", type=Path, help="inventory YAML (default: infra/inventories/local.yml)")
     run.add_argument("--kind", default="manual", choices=("manual", "nightly", "release"))
     run.set_defaults(func=_run)
+    tune = sub.add_parser("tune", help="check, apply or restore a tuning profile on the hosts")
+    tune.add_argument("--inventory", type=Path)
+    tune.add_argument("--profile", help="infra/tuning/<name>.yml (default: the inventory's)")
+    modes = tune.add_mutually_exclusive_group(required=True)
+    for mode in ("check", "apply", "restore"):
+        modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
+    tune.add_argument("--host", action="append", help="only this host (repeatable)")
+    tune.set_defaults(func=_tune)
     plan = sub.add_parser("plan", help="print the stage table of a suite")
     plan.add_argument("--suite")
     plan.set_defaults(func=_plan)

@@ -8,9 +8,12 @@ reaches a shell unquoted.
 
 from __future__ import annotations
 
+import getpass
+import secrets
 import shlex
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,34 +43,81 @@ def command_line(argv: Sequence[str] | str) -> str:
 
 
 class Host:
-    """What every transport offers. Subclasses provide `_runner`, `put` and `get`."""
+    """What every transport offers. Subclasses provide `_runner`, `user`, `put` and `get`."""
 
     name: str
+    user: str  # the login user; commands that need root go through `sudo -n` unless root
     python: str  # interpreter that runs tasks.driver on this host
-    code_root: str  # directory on the host that contains the `tasks` package
+    code_root: str  # directory on the host for perfpipe's code (the driver bundle)
     work_root: str  # directory on the host for run files
+
+    supports_login = False  # True where a new connection is a new PAM login session
 
     def _runner(self) -> invoke.Context:
         raise NotImplementedError
 
-    def run(self, argv: Sequence[str] | str, *, check: bool = True, timeout: float | None = None,
-            sudo: bool = False) -> CommandResult:
+    def fresh(self) -> Host:
+        """The same host over a new connection (a new login where the transport has one)."""
+        return self
+
+    def close(self) -> None:
+        """Release the connection (nothing to do locally)."""
+
+    def _connection_error(self, exc: Exception) -> HostError | None:
+        """A transport failure (unreachable, refused key) as one clear line, or None."""
+        return None
+
+    def run(self, argv: Sequence[str] | str, *, check: bool = True,
+            timeout: float | None = None) -> CommandResult:
         """Run a command (an argv list is quoted; a string is passed as written)."""
         line = command_line(argv)
-        runner = self._runner()
-        call = runner.sudo if sudo else runner.run
         try:
-            result = call(line, hide=True, warn=True, timeout=timeout, in_stream=False)
+            result = self._runner().run(line, hide=True, warn=True, timeout=timeout,
+                                        in_stream=False)
         except invoke.exceptions.CommandTimedOut as exc:
-            raise HostError(f"{self.name}: timed out after {timeout}s: {line[:120]}") from exc
+            raise HostError(f"{self.name}: timed out after {timeout}s: {line[:120]}") from None
+        except Exception as exc:  # transport errors differ by library; map the known ones
+            mapped = self._connection_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
         out = CommandResult(result.stdout, result.stderr, result.exited)
         if check and not out.ok:
             first = (out.stderr or out.stdout).strip().splitlines()[:1]
             raise HostError(f"{self.name}: exit {out.exited} from {line[:120]}: {first[0] if first else ''}")
         return out
 
-    def sudo(self, argv: Sequence[str] | str, **kwargs) -> CommandResult:
-        return self.run(argv, sudo=True, **kwargs)
+    def as_root(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+        """Run as root: directly when logged in as root, else through passwordless sudo."""
+        if self.user == "root":
+            return self.run(argv, check=check)
+        result = self.run(["sudo", "-n", "--", *argv], check=False)
+        if not result.ok and ("sudo" in result.stderr or result.exited == 127):
+            raise HostError(f"{self.name}: user {self.user} cannot run commands as root "
+                            f"(sudo -n: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'not available'}); "
+                            f"grant passwordless sudo or log in as root")
+        if check and not result.ok:
+            first = (result.stderr or result.stdout).strip().splitlines()[:1]
+            raise HostError(f"{self.name}: exit {result.exited} from {command_line(argv)[:120]}: "
+                            f"{first[0] if first else ''}")
+        return result
+
+    def read_file(self, path: str) -> str | None:
+        """A file's text, or None when it does not exist."""
+        result = self.run(["cat", "--", path], check=False)
+        return result.stdout if result.ok else None
+
+    def write_root_file(self, path: str, content: str, mode: str = "0644") -> None:
+        """Write a file owned by root, atomically (a temp file, then install)."""
+        with tempfile.NamedTemporaryFile("w", delete=False, suffix=".perfpipe") as handle:
+            handle.write(content)
+        remote_tmp = f"/tmp/perfpipe-{secrets.token_hex(6)}"
+        try:
+            self.put(Path(handle.name), remote_tmp)
+            self.as_root(["install", "-D", "-m", mode, remote_tmp, path])
+        finally:
+            Path(handle.name).unlink()
+            self.run(["rm", "-f", remote_tmp], check=False)
 
     def launch(self, argv: Sequence[str], log_path: str) -> int:
         """Start a detached process in its own process group; returns the group's pid.
@@ -114,6 +164,7 @@ class LocalHost(Host):
 
     def __init__(self, name: str = "localhost", work_root: str | None = None) -> None:
         self.name = name
+        self.user = getpass.getuser()
         self.python = sys.executable
         self.code_root = str(REPO_ROOT)
         self.work_root = work_root or ""
@@ -135,29 +186,59 @@ class LocalHost(Host):
 class SshHost(Host):
     """A host over SSH through fabric's Connection (same run model as LocalHost)."""
 
-    def __init__(self, name: str, address: str, *, port: int = 22, user: str | None = None,
-                 key_file: str | None = None, python: str = "python3",
-                 code_root: str = "/opt/perfpipe", work_root: str = "/var/tmp/perfpipe") -> None:
+    def __init__(self, name: str, address: str, *, port: int = 22, user: str = "root",
+                 key_file: str | None = None, gateway: SshHost | None = None,
+                 python: str = "python3", code_root: str = "/opt/perfpipe",
+                 work_root: str = "/var/tmp/perfpipe", connect_timeout: float = 10.0) -> None:
         import fabric  # imported here: the local default never needs paramiko
 
-        connect_kwargs = {"key_filename": key_file} if key_file else {}
+        self._args = dict(name=name, address=address, port=port, user=user, key_file=key_file,
+                          gateway=gateway, python=python, code_root=code_root,
+                          work_root=work_root, connect_timeout=connect_timeout)
+        connect_kwargs = {"key_filename": key_file, "look_for_keys": False,
+                          "allow_agent": key_file is None} if key_file else {}
         self.name = name
+        self.address = address
+        self.user = user
         self.python = python
         self.code_root = code_root
         self.work_root = work_root
-        self._connection = fabric.Connection(address, user=user, port=port,
-                                             connect_kwargs=connect_kwargs, connect_timeout=10)
+        self._connection = fabric.Connection(
+            address, user=user, port=port, connect_kwargs=connect_kwargs,
+            connect_timeout=connect_timeout,
+            gateway=gateway._connection if gateway else None)
+
+    supports_login = True
 
     def _runner(self):
         return self._connection
 
+    def fresh(self) -> SshHost:
+        return SshHost(**self._args)
+
+    def _connection_error(self, exc: Exception) -> HostError | None:
+        import paramiko
+
+        where = f"{self.user}@{self.address}"
+        if isinstance(exc, paramiko.AuthenticationException):
+            return HostError(f"{self.name}: SSH key refused for {where} (check key_file and "
+                             f"the host's authorized_keys)")
+        if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
+            return HostError(f"{self.name}: unreachable at {where}: {exc or type(exc).__name__}")
+        return None
+
     def put(self, local: Path, remote: str) -> None:
-        self.run(["mkdir", "-p", str(Path(remote).parent)])
-        self._connection.put(str(local), remote)
+        try:
+            self._connection.put(str(local), remote)
+        except Exception as exc:
+            raise self._connection_error(exc) or exc from None
 
     def get(self, remote: str, local: Path) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
-        self._connection.get(remote, str(local))
+        try:
+            self._connection.get(remote, str(local))
+        except Exception as exc:
+            raise self._connection_error(exc) or exc from None
 
     def close(self) -> None:
         self._connection.close()

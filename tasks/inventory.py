@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .config_files import load_model
 from .hosts import Host, LocalHost, SshHost
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./_-"
 
 
 class HostConfig(BaseModel):
@@ -27,6 +28,16 @@ class HostConfig(BaseModel):
     python: str = "python3"
     code_root: str = "/opt/perfpipe"
     work_root: str = "/var/tmp/perfpipe"
+    gateway: str | None = Field(None, description="name of another inventory host to jump through")
+    tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
+                                    "here; others are only checked")
+
+    @field_validator("code_root", "work_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or not set(value) <= set(PATH_CHARS):
+            raise ValueError("must be an absolute path of letters, digits and ./_-")
+        return value.rstrip("/")
 
 
 class BrokerConfig(BaseModel):
@@ -46,6 +57,8 @@ class Inventory(BaseModel):
     hosts: list[HostConfig] = Field(min_length=1)
     broker: BrokerConfig
     tuning_profile: str | None = None
+    tuning_mode: Literal["check", "apply"] = "check"
+    tuning_restore: bool = Field(True, description="restore applied tuning at teardown")
 
     @model_validator(mode="after")
     def _consistent(self) -> Inventory:
@@ -59,6 +72,9 @@ class Inventory(BaseModel):
             raise ValueError(f"broker.host: {self.broker.host!r} is not a host in hosts ({names})")
         if self.broker.managed and "broker" not in broker_host.roles:
             raise ValueError(f"broker.host: host {broker_host.name!r} lacks the role 'broker'")
+        for host in self.hosts:
+            if host.gateway and (host.gateway not in names or host.gateway == host.name):
+                raise ValueError(f"hosts: {host.name}.gateway {host.gateway!r} must be another host")
         if not self.broker.managed and self.broker.port is None:
             raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
         return self
@@ -74,14 +90,20 @@ class Inventory(BaseModel):
 
 
 def load_inventory(path: Path) -> Inventory:
-    return load_model(Inventory, path)
+    """Load and validate an inventory; relative key_file paths are relative to its folder."""
+    inventory = load_model(Inventory, path)
+    for host in inventory.hosts:
+        if host.key_file is not None and not host.key_file.is_absolute():
+            host.key_file = (Path(path).parent / host.key_file).resolve()
+    return inventory
 
 
-def connect(config: HostConfig, work_root: str) -> Host:
+def connect(inventory: Inventory, name: str, work_root: str) -> Host:
     """A Host for an inventory entry; local hosts keep run files under `work_root`."""
+    config = inventory.host(name)
     if config.transport == "local":
         return LocalHost(config.name, work_root=work_root)
-    return SshHost(config.name, config.address, port=config.port, user=config.user,
-                   key_file=str(config.key_file) if config.key_file else None,
-                   python=config.python, code_root=config.code_root,
-                   work_root=config.work_root)
+    gateway = connect(inventory, config.gateway, work_root) if config.gateway else None
+    return SshHost(config.name, config.address, port=config.port, user=config.user or "root",
+                   key_file=str(config.key_file) if config.key_file else None, gateway=gateway,
+                   python=config.python, code_root=config.code_root, work_root=config.work_root)

@@ -6,6 +6,7 @@ aggregate -> compare -> report -> alert, and teardown whatever happened.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from .teardown import teardown
 from .tune import tune_host
 from .workload import run_stages
 
+ERROR_FILE = "error.log"
 STEPS = ("plan", "provision", "tune", "broker", "stages", "collect", "aggregate", "compare",
          "report", "alert", "teardown")
 
@@ -60,6 +62,9 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
     try:
         report, outcome = execute(ctx, say)
         failed = False
+    except Exception as exc:  # the run is closed as failed below; the trace goes to a file
+        (ctx.run_dir / ERROR_FILE).write_text(traceback.format_exc())
+        say(f"FAILED: {type(exc).__name__}: {exc}\n(full trace: {ctx.run_dir / ERROR_FILE})")
     finally:
         closed = teardown(ctx, failed=failed)
         say(f"teardown: {closed}")

@@ -10,7 +10,8 @@ import hashlib
 import json
 import time
 
-from .hosts import Host, HostError
+from . import bundle
+from .hosts import Host, HostError, LocalHost
 from .run_context import RunContext
 
 HOSTS_DIR = "hosts"
@@ -55,9 +56,22 @@ class ProvisionError(RuntimeError):
     """A host cannot take part in the run; the message says what to install or fix."""
 
 
-def fingerprint(host: Host) -> dict:
+def ship_driver(ctx: RunContext, host: Host) -> str:
+    """Make the driver importable on the host; returns the PYTHONPATH that runs it."""
+    if isinstance(host, LocalHost):
+        return host.code_root
+    local = bundle.build(ctx.settings.state_dir / "bundles")
+    remote = f"{host.code_root}/{local.name}"
+    if not host.run(["test", "-f", remote], check=False).ok:
+        host.run(["mkdir", "-p", host.code_root])
+        host.put(local, remote)
+    return remote
+
+
+def fingerprint(host: Host, pythonpath: str) -> dict:
     sent = time.time()
-    out = host.run([host.python, "-c", _FINGERPRINT_SCRIPT], timeout=60).stdout
+    out = host.run(["env", f"PYTHONPATH={pythonpath}", host.python, "-c", _FINGERPRINT_SCRIPT],
+                   timeout=60).stdout
     received = time.time()
     facts = json.loads(out.strip().splitlines()[-1])
     facts["clock_offset_s"] = round(facts.pop("time") - (sent + received) / 2, 4)
@@ -74,19 +88,30 @@ def provision_host(ctx: RunContext, host_name: str) -> dict:
     """Check one host and record its fingerprint; returns it (small, XCom-safe)."""
     host = ctx.host(host_name)
     try:
-        facts = fingerprint(host)
+        pythonpath = ship_driver(ctx, host)
+        facts = fingerprint(host, pythonpath)
     except HostError as exc:
-        raise ProvisionError(f"{host_name}: cannot run {host.python}: {exc}") from exc
-    roles = ctx.inventory.host(host_name).roles
-    if "driver" in roles and not facts["paho_mqtt"]:
-        raise ProvisionError(f"{host_name}: paho-mqtt is missing for {host.python}; "
+        raise ProvisionError(f"{host_name}: cannot run the driver with {host.python}: {exc}") from exc
+    finally:
+        host.close()
+    if not facts["paho_mqtt"]:
+        raise ProvisionError(f"{host_name}: paho-mqtt does not import with {host.python}; "
                              f"install the pinned version (pip install -r requirements.txt)")
     facts["host"] = host_name
-    facts["roles"] = list(roles)
+    facts["roles"] = list(ctx.inventory.host(host_name).roles)
+    facts["pythonpath"] = pythonpath
     facts["hash"] = fingerprint_hash(facts)
     ctx.write_json(f"{HOSTS_DIR}/{host_name}.json", facts)
     ctx.store().record_fingerprint(ctx.run_id, host_name, {k: facts[k] for k in FINGERPRINT_KEYS})
     return {"host": host_name, "hash": facts["hash"], "clock_offset_s": facts["clock_offset_s"]}
+
+
+def host_pythonpath(ctx: RunContext, host_name: str) -> str:
+    """The PYTHONPATH provisioning set up for the driver on this host."""
+    path = ctx.run_dir / HOSTS_DIR / f"{host_name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: host {host_name} was not provisioned in this run")
+    return json.loads(path.read_text())["pythonpath"]
 
 
 def run_fingerprint(ctx: RunContext) -> str:

@@ -45,7 +45,11 @@ class RunContext:
         return [Stage.from_dict(doc) for doc in self.plan["stages"]]
 
     def host(self, name: str) -> Host:
-        return connect(self.inventory.host(name), work_root=str(self.run_dir))
+        """The host, over one connection reused for the rest of this step."""
+        cache = self.__dict__.setdefault("_hosts", {})
+        if name not in cache:
+            cache[name] = connect(self.inventory, name, work_root=str(self.run_dir))
+        return cache[name]
 
     def remote_run_dir(self, host: Host) -> str:
         """Where this run's files live on a host (the run directory itself for local hosts)."""

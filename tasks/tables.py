@@ -8,6 +8,8 @@ from collections.abc import Sequence
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3f}"
     return str(value)
@@ -18,9 +20,11 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
         return "(none)"
     columns = list(columns or rows[0].keys())
     cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    numeric = [all(isinstance(row.get(c), (int, float)) or row.get(c) is None for row in rows)
+               for c in columns]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
-    body = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    line = "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(columns, widths, numeric))
+    body = ["  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(r, widths, numeric))
             for r in cells]
     return "\n".join([line, "  ".join("-" * w for w in widths), *body])
 

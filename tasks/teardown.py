@@ -11,6 +11,7 @@ import json
 from .alert import MESSAGE_FILE
 from .broker import stop_broker
 from .run_context import RunContext
+from .tune import restore_run_tuning
 from .workload import PROCESSES_DIR
 
 
@@ -42,7 +43,9 @@ def final_status(ctx: RunContext, failed: bool | None) -> str:
 def teardown(ctx: RunContext, *, failed: bool | None = None) -> dict:
     stopped = stop_drivers(ctx)
     broker = stop_broker(ctx)
+    restored = restore_run_tuning(ctx)
     status = final_status(ctx, failed)
     ctx.store().finish_run(ctx.run_id, status, excluded=status != "ok",
                            reason=None if status == "ok" else f"run {status}")
-    return {"status": status, "drivers_stopped": stopped, "broker": broker}
+    return {"status": status, "drivers_stopped": stopped, "broker": broker,
+            "tuning_restored": restored}

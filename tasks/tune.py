@@ -1,75 +1,63 @@
-"""Step 3, tune (per host): compare a tuning profile with what the host has, and record it.
+"""Step 3, tune (per host): apply or check the inventory's tuning profile, record it.
 
-This first version reads every value back and records drift (mode `check`); applying and
-restoring over SSH come with the lab hosts. Keys are validated before they reach a shell.
+In `check` mode (the embedded default: somebody's workstation) values are only read back
+and drift is recorded. In `apply` mode the values this host allows are set, read back and
+recorded with what they were before; teardown restores them when the inventory asks to.
+The values read back are hashed into the host fingerprint, so a tuning change starts a new
+comparison history.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from .config_files import load_model
 from .hosts import Host
 from .run_context import RunContext
+from .tuning.profile import load_profile
+from .tuning.runner import restore, tune
 
-SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
-
-
-class TuningProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    mode: str = Field("check", pattern="^check$", description="only 'check' is supported so far")
-    sysctl: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("sysctl")
-    @classmethod
-    def _keys(cls, values: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in values if not SYSCTL_KEY.match(k)]
-        if bad:
-            raise ValueError(f"not sysctl keys: {bad} (expected dotted names like net.core.somaxconn)")
-        return values
+TUNING_DIR = "tuning"
 
 
-def load_profile(tuning_dir: Path, name: str) -> TuningProfile:
-    path = Path(tuning_dir) / f"{name}.yml"
-    if not path.exists():
-        known = sorted(p.stem for p in Path(tuning_dir).glob("*.yml"))
-        raise FileNotFoundError(f"{path}: no tuning profile {name!r}; known: {known}")
-    return load_model(TuningProfile, path)
-
-
-def read_sysctl(host: Host, key: str) -> str | None:
-    if not SYSCTL_KEY.match(key):
-        raise ValueError(f"sysctl key {key!r} rejected")
-    result = host.run(["cat", "/proc/sys/" + key.replace(".", "/")], check=False)
-    return " ".join(result.stdout.split()) if result.ok else None
-
-
-def check_host(host: Host, profile: TuningProfile) -> list[dict]:
-    entries = []
-    for key, wanted in profile.sysctl.items():
-        value = read_sysctl(host, key)
-        entries.append({"kind": "sysctl", "key": key, "wanted": wanted, "before": value,
-                        "after": value, "ok": value == " ".join(wanted.split())})
-    return entries
+def values_hash(entries: list[dict]) -> str:
+    values = json.dumps(sorted((e["kind"], e["key"], e["after"]) for e in entries))
+    return hashlib.sha256(values.encode()).hexdigest()[:16]
 
 
 def tune_host(ctx: RunContext, host_name: str) -> dict:
-    """Record the profile's values on one host; returns a small summary."""
-    name = ctx.inventory.tuning_profile
-    if not name:
-        return {"host": host_name, "profile": None, "drift": 0}
-    profile = load_profile(ctx.settings.tuning_dir, name)
-    entries = check_host(ctx.host(host_name), profile)
-    values = json.dumps([(e["key"], e["after"]) for e in entries], sort_keys=True)
-    snapshot = {"host": host_name, "profile": name, "mode": profile.mode, "entries": entries,
-                "values_hash": hashlib.sha256(values.encode()).hexdigest()[:16]}
-    ctx.write_json(f"tuning/{host_name}.json", snapshot)
-    ctx.store().record_tuning(ctx.run_id, host_name, name, entries)
-    return {"host": host_name, "profile": name, "drift": sum(not e["ok"] for e in entries)}
+    """Apply or check the profile on one host; returns a small summary (XCom-safe)."""
+    inventory = ctx.inventory
+    if not inventory.tuning_profile:
+        return {"host": host_name, "profile": None}
+    profile = load_profile(ctx.settings.tuning_dir, inventory.tuning_profile)
+    host = ctx.host(host_name)
+    try:
+        entries = [e.to_dict() for e in tune(
+            host, profile, mode=inventory.tuning_mode,
+            allow=inventory.host(host_name).tuning_allow, state_dir=ctx.settings.state_dir)]
+    finally:
+        host.close()
+    snapshot = {"host": host_name, "profile": profile.name, "mode": inventory.tuning_mode,
+                "entries": entries, "values_hash": values_hash(entries)}
+    ctx.write_json(f"{TUNING_DIR}/{host_name}.json", snapshot)
+    ctx.store().record_tuning(ctx.run_id, host_name, profile.name, entries)
+    return {"host": host_name, "profile": profile.name, "mode": inventory.tuning_mode,
+            "drift": sum(not e["ok"] for e in entries),
+            "applied": sum(e["action"] == "applied" for e in entries)}
+
+
+def restore_run_tuning(ctx: RunContext) -> dict[str, int]:
+    """At teardown: undo what this run's tune step applied, where the inventory asks to."""
+    inventory = ctx.inventory
+    if inventory.tuning_mode != "apply" or not inventory.tuning_restore:
+        return {}
+    restored = {}
+    for path in sorted((ctx.run_dir / TUNING_DIR).glob("*.json")):
+        name = json.loads(path.read_text())["host"]
+        host: Host = ctx.host(name)
+        try:
+            restored[name] = len(restore(host, state_dir=ctx.settings.state_dir))
+        finally:
+            host.close()
+    return restored

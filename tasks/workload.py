@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .driver.output import READY_FILE, STAGE_FILE, START_FILE
 from .hosts import Host
+from .provision import host_pythonpath
 from .run_context import RunContext
 from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, place,
                      process_spec, receivers)
@@ -52,7 +53,7 @@ def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> L
     endpoint = {"host": broker["address"], "port": broker["port"]}
     _put_json(host, process_spec(stage, plan, run_id=ctx.run_id, broker=endpoint),
               f"{out_dir}/spec.json")
-    argv = ["env", f"PYTHONPATH={host.code_root}", host.python, "-m", "tasks.driver",
+    argv = ["env", f"PYTHONPATH={host_pythonpath(ctx, plan.host)}", host.python, "-m", "tasks.driver",
             "--spec", f"{out_dir}/spec.json", "--out", out_dir]
     return Launched(host, plan, out_dir, host.launch(argv, f"{out_dir}/driver.log"))
 
@@ -96,7 +97,7 @@ def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> N
     host = ctx.host(broker["host"])
     out_dir = f"{ctx.remote_run_dir(host)}/raw/{stage.stage_id}/{broker['host']}/sampler"
     host.mkdir(out_dir)
-    host.launch(["env", f"PYTHONPATH={host.code_root}", host.python, "-m",
+    host.launch(["env", f"PYTHONPATH={host_pythonpath(ctx, broker['host'])}", host.python, "-m",
                  "tasks.driver.sampler", "--pid", str(broker["pid"]), "--until", str(until),
                  "--out", out_dir], f"{out_dir}/sampler.log")
 

@@ -74,3 +74,15 @@ def perfpipe_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                  "PERFPIPE_SCENARIOS_DIR", "PERFPIPE_SUITE"):
         monkeypatch.delenv(name, raising=False)
     return state
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """Three SSH hosts in network namespaces (infra/lab): broker1, driver1, driver2."""
+    from tests import lab as lab_module
+
+    was_up = lab_module.lab_is_up()
+    info = lab_module.up()
+    yield info
+    if not was_up:
+        lab_module.down()

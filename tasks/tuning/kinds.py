@@ -1,0 +1,230 @@
+"""Reading, applying and undoing each kind of tuning on one host.
+
+Each `apply_*` changes only what differs from the profile, records how to undo it (the
+first before-value wins, so a second apply never overwrites the original), and reads
+every value back. Values reach the shell only as quoted arguments, after validation in
+`tasks.tuning.profile`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass
+
+from ..hosts import Host, HostError
+from . import qmini
+from .profile import LimitEntry, QmIni, TasksMax
+
+SYSCTL_FILE = "/etc/sysctl.d/90-perfpipe.conf"
+LIMITS_FILE = "/etc/security/limits.d/90-perfpipe.conf"
+
+
+@dataclass
+class Entry:
+    kind: str
+    key: str
+    wanted: str
+    before: str | None
+    after: str | None
+    action: str  # "unchanged" | "applied" | "check-only" | "not-allowed" | "restored"
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.after == self.wanted
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+class Undo:
+    """How to put a host back: the first recorded before-state of everything touched."""
+
+    def __init__(self, records: list[dict] | None = None) -> None:
+        self.records = list(records or [])
+
+    def _has(self, kind: str, key: str) -> bool:
+        return any(r["kind"] == kind and r["key"] == key for r in self.records)
+
+    def remember(self, kind: str, key: str, **state) -> None:
+        if not self._has(kind, key):
+            self.records.append({"kind": kind, "key": key, **state})
+
+
+def allowed(key: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
+
+
+# ---- files -----------------------------------------------------------------------------
+def remember_file(host: Host, undo: Undo, path: str) -> None:
+    if not undo._has("file", path):
+        undo.remember("file", path, content=host.read_file(path))
+
+
+def write_file(host: Host, undo: Undo, path: str, content: str) -> bool:
+    """Write a root-owned file if its content differs; True when it was written."""
+    if host.read_file(path) == content:
+        return False
+    remember_file(host, undo, path)
+    host.write_root_file(path, content)
+    return True
+
+
+def restore_file(host: Host, path: str, content: str | None) -> None:
+    if content is None:
+        host.as_root(["rm", "-f", "--", path])
+    else:
+        host.write_root_file(path, content)
+
+
+# ---- sysctl ----------------------------------------------------------------------------
+def read_sysctl(host: Host, key: str) -> str | None:
+    text = host.read_file("/proc/sys/" + key.replace(".", "/"))
+    return " ".join(text.split()) if text is not None else None
+
+
+def apply_sysctl(host: Host, values: dict[str, str], allow: list[str], undo: Undo,
+                 profile: str, apply: bool) -> list[Entry]:
+    entries = []
+    applicable = {k: v for k, v in values.items() if allowed(k, allow)}
+    if apply and applicable:
+        body = "".join(f"{k} = {v}\n" for k, v in applicable.items())
+        write_file(host, undo, SYSCTL_FILE, f"# written by perfpipe, profile {profile}\n{body}")
+    for key, wanted in values.items():
+        before = read_sysctl(host, key)
+        action = "unchanged" if before == wanted else "check-only"
+        if before != wanted and apply and key in applicable:
+            undo.remember("sysctl", key, before=before)
+            host.as_root(["sysctl", "-q", "-w", f"{key}={wanted}"])
+            action = "applied"
+        elif before != wanted and apply:
+            action = "not-allowed"
+        note = "" if before is not None else "key not present on this host"
+        entries.append(Entry("sysctl", key, wanted, before, read_sysctl(host, key), action, note))
+    return entries
+
+
+# ---- limits ----------------------------------------------------------------------------
+_ULIMIT_FLAGS = {("nofile", "soft"): "-Sn", ("nofile", "hard"): "-Hn",
+                 ("nproc", "soft"): "-Su", ("nproc", "hard"): "-Hu"}
+
+
+def limits_text(entries: list[LimitEntry], profile: str) -> str:
+    lines = [f"{e.domain} {e.type} {e.item} {e.value}" for e in entries]
+    return f"# written by perfpipe, profile {profile}\n" + "\n".join(lines) + "\n"
+
+
+def _login_limit(host: Host, entry: LimitEntry, kind: str) -> str | None:
+    """The limit a fresh login of the host's user gets (PAM reads limits.d at login)."""
+    flag = _ULIMIT_FLAGS.get((entry.item, kind))
+    if flag is None or entry.domain != host.user:
+        return None
+    fresh = host.fresh()
+    try:
+        return fresh.run(["sh", "-c", f"ulimit {flag}"]).stdout.strip()
+    finally:
+        fresh.close()
+
+
+def _limit_reading(host: Host, entry: LimitEntry, kind: str, text: str | None) -> tuple[str | None, str]:
+    """What a limit is now: from a fresh login where possible, else from the file."""
+    login = _login_limit(host, entry, kind) if host.supports_login else None
+    if login is not None:
+        return login, "read in a fresh login"
+    line = f"{entry.domain} {entry.type} {entry.item} {entry.value}"
+    in_file = text is not None and line in text.splitlines()
+    return (entry.value if in_file else None), "file read back only (not the login user, or no login here)"
+
+
+def apply_limits(host: Host, limits: list[LimitEntry], undo: Undo, profile: str,
+                 apply: bool) -> list[Entry]:
+    def kinds_of(e: LimitEntry) -> tuple[str, ...]:
+        return ("soft", "hard") if e.type == "-" else (e.type,)
+
+    before_text = host.read_file(LIMITS_FILE)
+    before = {(i, k): _limit_reading(host, e, k, before_text)[0]
+              for i, e in enumerate(limits) for k in kinds_of(e)}
+    changed = apply and write_file(host, undo, LIMITS_FILE, limits_text(limits, profile))
+    after_text = host.read_file(LIMITS_FILE)
+    entries = []
+    for i, e in enumerate(limits):
+        for kind in kinds_of(e):
+            after, note = _limit_reading(host, e, kind, after_text)
+            action = "applied" if changed else ("unchanged" if before[(i, kind)] == e.value else
+                                                "not-allowed" if apply else "check-only")
+            entries.append(Entry("limits", f"{e.domain} {kind} {e.item}", e.value,
+                                 before[(i, kind)], after, action, note))
+    return entries
+
+
+# ---- TasksMax --------------------------------------------------------------------------
+def _tasks_max_target(host: Host, spec: TasksMax) -> tuple[str, str]:
+    """("systemd", unit) where systemd runs, else ("cgroup", path of pids.max)."""
+    uid = host.run(["id", "-u", spec.user]).stdout.strip()
+    if host.run(["test", "-d", "/run/systemd/system"], check=False).ok:
+        return "systemd", f"user-{uid}.slice"
+    if host.run(["test", "-e", "/sys/fs/cgroup/cgroup.controllers"], check=False).ok:
+        return "cgroup", f"/sys/fs/cgroup/perfpipe-user-{uid}/pids.max"
+    if not host.run(["test", "-d", "/sys/fs/cgroup/pids"], check=False).ok:
+        raise HostError(f"{host.name}: neither systemd nor a pids cgroup controller: "
+                        f"TasksMax cannot be set")
+    return "cgroup", f"/sys/fs/cgroup/pids/perfpipe-user-{uid}/pids.max"
+
+
+def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
+    if mode == "systemd":
+        out = host.run(["systemctl", "show", "-p", "TasksMax", "--value", target], check=False)
+        return out.stdout.strip() or None
+    text = host.read_file(target)
+    return text.strip() if text is not None else None
+
+
+def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, apply: bool) -> list[Entry]:
+    mode, target = _tasks_max_target(host, spec)
+    wanted = str(spec.value)
+    before = read_tasks_max(host, mode, target)
+    action = "unchanged" if before == wanted else "check-only"
+    if before != wanted and apply:
+        undo.remember("tasks_max", target, mode=mode, before=before)
+        if mode == "systemd":
+            host.as_root(["systemctl", "set-property", target, f"TasksMax={wanted}"])
+        else:
+            host.as_root(["mkdir", "-p", target.rsplit("/", 1)[0]])
+            host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", wanted, target])
+        action = "applied"
+    return [Entry("tasks_max", f"{spec.user} ({target})", wanted, before,
+                  read_tasks_max(host, mode, target), action, mode)]
+
+
+def restore_tasks_max(host: Host, record: dict) -> None:
+    target = record["key"]
+    if record["mode"] == "systemd":
+        host.as_root(["systemctl", "set-property", target, f"TasksMax={record['before'] or 'infinity'}"])
+    elif record["before"] is None:
+        host.as_root(["rmdir", "--", target.rsplit("/", 1)[0]])
+    else:
+        host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", record["before"], target])
+
+
+# ---- qm.ini ----------------------------------------------------------------------------
+def apply_qm_ini(host: Host, spec: QmIni, undo: Undo, apply: bool) -> list[Entry]:
+    text = host.read_file(spec.path)
+    if text is None:
+        raise HostError(f"{host.name}: {spec.path} does not exist (is the queue manager created?)")
+    before = qmini.read_values(text)
+    if apply:
+        updated = qmini.set_values(text, spec.stanzas)
+        if updated != text:
+            backup = spec.path + ".perfpipe.bak"
+            if host.read_file(backup) is None:
+                host.write_root_file(backup, text)
+            write_file(host, undo, spec.path, updated)
+    after = qmini.read_values(host.read_file(spec.path) or "")
+    entries = []
+    for stanza, keys in spec.stanzas.items():
+        for key, wanted in keys.items():
+            old = before.get(stanza, {}).get(key)
+            action = "unchanged" if old == wanted else ("applied" if apply else "check-only")
+            entries.append(Entry("qm_ini", f"{stanza}/{key}", wanted, old,
+                                 after.get(stanza, {}).get(key), action, spec.path))
+    return entries

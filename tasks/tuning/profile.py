@@ -1,0 +1,85 @@
+"""Tuning profiles (YAML under infra/tuning/): what to set on a host, each value traceable
+to the report table it comes from. Every value that will reach a shell is validated here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..config_files import load_model
+
+SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
+SYSCTL_VALUE = re.compile(r"^[0-9A-Za-z_.:-]+( [0-9A-Za-z_.:-]+)*$")
+LIMITS_DOMAIN = re.compile(r"^(\*|@?[a-z_][a-z0-9_-]{0,31})$")
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+LIMIT_ITEMS = ("nofile", "nproc", "stack", "core", "memlock", "rtprio", "as", "fsize")
+
+
+class LimitEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    domain: str = Field(description="user, @group or *")
+    type: Literal["soft", "hard", "-"]
+    item: Literal[LIMIT_ITEMS]  # type: ignore[valid-type]
+    value: str = Field(pattern=r"^([0-9]{1,12}|unlimited|-1)$")
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        if not LIMITS_DOMAIN.match(value):
+            raise ValueError("must be a user name, @group or * (limits.conf domain)")
+        return value
+
+
+class TasksMax(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = Field(description="whose tasks (systemd user-UID.slice, or a pids cgroup)")
+    value: int = Field(ge=1)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if not USER_NAME.match(value):
+            raise ValueError("must be a user name")
+        return value
+
+
+class QmIni(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(pattern=r"^/[A-Za-z0-9_./-]+$")
+    stanzas: dict[str, dict[str, str]]
+
+
+class TuningProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    source: str = ""
+    sysctl: dict[str, str] = Field(default_factory=dict)
+    limits: list[LimitEntry] = Field(default_factory=list)
+    tasks_max: TasksMax | None = None
+    qm_ini: QmIni | None = None
+
+    @field_validator("sysctl")
+    @classmethod
+    def _sysctl(cls, values: dict[str, str]) -> dict[str, str]:
+        for key, value in values.items():
+            if not SYSCTL_KEY.match(key):
+                raise ValueError(f"{key!r} is not a sysctl key (dotted, like net.core.somaxconn)")
+            if not SYSCTL_VALUE.match(" ".join(str(value).split())):
+                raise ValueError(f"{key}: value {value!r} has characters a sysctl value cannot have")
+        return {k: " ".join(str(v).split()) for k, v in values.items()}
+
+
+def load_profile(tuning_dir: Path, name: str) -> TuningProfile:
+    path = Path(tuning_dir) / f"{name}.yml"
+    if not path.exists():
+        known = sorted(p.stem for p in Path(tuning_dir).glob("*.yml"))
+        raise FileNotFoundError(f"{path}: no tuning profile {name!r}; known: {known}")
+    return load_model(TuningProfile, path)

@@ -1,0 +1,97 @@
+"""Check, apply or restore a tuning profile on many hosts at once, with per-host results.
+
+What perfpipe changed on a host is recorded in ``<state>/tuning/<host>.json`` before it is
+changed, so ``restore`` puts back exactly what was there, whichever run applied it.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..hosts import Host, HostError
+from . import kinds
+from .profile import TuningProfile
+
+MODES = ("check", "apply", "restore")
+
+
+@dataclass
+class HostResult:
+    host: str
+    entries: list[kinds.Entry] = field(default_factory=list)
+    error: str | None = None
+
+
+def snapshot_path(state_dir: Path, host: str) -> Path:
+    return Path(state_dir) / "tuning" / f"{host}.json"
+
+
+def _load_undo(path: Path) -> kinds.Undo:
+    return kinds.Undo(json.loads(path.read_text())["records"] if path.exists() else [])
+
+
+def _save_undo(path: Path, undo: kinds.Undo, profile: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"profile": profile, "records": undo.records}, indent=1))
+
+
+def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
+         state_dir: Path) -> list[kinds.Entry]:
+    """Check or apply one profile on one host; the undo record is saved as it grows."""
+    apply = mode == "apply"
+    path = snapshot_path(state_dir, host.name)
+    undo = _load_undo(path)
+    try:
+        entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
+        if profile.limits:
+            entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
+        if profile.tasks_max:
+            entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, apply)
+        if profile.qm_ini:
+            entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
+    finally:
+        if apply and undo.records:
+            _save_undo(path, undo, profile.name)
+    return entries
+
+
+def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
+    """Undo everything recorded for this host, newest first, then forget the record."""
+    path = snapshot_path(state_dir, host.name)
+    undo = _load_undo(path)
+    entries = []
+    for record in reversed(undo.records):
+        if record["kind"] == "sysctl" and record["before"] is not None:
+            host.as_root(["sysctl", "-q", "-w", f"{record['key']}={record['before']}"])
+            after = kinds.read_sysctl(host, record["key"])
+        elif record["kind"] == "file":
+            kinds.restore_file(host, record["key"], record["content"])
+            after = "(removed)" if host.read_file(record["key"]) is None else "(restored)"
+        elif record["kind"] == "tasks_max":
+            kinds.restore_tasks_max(host, record)
+            after = kinds.read_tasks_max(host, record["mode"], record["key"])
+        else:
+            continue
+        wanted = record.get("before")
+        if record["kind"] == "file":
+            wanted = "(removed)" if record["content"] is None else "(restored)"
+        entries.append(kinds.Entry(record["kind"], record["key"], wanted, None, after, "restored"))
+    path.unlink(missing_ok=True)
+    return entries
+
+
+def run_on_hosts(hosts: list[Host], action, max_workers: int = 16) -> list[HostResult]:
+    """Run `action(host)` on every host in parallel; one host's failure never hides another's."""
+    def one(host: Host) -> HostResult:
+        try:
+            return HostResult(host.name, action(host))
+        except HostError as exc:
+            return HostResult(host.name, error=str(exc))
+        finally:
+            host.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(hosts)))) as pool:
+        return list(pool.map(one, hosts))

@@ -1,0 +1,166 @@
+"""Tuning over real SSH on the lab hosts: check, apply, read back, restore, and failures.
+
+Only network-namespaced sysctls are applied (the lab inventory's tuning_allow); the global
+fs.file-max of the lab-net profile is exercised in check mode only. Limits and the pids
+cgroup are per lab host (its own mount namespace and cgroup subtree).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.cli import main as perfpipe
+from tasks.hosts import SshHost
+from tasks.inventory import connect, load_inventory
+from tests.lab import INVENTORY, STATE
+
+NAMESPACED = ["net.ipv4.ip_local_port_range", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_rmem",
+              "net.core.somaxconn"]
+
+
+def sysctl_here(key: str) -> str:
+    return " ".join(Path("/proc/sys", key.replace(".", "/")).read_text().split())
+
+
+def host_state(host: SshHost) -> dict:
+    """What the profile touches on a lab host, read over SSH."""
+    values = {key: " ".join(host.run(["cat", "/proc/sys/" + key.replace(".", "/")]).stdout.split())
+              for key in NAMESPACED}
+    values["sysctl.d"] = host.run(["ls", "/etc/sysctl.d"]).stdout.split()
+    values["limits.d"] = host.run(["ls", "/etc/security/limits.d"]).stdout.split()
+    values["cgroups"] = host.run(["ls", "/sys/fs/cgroup/pids"]).stdout.split()
+    values["nofile"] = host.fresh().run(["sh", "-c", "ulimit -Sn"]).stdout.strip()
+    return values
+
+
+def lab_hosts() -> list[SshHost]:
+    inventory = load_inventory(INVENTORY)
+    return [connect(inventory, h.name, work_root="/tmp") for h in inventory.hosts]
+
+
+def tune(mode: str, capsys, *extra: str) -> tuple[int, str, str]:
+    code = perfpipe(["tune", "--inventory", str(INVENTORY), f"--{mode}", *extra])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def rows(output: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines()
+            if line.split() and line.split()[0] in ("broker1", "driver1", "driver2")]
+
+
+def test_check_apply_again_and_restore_over_ssh(lab, perfpipe_env, capsys):
+    here = {key: sysctl_here(key) for key in NAMESPACED + ["fs.file-max"]}
+    before = {h.name: host_state(h) for h in lab_hosts()}
+
+    code, out, _ = tune("check", capsys)
+    assert code == 0 and all(r[-1] in ("check-only", "unchanged") for r in rows(out))
+    assert {h.name: host_state(h) for h in lab_hosts()} == before  # check changes nothing
+
+    code, out, _ = tune("apply", capsys)
+    assert code == 0, out
+    applied = rows(out)
+    assert sum(r[-1] == "applied" for r in applied) == 3 * 7  # 4 sysctls, 2 limits, TasksMax
+    assert all(r[-1] == "not-allowed" for r in applied if r[2] == "fs.file-max")
+    for host in lab_hosts():
+        state = host_state(host)
+        assert state["net.core.somaxconn"] == "8192"
+        assert state["net.ipv4.ip_local_port_range"] == "5000 65000"
+        assert state["nofile"] == "16384"  # PAM applied the limits.d drop-in at a fresh login
+        assert "90-perfpipe.conf" in state["sysctl.d"] and "perfpipe-user-0" in state["cgroups"]
+    assert {key: sysctl_here(key) for key in here} == here  # this machine is untouched
+
+    code, out, _ = tune("apply", capsys)
+    assert code == 0 and not any(r[-1] == "applied" for r in rows(out))  # nothing left to do
+
+    code, out, _ = tune("restore", capsys)
+    assert code == 0, out
+    assert {h.name: host_state(h) for h in lab_hosts()} == before
+    assert {key: sysctl_here(key) for key in here} == here
+
+
+def test_unreachable_wrong_key_and_no_sudo_each_get_one_line(lab, perfpipe_env, tmp_path, capsys):
+    key = tmp_path / "not_authorized"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    client_key = STATE / "client_key"
+    common = "transport: ssh, roles: [driver], python: /usr/bin/python3, tuning_allow: ['net.*']"
+    inventory = tmp_path / "mixed.yml"
+    inventory.write_text(f"""
+hosts:
+  - {{name: driver1, address: 10.250.77.12, user: root, key_file: {client_key}, {common}}}
+  - {{name: ghost, address: 10.250.77.99, user: root, key_file: {client_key}, {common}}}
+  - {{name: wrongkey, address: 10.250.77.12, user: root, key_file: {key}, {common}}}
+  - {{name: nosudo, address: 10.250.77.13, user: pplab, key_file: {client_key}, {common}}}
+broker: {{host: driver1, managed: false, port: 1883}}
+""")
+    code = perfpipe(["tune", "--inventory", str(inventory), "--profile", "lab-net", "--apply"])
+    out = capsys.readouterr()
+    assert code == 1
+    errors = out.err.strip().splitlines()
+    assert len(errors) == 3
+    assert any(line.startswith("ghost: ERROR") and "unreachable" in line for line in errors)
+    assert any(line.startswith("wrongkey: ERROR") and "key refused" in line for line in errors)
+    assert any(line.startswith("nosudo: ERROR") and "cannot run commands as root" in line
+               for line in errors)
+    assert sum(r[0] == "driver1" and r[-1] == "applied" for r in rows(out.out)) == 7
+    assert perfpipe(["tune", "--inventory", str(inventory), "--restore", "--host", "driver1"]) == 0
+    capsys.readouterr()
+
+
+def test_shell_metacharacters_are_never_executed(lab, tmp_path):
+    markers = [Path(f"/tmp/perfpipe-pwned-{i}") for i in range(5)]
+    for marker in markers:
+        marker.unlink(missing_ok=True)
+    payloads = [f"$(touch {markers[0]})", f"`touch {markers[1]}`", f"; touch {markers[2]}",
+                f"| touch {markers[3]}", f"&& touch {markers[4]}"]
+    host = lab_hosts()[1]
+    out = host.run(["printf", "%s\\n", *payloads]).stdout.splitlines()
+    assert out == payloads
+    log = f"/tmp/perfpipe-launch-{tmp_path.name}.log"
+    group = host.launch(["printf", "%s\\n", *payloads], log)
+    for _ in range(50):
+        if host.exit_code(log) is not None:
+            break
+        time.sleep(0.1)
+    assert host.read_file(log).splitlines() == payloads and group > 0
+    assert not any(marker.exists() for marker in markers)
+
+
+@pytest.mark.parametrize("document, field", [
+    ({"name": "p", "sysctl": {"net.core.somaxconn; reboot": "1"}}, "sysctl"),
+    ({"name": "p", "sysctl": {"net.core.somaxconn": "1; reboot"}}, "sysctl"),
+    ({"name": "p", "sysctl": {"net.core.somaxconn": "$(reboot)"}}, "sysctl"),
+    ({"name": "p", "limits": [{"domain": "root;reboot", "type": "soft", "item": "nofile",
+                               "value": "1"}]}, "limits.0.domain"),
+    ({"name": "p", "limits": [{"domain": "root", "type": "soft", "item": "nofile",
+                               "value": "1 `reboot`"}]}, "limits.0.value"),
+    ({"name": "p", "tasks_max": {"user": "mqm$(reboot)", "value": 5}}, "tasks_max.user"),
+    ({"name": "p", "qm_ini": {"path": "/var/mqm/qm.ini;reboot", "stanzas": {}}}, "qm_ini.path"),
+    ({"name": "p;reboot"}, "name"),
+])
+def test_profile_fields_reject_shell_metacharacters(document, field):
+    from tasks.config_files import ConfigError, validate
+    from tasks.tuning.profile import TuningProfile
+
+    with pytest.raises(ConfigError, match=f"x.yml: {field}"):
+        validate(TuningProfile, document, "x.yml")
+
+
+@pytest.mark.parametrize("host_fields, field", [
+    ({"name": "a;b"}, "hosts.0.name"),
+    ({"user": "root$(id)"}, "hosts.0.user"),
+    ({"code_root": "/opt/$(id)"}, "hosts.0.code_root"),
+    ({"work_root": "relative/dir"}, "hosts.0.work_root"),
+])
+def test_inventory_fields_reject_shell_metacharacters(host_fields, field):
+    from tasks.config_files import ConfigError, validate
+    from tasks.inventory import Inventory
+
+    host = {"name": "h", "roles": ["driver", "broker"], **host_fields}
+    document = {"hosts": [host], "broker": {"host": host["name"]}}
+    with pytest.raises(ConfigError, match=f"inv.yml: {field}"):
+        validate(Inventory, document, "inv.yml")
