@@ -16,12 +16,13 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := True
 export PERFPIPE_STATE_DIR ?= $(STATE)
 
-.PHONY: run test deps os-deps venv airflow-db lock clean help
+.PHONY: run test deps os-deps venv airflow-db lock lab-up lab-down clean help
 
 help:
 	@echo "make run   - run the nightly DAG once (localhost, Mosquitto, Spark local, SQLite, Slack to file)"
 	@echo "make test  - run the test suite"
 	@echo "make deps  - only install OS packages, the venv and the Airflow metadata DB"
+	@echo "make lab-up / lab-down - SSH test hosts in network namespaces (infra/inventories/lab.yml)"
 
 run: deps
 	$(VENV)/bin/perfpipe nightly
@@ -31,6 +32,12 @@ test: deps
 
 deps: os-deps venv airflow-db
 
+lab-up: deps
+	$(PY) infra/lab/lab.py up
+
+lab-down:
+	python3 infra/lab/lab.py down
+
 # OS packages: installed through apt only when one of the commands is missing.
 os-deps: $(STATE)/.os-deps
 $(STATE)/.os-deps:
@@ -39,6 +46,7 @@ $(STATE)/.os-deps:
 	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
 	  [ -x /usr/sbin/sshd ] || missing="$$missing sshd"; \
 	  command -v ip >/dev/null || missing="$$missing ip"; \
+	  command -v ssh-keygen >/dev/null || missing="$$missing ssh-keygen"; \
 	  command -v java >/dev/null || missing="$$missing java"; \
 	  command -v setsid >/dev/null || missing="$$missing setsid"; \
 	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
