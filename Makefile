@@ -8,7 +8,7 @@ VENV := $(STATE)/venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
-APT_PACKAGES := mosquitto mosquitto-clients openssh-server iproute2 postgresql openjdk-17-jre-headless procps util-linux
+APT_PACKAGES := mosquitto mosquitto-clients openssh-server openssh-client iproute2 postgresql openjdk-17-jdk-headless procps util-linux activemq libmqtt-client-java
 
 export AIRFLOW_HOME := $(STATE)/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -40,14 +40,15 @@ lab-down:
 
 # OS packages: installed through apt only when one of the commands is missing.
 os-deps: $(STATE)/.os-deps
-$(STATE)/.os-deps:
+$(STATE)/.os-deps: Makefile
 	@mkdir -p $(STATE)
 	@missing=""; \
 	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
 	  [ -x /usr/sbin/sshd ] || missing="$$missing sshd"; \
 	  command -v ip >/dev/null || missing="$$missing ip"; \
 	  command -v ssh-keygen >/dev/null || missing="$$missing ssh-keygen"; \
-	  command -v java >/dev/null || missing="$$missing java"; \
+	  command -v java >/dev/null && command -v jcmd >/dev/null || missing="$$missing java"; \
+	  [ -e /usr/share/java/activemq-mqtt.jar ] && [ -e /usr/share/java/mqtt-client.jar ] || missing="$$missing activemq"; \
 	  command -v setsid >/dev/null || missing="$$missing setsid"; \
 	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	  if [ -n "$$missing" ]; then \

@@ -189,14 +189,17 @@ class SshHost(Host):
     def __init__(self, name: str, address: str, *, port: int = 22, user: str = "root",
                  key_file: str | None = None, gateway: SshHost | None = None,
                  python: str = "python3", code_root: str = "/opt/perfpipe",
-                 work_root: str = "/var/tmp/perfpipe", connect_timeout: float = 10.0) -> None:
+                 work_root: str = "/var/tmp/perfpipe", connect_timeout: float = 10.0,
+                 connect_kwargs: dict | None = None) -> None:
         import fabric  # imported here: the local default never needs paramiko
 
         self._args = dict(name=name, address=address, port=port, user=user, key_file=key_file,
                           gateway=gateway, python=python, code_root=code_root,
-                          work_root=work_root, connect_timeout=connect_timeout)
-        connect_kwargs = {"key_filename": key_file, "look_for_keys": False,
-                          "allow_agent": key_file is None} if key_file else {}
+                          work_root=work_root, connect_timeout=connect_timeout,
+                          connect_kwargs=connect_kwargs)
+        if connect_kwargs is None:
+            connect_kwargs = ({"key_filename": key_file, "look_for_keys": False,
+                               "allow_agent": False} if key_file else {})
         self.name = name
         self.address = address
         self.user = user

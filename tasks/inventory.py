@@ -29,6 +29,8 @@ class HostConfig(BaseModel):
     code_root: str = "/opt/perfpipe"
     work_root: str = "/var/tmp/perfpipe"
     gateway: str | None = Field(None, description="name of another inventory host to jump through")
+    ssh_conn_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
+                                    description="Airflow Connection with address, user and key")
     tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
                                     "here; others are only checked")
 
@@ -43,7 +45,7 @@ class HostConfig(BaseModel):
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["mosquitto"] = "mosquitto"
+    kind: Literal["mosquitto", "activemq"] = "mosquitto"
     host: str = Field(description="inventory host that runs the broker")
     managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
     port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
@@ -104,6 +106,13 @@ def connect(inventory: Inventory, name: str, work_root: str) -> Host:
     if config.transport == "local":
         return LocalHost(config.name, work_root=work_root)
     gateway = connect(inventory, config.gateway, work_root) if config.gateway else None
+    common = dict(gateway=gateway, python=config.python, code_root=config.code_root,
+                  work_root=config.work_root)
+    if config.ssh_conn_id:
+        from .airflow_ssh import from_connection
+
+        details = from_connection(config.ssh_conn_id)
+        return SshHost(config.name, details.address, port=details.port, user=details.user,
+                       connect_kwargs=details.connect_kwargs, **common)
     return SshHost(config.name, config.address, port=config.port, user=config.user or "root",
-                   key_file=str(config.key_file) if config.key_file else None, gateway=gateway,
-                   python=config.python, code_root=config.code_root, work_root=config.work_root)
+                   key_file=str(config.key_file) if config.key_file else None, **common)

@@ -94,6 +94,9 @@ def provision_host(ctx: RunContext, host_name: str) -> dict:
         raise ProvisionError(f"{host_name}: cannot run the driver with {host.python}: {exc}") from exc
     finally:
         host.close()
+    if tuple(int(part) for part in facts["python"].split(".")[:2]) < (3, 10):
+        raise ProvisionError(f"{host_name}: {host.python} is Python {facts['python']}; the "
+                             f"driver needs 3.10 or newer (set `python:` in the inventory)")
     if not facts["paho_mqtt"]:
         raise ProvisionError(f"{host_name}: paho-mqtt does not import with {host.python}; "
                              f"install the pinned version (pip install -r requirements.txt)")

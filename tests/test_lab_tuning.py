@@ -164,3 +164,27 @@ def test_inventory_fields_reject_shell_metacharacters(host_fields, field):
     document = {"hosts": [host], "broker": {"host": host["name"]}}
     with pytest.raises(ConfigError, match=f"inv.yml: {field}"):
         validate(Inventory, document, "inv.yml")
+
+
+def test_ssh_key_from_an_airflow_connection_never_lands_on_disk(lab, perfpipe_env, tmp_path,
+                                                               monkeypatch, capsys):
+    import json
+
+    private_key = (STATE / "client_key").read_text()
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_LAB_DRIVER1", json.dumps({
+        "conn_type": "ssh", "host": "10.250.77.12", "login": "root",
+        "extra": {"private_key": private_key}}))
+    inventory = tmp_path / "conn.yml"
+    inventory.write_text(
+        "hosts: [{name: driver1, transport: ssh, ssh_conn_id: perfpipe_lab_driver1, "
+        "roles: [driver, broker], python: /usr/bin/python3, tuning_allow: []}]\n"
+        "broker: {host: driver1}\ntuning_profile: lab-net\n")
+    code = perfpipe(["tune", "--inventory", str(inventory), "--check"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert len(rows(out.out)) == 8  # every value of lab-net read back over SSH
+    body = "".join(private_key.splitlines()[1:-1])
+    for path in perfpipe_env.rglob("*"):
+        if path.is_file():
+            assert body[:40] not in path.read_text(errors="ignore")
+    assert body[:40] not in out.out + out.err

@@ -1,7 +1,8 @@
 """Broker adapters: start, stop, health check and version of a broker under test."""
 
+from .activemq import ActiveMQ
 from .mosquitto import BrokerError, Mosquitto
 
-ADAPTERS = {"mosquitto": Mosquitto}
+ADAPTERS = {"mosquitto": Mosquitto, "activemq": ActiveMQ}
 
-__all__ = ["ADAPTERS", "BrokerError", "Mosquitto"]
+__all__ = ["ADAPTERS", "ActiveMQ", "BrokerError", "Mosquitto"]

@@ -12,8 +12,9 @@ import fnmatch
 from dataclasses import asdict, dataclass
 
 from ..hosts import Host, HostError
-from . import qmini
-from .profile import LimitEntry, QmIni, TasksMax
+from ..brokers import activemq
+from . import mqxr, qmini
+from .profile import JvmHeap, LimitEntry, QmIni, TasksMax
 
 SYSCTL_FILE = "/etc/sysctl.d/90-perfpipe.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-perfpipe.conf"
@@ -228,3 +229,30 @@ def apply_qm_ini(host: Host, spec: QmIni, undo: Undo, apply: bool) -> list[Entry
             entries.append(Entry("qm_ini", f"{stanza}/{key}", wanted, old,
                                  after.get(stanza, {}).get(key), action, spec.path))
     return entries
+
+
+# ---- JVM heap --------------------------------------------------------------------------
+def apply_jvm_heap(host: Host, spec: JvmHeap, undo: Undo, apply: bool) -> list[Entry]:
+    if spec.service == "mqxr":
+        return _mqxr_heap(host, spec)
+    text = host.read_file(activemq.OPTIONS_FILE)
+    before = activemq.heap_options(text)
+    wanted = [f"-Xms{spec.xms}", f"-Xmx{spec.xmx}"]
+    changed = apply and write_file(host, undo, activemq.OPTIONS_FILE,
+                                   activemq.with_heap(text, spec.xms, spec.xmx))
+    after = activemq.heap_options(host.read_file(activemq.OPTIONS_FILE))
+    note = "used at the next broker start, which verifies it on the running JVM (jcmd)"
+    return [Entry("jvm_heap", f"activemq {option[:4]}", option[4:],
+                  next((b[4:] for b in before if b[:4] == option[:4]), None),
+                  next((a[4:] for a in after if a[:4] == option[:4]), None),
+                  "applied" if changed else ("unchanged" if option in before else
+                                             "check-only"), note)
+            for option in wanted]
+
+
+def _mqxr_heap(host: Host, spec: JvmHeap) -> list[Entry]:
+    """IBM MQ is not driven here: report the runmqsc commands that set the heap."""
+    commands = mqxr.heap_commands("<current STARTARG>", spec.xms, spec.xmx)
+    note = f"run with runmqsc {spec.queue_manager or 'QMGR'}: " + " ; ".join(commands[:3])
+    return [Entry("jvm_heap", f"mqxr {name}", value, None, None, "commands", note)
+            for name, value in (("-Xms", spec.xms), ("-Xmx", spec.xmx))]

@@ -56,6 +56,16 @@ class QmIni(BaseModel):
     stanzas: dict[str, dict[str, str]]
 
 
+class JvmHeap(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    service: Literal["activemq", "mqxr"]
+    xms: str = Field(pattern=r"^[0-9]{1,7}[KMG]$", description="initial heap, e.g. 4096M")
+    xmx: str = Field(pattern=r"^[0-9]{1,7}[KMG]$", description="maximum heap, e.g. 4096M")
+    queue_manager: str | None = Field(None, pattern=r"^[A-Za-z0-9._%/]{1,48}$",
+                                      description="mqxr: the queue manager for runmqsc")
+
+
 class TuningProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -65,6 +75,7 @@ class TuningProfile(BaseModel):
     limits: list[LimitEntry] = Field(default_factory=list)
     tasks_max: TasksMax | None = None
     qm_ini: QmIni | None = None
+    jvm_heap: JvmHeap | None = None
 
     @field_validator("sysctl")
     @classmethod

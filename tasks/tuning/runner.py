@@ -52,6 +52,8 @@ def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
             entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, apply)
         if profile.qm_ini:
             entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
+        if profile.jvm_heap:
+            entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
     finally:
         if apply and undo.records:
             _save_undo(path, undo, profile.name)
