@@ -86,3 +86,25 @@ def lab():
     yield info
     if not was_up:
         lab_module.down()
+
+
+TINY = """
+name: tiny_fanin
+source: "lab-scale IBM fan-in, shortened for tests"
+qos: [0, 1]
+publishers:
+  - {group: pub, count: 20, topic: "perfpipe/test/{scenario}", rate_per_client: 25}
+subscribers:
+  - {group: sub, count: 1, topics: ["perfpipe/test/{scenario}"]}
+stages: {clients_pct: [100], warmup_s: 1, measure_s: 4, cooldown_s: 1}
+"""
+
+
+@pytest.fixture
+def tiny_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perfpipe_env: Path) -> Path:
+    scenarios = tmp_path / "scenarios"
+    (scenarios / "catalog").mkdir(parents=True)
+    (scenarios / "catalog" / "tiny_fanin.yml").write_text(TINY)
+    (scenarios / "suites.yml").write_text("suites: {tiny: [tiny_fanin]}\n")
+    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(scenarios))
+    return perfpipe_env

@@ -5,48 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from sql import Store
+from tests.checks import assert_plausible
 
 REPO = Path(__file__).resolve().parent.parent
-
-TINY = """
-name: tiny_fanin
-source: "lab-scale IBM fan-in, shortened for tests"
-qos: [0, 1]
-publishers:
-  - {group: pub, count: 20, topic: "perfpipe/test/{scenario}", rate_per_client: 25}
-subscribers:
-  - {group: sub, count: 1, topics: ["perfpipe/test/{scenario}"]}
-stages: {clients_pct: [100], warmup_s: 1, measure_s: 4, cooldown_s: 1}
-"""
-
-
-@pytest.fixture
-def tiny_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perfpipe_env: Path) -> Path:
-    scenarios = tmp_path / "scenarios"
-    (scenarios / "catalog").mkdir(parents=True)
-    (scenarios / "catalog" / "tiny_fanin.yml").write_text(TINY)
-    (scenarios / "suites.yml").write_text("suites: {tiny: [tiny_fanin]}\n")
-    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(scenarios))
-    return perfpipe_env
-
-
-def assert_plausible(store: Store, run_id: str) -> list[dict]:
-    run = store.run(run_id)
-    assert run["status"] == "ok", run
-    assert run["finished_at"] is not None
-    stages = store.stages(run_id)
-    assert len(stages) == 2
-    for stage in stages:
-        metrics = stage["metrics"]
-        assert stage["validity"] == "valid", stage["reason"]
-        assert metrics["target_rate"] == 500.0
-        assert 0.9 < metrics["delivered_rate"] / 500.0 < 1.1  # messages really crossed the broker
-        assert 0 < metrics["e2e_latency_p50"] <= metrics["e2e_latency_p99"] < 1_000_000
-        assert metrics["errors"] == 0
-    return stages
 
 
 def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path):
