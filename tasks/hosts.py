@@ -12,6 +12,7 @@ import getpass
 import secrets
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -40,6 +41,20 @@ class CommandResult:
 
 def command_line(argv: Sequence[str] | str) -> str:
     return argv if isinstance(argv, str) else shlex.join(str(a) for a in argv)
+
+
+class Interactive:
+    """Line exchange with a running command: `ask` writes a line and reads one back."""
+
+    def __init__(self, write, readline, close) -> None:
+        self._write, self._readline, self._close = write, readline, close
+
+    def ask(self, line: str) -> str:
+        self._write(line + "\n")
+        return self._readline().strip()
+
+    def close(self) -> None:
+        self._close()
 
 
 class Host:
@@ -152,6 +167,10 @@ class Host:
     def mkdir(self, path: str) -> None:
         self.run(["mkdir", "-p", path])
 
+    def interactive(self, argv: Sequence[str]) -> Interactive:
+        """A running command whose stdin and stdout lines we exchange (kept short-lived)."""
+        raise NotImplementedError
+
     def put(self, local: Path, remote: str) -> None:
         raise NotImplementedError
 
@@ -176,6 +195,20 @@ class LocalHost(Host):
         if Path(local).resolve() != Path(remote).resolve():
             Path(remote).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, remote)
+
+    def interactive(self, argv: Sequence[str]) -> Interactive:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, bufsize=1)
+
+        def write(line: str) -> None:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+
+        def close() -> None:
+            proc.stdin.close()
+            proc.wait(10)
+
+        return Interactive(write, proc.stdout.readline, close)
 
     def get(self, remote: str, local: Path) -> None:
         if Path(local).resolve() != Path(remote).resolve():
@@ -229,6 +262,23 @@ class SshHost(Host):
         if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
             return HostError(f"{self.name}: unreachable at {where}: {exc or type(exc).__name__}")
         return None
+
+    def interactive(self, argv: Sequence[str]) -> Interactive:
+        try:
+            self._connection.open()
+            stdin, stdout, _ = self._connection.client.exec_command(command_line(argv))
+        except Exception as exc:
+            raise self._connection_error(exc) or exc from None
+
+        def write(line: str) -> None:
+            stdin.write(line)
+            stdin.flush()
+
+        def close() -> None:
+            stdin.close()
+            stdout.channel.recv_exit_status()
+
+        return Interactive(write, stdout.readline, close)
 
     def put(self, local: Path, remote: str) -> None:
         try:

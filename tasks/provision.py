@@ -44,8 +44,10 @@ except ImportError:
     paho_version = None
 print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'memory_bytes': mem_bytes(),
     'kernel': platform.release(), 'arch': platform.machine(), 'os': os_name(),
-    'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': time.time()}))
+    'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': 0}))
 """
+
+CLOCK_TOLERANCE_S = 0.001
 
 # What makes two runs comparable; the clock offset and the time of day do not.
 FINGERPRINT_KEYS = ("cpu_model", "cpus", "memory_bytes", "kernel", "arch", "os", "python",
@@ -68,14 +70,40 @@ def ship_driver(ctx: RunContext, host: Host) -> str:
     return remote
 
 
+_CLOCK_ECHO = "import sys, time\nfor _ in sys.stdin:\n    print(repr(time.time()), flush=True)"
+
+
+def clock_offset(host: Host, samples: int = 20) -> tuple[float, float]:
+    """(offset, uncertainty) in seconds of the host's clock against ours, NTP style.
+
+    One long-lived command echoes its clock for each line we send; the exchange with the
+    shortest round trip wins, and half of that round trip bounds the error.
+    """
+    echo = host.interactive([host.python, "-u", "-c", _CLOCK_ECHO])
+    best = None
+    try:
+        for _ in range(samples):
+            sent = time.time()
+            remote = float(echo.ask("t"))
+            received = time.time()
+            if best is None or received - sent < 2 * best[1]:
+                best = (remote - (sent + received) / 2, (received - sent) / 2)
+    finally:
+        echo.close()
+    return round(best[0], 6), round(best[1], 6)
+
+
 def fingerprint(host: Host, pythonpath: str) -> dict:
-    sent = time.time()
     out = host.run(["env", f"PYTHONPATH={pythonpath}", host.python, "-c", _FINGERPRINT_SCRIPT],
                    timeout=60).stdout
-    received = time.time()
     facts = json.loads(out.strip().splitlines()[-1])
-    facts["clock_offset_s"] = round(facts.pop("time") - (sent + received) / 2, 4)
-    facts["clock_uncertainty_s"] = round((received - sent) / 2, 4)
+    facts.pop("time")
+    offset, uncertainty = clock_offset(host)
+    facts["clock_offset_s"] = offset
+    facts["clock_uncertainty_s"] = uncertainty
+    # Cross-host latency (publisher and subscriber on different hosts) is only trusted when
+    # the clocks agree well below the latencies measured.
+    facts["clock_trusted"] = abs(offset) <= CLOCK_TOLERANCE_S + uncertainty
     return facts
 
 

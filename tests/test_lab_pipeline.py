@@ -33,6 +33,8 @@ def test_pipeline_runs_over_ssh_on_the_lab(lab, tiny_suite, tmp_path):
     hosts = {p.stem: json.loads(p.read_text()) for p in (run_dir / "hosts").glob("*.json")}
     assert set(hosts) == {"broker1", "driver1", "driver2"}
     assert all(h["pythonpath"].startswith("/opt/perfpipe/perfpipe-driver-") for h in hosts.values())
+    # one kernel clock behind every lab host: the NTP-style exchange must see (almost) no offset
+    assert all(abs(h["clock_offset_s"]) < 0.001 and h["clock_trusted"] for h in hosts.values())
     tuning = json.loads((run_dir / "tuning" / "driver1.json").read_text())
     assert tuning["mode"] == "apply" and any(e["action"] == "applied" for e in tuning["entries"])
     assert not (Path(settings.state_dir) / "tuning" / "driver1.json").exists()  # restored
