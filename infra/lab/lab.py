@@ -7,8 +7,10 @@
 
 Each host is a network namespace on one bridge, with its own address, its own sshd (its
 own host key; the lab's client key in authorized_keys) and its own mount namespace, in
-which /etc/sysctl.d, /etc/security/limits.d, /opt/perfpipe, /var/tmp/perfpipe, /home and
-/etc/passwd|group|shadow are per-host copies and the pids cgroup controller is mounted.
+which /etc (copied from this machine at lab-up), /opt/perfpipe, /var/tmp/perfpipe and /home
+are per-host directories and the host's own subtree of the pids cgroup is mounted.
+Directories, not files, are bind-mounted: a file mount would be detached as soon as this
+machine replaced the file (adduser renames a new /etc/passwd into place).
 So over SSH a lab host behaves like a separate machine for what perfpipe touches: sysctls
 of the net namespace, limits files read by PAM at login, files, users, cgroups. Keys that
 the kernel does not namespace (fs.*, vm.*, kernel.*) are still this machine's: the lab
@@ -36,15 +38,12 @@ BRIDGE = "pplab0"
 NETWORK = "10.250.77"
 HOSTS = {"broker1": 11, "driver1": 12, "driver2": 13}
 LAB_USER = ("pplab", 2077)
-PER_HOST_DIRS = ("etc/sysctl.d", "etc/security/limits.d", "opt/perfpipe", "var/tmp/perfpipe",
-                 "home")
-PER_HOST_FILES = ("etc/passwd", "etc/group", "etc/shadow")
+PER_HOST_DIRS = ("etc", "opt/perfpipe", "var/tmp/perfpipe", "home")
 
 BOOT = """set -e
 R={root}
 mount --make-rprivate /
 for d in {dirs}; do mount --bind "$R/$d" "/$d"; done
-for f in {files}; do mount --bind "$R/$f" "/$f"; done
 mount -t tmpfs lab-cgroup /sys/fs/cgroup
 mkdir -p /sys/fs/cgroup/pids /sys/fs/cgroup/.all-pids
 # this host's own subtree of the pids hierarchy, seen as its root
@@ -107,24 +106,29 @@ def _bridge() -> None:
 
 def _root_fs(name: str) -> Path:
     root = host_dir(name) / "root"
+    if not (root / "etc").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        sh("cp", "-a", "/etc", str(root / "etc"))
+        for rel in ("etc/sysctl.d", "etc/security/limits.d"):  # start without local drop-ins
+            for path in (root / rel).glob("*perfpipe*"):
+                path.unlink()
+        _add_lab_user(root)
     for rel in PER_HOST_DIRS:
         (root / rel).mkdir(parents=True, exist_ok=True)
         Path("/", rel).mkdir(parents=True, exist_ok=True)  # mount point on this machine
-    user, uid = LAB_USER
-    (root / "home" / user).mkdir(exist_ok=True)
-    os.chown(root / "home" / user, uid, uid)
-    for rel in PER_HOST_FILES:
-        text = Path("/", rel).read_text()
-        if rel == "etc/passwd":
-            text += f"{user}:x:{uid}:{uid}:perfpipe lab user:/home/{user}:/bin/bash\n"
-        elif rel == "etc/group":
-            text += f"{user}:x:{uid}:\n"
-        elif rel == "etc/shadow":
-            text += f"{user}:*:19000:0:99999:7:::\n"
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    (root / "etc" / "shadow").chmod(0o640)
     return root
+
+
+def _add_lab_user(root: Path) -> None:
+    user, uid = LAB_USER
+    home = root / "home" / user
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, uid, uid)
+    lines = {"etc/passwd": f"{user}:x:{uid}:{uid}:perfpipe lab user:/home/{user}:/bin/bash\n",
+             "etc/group": f"{user}:x:{uid}:\n", "etc/shadow": f"{user}:*:19000:0:99999:7:::\n"}
+    for rel, line in lines.items():
+        with open(root / rel, "a") as handle:
+            handle.write(line)
 
 
 def _host(name: str) -> None:
@@ -149,8 +153,8 @@ def _host(name: str) -> None:
                                          pid_file=pid_file,
                                          authorized_keys=STATE / "authorized_keys"))
     boot = hdir / "boot.sh"
-    boot.write_text(BOOT.format(root=_root_fs(name), dirs=" ".join(PER_HOST_DIRS),
-                                files=" ".join(PER_HOST_FILES), name=name, config=config))
+    boot.write_text(BOOT.format(root=_root_fs(name), dirs=" ".join(PER_HOST_DIRS), name=name,
+                                config=config))
     Path("/run/sshd").mkdir(exist_ok=True)
     sh("ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "sh", str(boot))
     _wait_for_ssh(name)
