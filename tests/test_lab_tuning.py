@@ -188,3 +188,22 @@ def test_ssh_key_from_an_airflow_connection_never_lands_on_disk(lab, perfpipe_en
         if path.is_file():
             assert body[:40] not in path.read_text(errors="ignore")
     assert body[:40] not in out.out + out.err
+
+
+def test_a_host_behind_a_gateway_is_reached_through_it(lab, perfpipe_env, tmp_path, capsys):
+    client_key = STATE / "client_key"
+    common = f"transport: ssh, user: root, key_file: {client_key}, python: /usr/bin/python3"
+    inventory = tmp_path / "bastion.yml"
+    inventory.write_text(f"""
+hosts:
+  - {{name: bastion, address: 10.250.77.12, roles: [broker], {common}}}
+  - {{name: inner, address: 10.250.77.13, gateway: bastion, roles: [driver], {common}}}
+broker: {{host: bastion}}
+""")
+    host = connect(load_inventory(inventory), "inner", work_root="/tmp")
+    assert host.run(["hostname"]).stdout.strip() == "driver2"
+    client_ip = host.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()[0]
+    assert client_ip == "10.250.77.12"  # the session came from the bastion, not from here
+    code = perfpipe(["tune", "--inventory", str(inventory), "--profile", "lab-net", "--check",
+                     "--host", "inner"])
+    assert code == 0 and len(rows(capsys.readouterr().out.replace("inner ", "driver2 "))) == 8
