@@ -15,6 +15,10 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION := True
 export PERFPIPE_STATE_DIR ?= $(STATE)
+# The embedded default's Spark: local mode, the venv's spark-submit and Python.
+export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
+export PYSPARK_PYTHON ?= $(PY)
+export PATH := $(VENV)/bin:$(PATH)
 
 .PHONY: run test deps os-deps venv airflow-db lock lab-up lab-down clean help
 
@@ -70,6 +74,7 @@ airflow-db: $(AIRFLOW_HOME)/.migrated
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
 	@mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || (tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1)
+	$(VENV)/bin/airflow pools set perfpipe_lab 1 "lab hosts: one measurement at a time" >>$(AIRFLOW_HOME)/migrate.log 2>&1
 	@touch $@
 
 # Regenerate the exact pins after editing requirements.in (needs the package registry).

@@ -30,6 +30,11 @@ def spark_submit_binary() -> str:
     return found
 
 
+def job_arguments(run_dir: Path) -> list[str]:
+    """The arguments of spark/aggregate.py for a run (also what the DAG hands to Spark)."""
+    return ["--run-dir", str(run_dir), "--out", str(Path(run_dir) / METRICS_DIR)]
+
+
 def submit(run_dir: Path, out_dir: Path, master: str) -> str:
     """Run the Spark job; returns its stdout (the timing line)."""
     argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from .settings import REPO_ROOT
@@ -12,6 +13,8 @@ DAGS_DIR = REPO_ROOT / "dags"
 
 def load_dag(dag_id: str, dags_dir: Path = DAGS_DIR):
     """Import dags/<dag_id>.py and return its DAG object."""
+    if str(dags_dir) not in sys.path:  # as Airflow does: DAG files import their neighbours
+        sys.path.insert(0, str(dags_dir))
     path = Path(dags_dir) / f"{dag_id}.py"
     spec = importlib.util.spec_from_file_location(f"perfpipe_dag_{dag_id}", path)
     module = importlib.util.module_from_spec(spec)

@@ -7,19 +7,24 @@ started or stopped.
 
 from __future__ import annotations
 
-from .brokers import ADAPTERS
-from .brokers.mosquitto import health_check
+from .brokers import ADAPTERS, BrokerError
+from .brokers.mosquitto import health_check, sys_version
 from .run_context import BROKER_FILE, RunContext
 
 
 def start_broker(ctx: RunContext) -> dict:
     inventory = ctx.inventory
     config = inventory.broker
-    host = ctx.host(config.host)
-    adapter = ADAPTERS[config.kind](host)
     address = inventory.broker_address()
+    host = ctx.host(config.host) if config.host else None
+    adapter = ADAPTERS[config.kind](host) if host else None
+    version = adapter.version() if adapter else sys_version(address, config.port)
     state = {"kind": config.kind, "host": config.host, "address": address,
-             "managed": config.managed, "version": adapter.version()}
+             "managed": config.managed, "version": version}
+    expected = ctx.plan.get("options", {}).get("broker_version")
+    if expected and expected != state["version"]:
+        raise BrokerError(f"{config.host}: {config.kind} is version {state['version']}, but the "
+                          f"run asked for {expected} (fix the broker_version parameter or the host)")
     if config.managed:
         existing = ctx.run_dir / BROKER_FILE
         if existing.exists():  # a retried task: stop what the first try started

@@ -89,7 +89,7 @@ class Host:
         try:
             result = self._runner().run(line, hide=True, warn=True, timeout=timeout,
                                         in_stream=False)
-        except invoke.exceptions.CommandTimedOut as exc:
+        except invoke.exceptions.CommandTimedOut:
             raise HostError(f"{self.name}: timed out after {timeout}s: {line[:120]}") from None
         except Exception as exc:  # transport errors differ by library; map the known ones
             mapped = self._connection_error(exc)
@@ -181,10 +181,11 @@ class Host:
 class LocalHost(Host):
     """This machine, through invoke's local Context: no SSH."""
 
-    def __init__(self, name: str = "localhost", work_root: str | None = None) -> None:
+    def __init__(self, name: str = "localhost", work_root: str | None = None,
+                 python: str | None = None) -> None:
         self.name = name
         self.user = getpass.getuser()
-        self.python = sys.executable
+        self.python = python or sys.executable
         self.code_root = str(REPO_ROOT)
         self.work_root = work_root or ""
 

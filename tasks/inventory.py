@@ -25,7 +25,8 @@ class HostConfig(BaseModel):
     key_file: Path | None = None
     roles: list[Literal["broker", "driver"]] = Field(min_length=1)
     procs: int = Field(1, ge=1, le=256, description="driver processes on this host")
-    python: str = "python3"
+    python: str | None = Field(None, description="interpreter for the driver; default: "
+                               "python3 over SSH, perfpipe's own Python locally")
     code_root: str = "/opt/perfpipe"
     work_root: str = "/var/tmp/perfpipe"
     gateway: str | None = Field(None, description="name of another inventory host to jump through")
@@ -46,7 +47,8 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["mosquitto", "activemq"] = "mosquitto"
-    host: str = Field(description="inventory host that runs the broker")
+    host: str | None = Field(None, description="inventory host that runs the broker; may be "
+                             "left out for an unmanaged broker perfpipe only connects to")
     managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
     port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
     address: str | None = Field(None, description="address clients connect to; default the host's")
@@ -69,6 +71,11 @@ class Inventory(BaseModel):
             raise ValueError("hosts: host names must be unique")
         if not self.driver_hosts():
             raise ValueError("hosts: at least one host needs the role 'driver'")
+        if self.broker.host is None:
+            if self.broker.managed or not (self.broker.address and self.broker.port):
+                raise ValueError("broker.host: needed unless the broker is unmanaged "
+                                 "(managed: false) with its address and port")
+            return self
         broker_host = self.host(self.broker.host) if self.broker.host in names else None
         if broker_host is None:
             raise ValueError(f"broker.host: {self.broker.host!r} is not a host in hosts ({names})")
@@ -104,9 +111,9 @@ def connect(inventory: Inventory, name: str, work_root: str) -> Host:
     """A Host for an inventory entry; local hosts keep run files under `work_root`."""
     config = inventory.host(name)
     if config.transport == "local":
-        return LocalHost(config.name, work_root=work_root)
+        return LocalHost(config.name, work_root=work_root, python=config.python)
     gateway = connect(inventory, config.gateway, work_root) if config.gateway else None
-    common = dict(gateway=gateway, python=config.python, code_root=config.code_root,
+    common = dict(gateway=gateway, python=config.python or "python3", code_root=config.code_root,
                   work_root=config.work_root)
     if config.ssh_conn_id:
         from .airflow_ssh import from_connection

@@ -29,8 +29,13 @@ def new_run_id(kind: str, dag_run_id: str | None = None) -> str:
 
 def plan_run(settings: Settings, *, suite: str | None = None, inventory: Path | None = None,
              kind: str = "manual", release_label: str | None = None,
-             dag_run_id: str | None = None) -> str:
-    """Create the run directory, plan.json and the run row; returns the run id."""
+             dag_run_id: str | None = None, options: dict | None = None) -> str:
+    """Create the run directory, plan.json and the run row; returns the run id.
+
+    `options` are the run's choices that later steps read from plan.json: the baseline to
+    compare with ("rolling" or a pinned release label), the broker version expected
+    (checked at the broker step), promote on success.
+    """
     if kind not in RUN_KINDS:
         raise ValueError(f"kind: {kind!r} is not one of {RUN_KINDS}")
     suite = suite or settings.suite
@@ -47,6 +52,7 @@ def plan_run(settings: Settings, *, suite: str | None = None, inventory: Path | 
         "inventory": inv.model_dump(mode="json"),
         "scenarios": [s.model_dump(mode="json") for s in scenarios],
         "stages": [stage.to_dict() for stage in stages],
+        "options": dict(options or {}),
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
     ctx = RunContext(settings, run_id, run_dir, plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .aggregate import aggregate
+from .aggregate import SPARK_JOB, aggregate, job_arguments, load_results
 from .alert import alert
 from .broker import start_broker
 from .collect import collect
@@ -16,7 +16,7 @@ from .run_context import RunContext
 from .settings import load_settings
 from .teardown import teardown
 from .tune import tune_host
-from .workload import run_stages
+from .workload import run_stage_by_id, run_stages
 
 
 def context(run_id: str) -> RunContext:
@@ -24,13 +24,63 @@ def context(run_id: str) -> RunContext:
 
 
 def plan_step(*, kind: str, suite: str | None, inventory: str | None,
-              dag_run_id: str | None = None, release_label: str | None = None) -> str:
+              dag_run_id: str | None = None, release_label: str | None = None,
+              options: dict | None = None) -> str:
     return plan_run(load_settings(), suite=suite, inventory=Path(inventory) if inventory else None,
-                    kind=kind, dag_run_id=dag_run_id, release_label=release_label)
+                    kind=kind, dag_run_id=dag_run_id, release_label=release_label,
+                    options=options)
 
 
 def host_names(run_id: str) -> list[str]:
     return [h.name for h in context(run_id).inventory.hosts]
+
+
+def stage_ids(run_id: str) -> list[str]:
+    return [stage.stage_id for stage in context(run_id).stages]
+
+
+def stage_table(run_id: str) -> str:
+    from .tables import table
+
+    return table([{"stage": s.stage_id, "qos": s.qos, "pubs": s.publishers, "subs": s.subscribers,
+                   "target msg/s": s.target_publish_rate, "duration s": s.duration_s}
+                  for s in context(run_id).stages])
+
+
+def close_dry_run(run_id: str) -> str:
+    """A dry run stops after planning: closed as excluded, so it never feeds a baseline."""
+    ctx = context(run_id)
+    ctx.store().finish_run(run_id, "invalid", excluded=True, reason="dry run: planned, no load")
+    return stage_table(run_id)
+
+
+def run_stage(run_id: str, stage_id: str) -> dict:
+    return run_stage_by_id(context(run_id), stage_id)
+
+
+def spark_job(run_id: str) -> dict:
+    """What the DAG's SparkSubmitOperator runs: the application and its arguments."""
+    ctx = context(run_id)
+    return {"application": str(SPARK_JOB), "application_args": job_arguments(ctx.run_dir)}
+
+
+def load_metrics(run_id: str) -> dict:
+    """After spark-submit: stage metrics and validity into the store."""
+    rows = load_results(context(run_id))
+    return {"stages": len(rows), "invalid": [r["stage_id"] for r in rows if r["validity"] != "valid"]}
+
+
+def promote_release(run_id: str, label: str) -> str:
+    """Pin a finished, valid run as the release baseline for `label`."""
+    from sql import Store
+
+    store = Store(load_settings().database_url())
+    run = store.run(run_id)
+    if run is None or run["status"] != "ok":
+        raise ValueError(f"run {run_id} is {run and run['status']}: only a run that finished ok "
+                         f"can become the {label!r} baseline")
+    store.pin_release_baseline(label, run_id)
+    return f"{run_id} is now the {label!r} release baseline"
 
 
 def run_step(name: str, run_id: str, *, host: str | None = None, failed: bool | None = None):
@@ -50,3 +100,22 @@ def run_step(name: str, run_id: str, *, host: str | None = None, failed: bool | 
         raise ValueError(f"unknown step {name!r}; steps: plan (use `perfpipe run`), "
                          f"provision, tune, {', '.join(steps)}")
     return steps[name](ctx)
+
+
+ALERT_ACTIONS = {"ack": "acked", "accept": "accepted", "false_positive": "false_positive"}
+
+
+def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int = 0) -> str:
+    """What the maintenance DAG does: promote a baseline or move an alert on."""
+    if action == "promote":
+        if not run_id or not label:
+            raise ValueError("promote needs run_id and label")
+        return promote_release(run_id, label)
+    if action not in ALERT_ACTIONS:
+        raise ValueError(f"action: {action!r} is not one of promote, {', '.join(ALERT_ACTIONS)}")
+    if alert_id <= 0:
+        raise ValueError(f"{action} needs alert_id (see `perfpipe alerts list`)")
+    from sql import Store
+
+    Store(load_settings().database_url()).set_alert_status(alert_id, ALERT_ACTIONS[action])
+    return f"alert {alert_id} is now {ALERT_ACTIONS[action]}"

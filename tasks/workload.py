@@ -133,6 +133,14 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
     return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes}
 
 
+def run_stage_by_id(ctx: RunContext, stage_id: str) -> dict:
+    """One stage (what a mapped Airflow task runs)."""
+    stages = {stage.stage_id: stage for stage in ctx.stages}
+    if stage_id not in stages:
+        raise StageError(f"stage {stage_id!r} is not in run {ctx.run_id}: {sorted(stages)}")
+    return run_stage(ctx, stages[stage_id], ctx.broker())
+
+
 def run_stages(ctx: RunContext, progress=print) -> list[dict]:
     broker = ctx.broker()
     results = []

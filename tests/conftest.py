@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".state" / "airflow"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[*]"}')
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+if str(Path(sys.executable).parent) not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def free_port() -> int:

@@ -17,14 +17,15 @@ HEAVY = ("pyspark", "paho", "fabric", "slack_sdk", "scipy", "tasks", "sql")
 
 @pytest.fixture(scope="module")
 def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
 
-    return DagBag(dag_folder=str(REPO / "dags"))
+    # as the dag-processor does: the DAG bundle (dags/) is importable, for perfpipe_graph
+    return BundleDagBag(dag_folder=str(REPO / "dags"), bundle_path=REPO / "dags")
 
 
 def test_every_dag_file_imports_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert "mqtt_perf_nightly" in dagbag.dag_ids
+    assert {"mqtt_perf_nightly", "mqtt_perf_release", "mqtt_perf_maintenance"} <= set(dagbag.dag_ids)
 
 
 def test_dags_have_no_cycles_owners_tags_and_docs(dagbag):
@@ -42,14 +43,31 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.schedule == "0 2 * * *" or str(dag.timetable.summary) == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.get_task("teardown").is_teardown
-    steps = ["plan", "provision", "tune", "broker", "stages", "collect", "aggregate",
-             "compare", "report", "alert", "teardown"]
+    steps = ["plan", "provision", "tune", "broker", "stage", "collect", "aggregate",
+             "load_metrics", "compare", "report", "alert", "teardown"]
     assert set(steps) <= set(dag.task_ids)
+    assert dag.get_task("stage").retries == 0 and dag.get_task("stage").pool == "perfpipe_lab"
+    assert dag.get_task("provision").retries > 0 and dag.get_task("collect").retries > 0
+    assert dag.get_task("aggregate").task_type == "SparkSubmitOperator"
+
+
+def test_release_params_are_validated_and_documented(dagbag):
+    dag = dagbag.get_dag("mqtt_perf_release")
+    assert dag.schedule is None or str(dag.timetable.summary) in ("None", "")
+    for name in ("release_label", "broker_version", "suite", "inventory", "baseline", "promote",
+                 "dry_run"):
+        assert dag.params.get_param(name).description, name
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param("release_label").resolve("9.4.5; rm -rf /")
+    assert dag.params.get_param("release_label").resolve("9.4.5") == "9.4.5"
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
 def test_dag_files_do_no_heavy_imports_at_parse_time(path):
-    code = (f"import sys, json, runpy, airflow.sdk, pendulum; runpy.run_path({str(path)!r}); "
+    code = (f"import sys, json, runpy, airflow.sdk, pendulum; sys.path.insert(0, {str(path.parent)!r}); "
+            f"runpy.run_path({str(path)!r}); "
             f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          check=True)

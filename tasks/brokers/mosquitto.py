@@ -66,6 +66,27 @@ def health_check(address: str, port: int, timeout_s: float = 10.0) -> float:
     raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
 
 
+def sys_version(address: str, port: int, timeout_s: float = 3.0) -> str:
+    """The version a broker announces on $SYS/broker/version (Mosquitto does), or "unknown"."""
+    found: list[str] = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-version")
+    client.on_connect = lambda c, *_: c.subscribe("$SYS/broker/version")
+    client.on_message = lambda c, u, message: found.append(message.payload.decode(errors="replace"))
+    try:
+        client.connect(address, port, keepalive=10)
+        client.loop_start()
+        deadline = time.monotonic() + timeout_s
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except OSError:
+        return "unknown"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    match = re.search(r"(\d+\.\d+[\w.-]*)", found[0]) if found else None
+    return match.group(1) if match else "unknown"
+
+
 class Mosquitto:
     kind = "mosquitto"
 

@@ -1,0 +1,86 @@
+"""Release run, triggered by hand with its parameters.
+
+Same pipeline as the nightly run. The run carries a release label and the broker version
+it must find (checked when the broker starts), compares against the rolling history or a
+pinned release baseline, and with `promote` pins itself as the label's baseline when it
+finished ok. `dry_run` only plans: it prints the stage table and loads no host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from perfpipe_graph import dag_run_id, pipeline
+
+SPARK_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "aggregate.py")
+
+
+def _on_failure(context) -> None:
+    from tasks.failure import notify_failure
+
+    notify_failure(context)
+
+
+with DAG(
+    dag_id="mqtt_perf_release",
+    description="Release MQTT broker performance run (manual trigger)",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["perfpipe", "mqtt", "release"],
+    default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": _on_failure},
+    params={
+        "release_label": Param("", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                               description="the release this run measures, e.g. 9.4.5"),
+        "broker_version": Param("", type="string",
+                                description="version the broker must report; empty: not checked"),
+        "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
+        "inventory": Param("", type="string", description="inventory YAML; empty: the default"),
+        "baseline": Param("rolling", type="string",
+                          description="compare with 'rolling' history or a pinned release label"),
+        "promote": Param(False, type="boolean",
+                         description="pin this run as the label's baseline when it finishes ok"),
+        "dry_run": Param(False, type="boolean",
+                         description="plan only: print the stages, load no host"),
+    },
+    doc_md=__doc__,
+) as dag:
+
+    @task(doc_md="Validate parameters, suite and inventory; expand stages; create the run row.")
+    def plan(params: dict | None = None) -> str:
+        from tasks.steps import plan_step
+
+        options = {"baseline": params["baseline"], "promote": params["promote"],
+                   "broker_version": params["broker_version"] or None}
+        return plan_step(kind="release", suite=params["suite"],
+                         inventory=params["inventory"] or None, dag_run_id=dag_run_id(),
+                         release_label=params["release_label"], options=options)
+
+    @task.short_circuit(doc_md="Dry run: print the stage table and stop here.",
+                        ignore_downstream_trigger_rules=True)
+    def load_hosts(perf_run: str, params: dict | None = None) -> bool:
+        from tasks.steps import close_dry_run, stage_table
+
+        if params["dry_run"]:
+            print(close_dry_run(perf_run))
+            return False
+        print(stage_table(perf_run))
+        return True
+
+    @task(doc_md="Pin this run as the release baseline of its label (when asked and ok).")
+    def promote(perf_run: str, params: dict | None = None) -> str:
+        from tasks.steps import promote_release
+
+        if not params["promote"]:
+            return "not asked to promote"
+        return promote_release(perf_run, params["release_label"])
+
+    perf_run = plan()
+    gate = load_hosts(perf_run)
+    first, closed = pipeline(perf_run, SPARK_JOB)
+    gate >> first
+    closed >> promote(perf_run)

@@ -1,0 +1,115 @@
+"""The task graph shared by the nightly and release DAGs: wiring only.
+
+Each task body is one call into `tasks.steps` (imported when the task runs, never at
+parse time). Hosts and stages are mapped; stages run one at a time and hold the
+`perfpipe_lab` pool so two runs never load the lab hosts at once; provisioning and
+collection retry with backoff, measurement never retries (a repeated measurement would be
+a different measurement).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import get_current_context, task
+
+LAB_POOL = "perfpipe_lab"
+RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
+STAGE_TIMEOUT = timedelta(hours=2)  # a backstop: each stage bounds itself from its plan
+
+
+def _step(name: str, doc: str, **kwargs):
+    @task(task_id=name, doc_md=doc, **kwargs)
+    def step(perf_run: str) -> str:
+        from tasks.steps import run_step
+
+        return str(run_step(name, perf_run))
+
+    return step
+
+
+@task(doc_md="Host names of the run's inventory, to map provision and tune over.")
+def hosts(perf_run: str) -> list[str]:
+    from tasks.steps import host_names
+
+    return host_names(perf_run)
+
+
+@task(doc_md="Check one host, ship the driver, record its fingerprint.",
+      map_index_template="{{ host }}", **RETRY)
+def provision(perf_run: str, host: str) -> dict:
+    from tasks.steps import run_step
+
+    return run_step("provision", perf_run, host=host)
+
+
+@task(doc_md="Apply or check the tuning profile on one host; read back and record it.",
+      map_index_template="{{ host }}", **RETRY)
+def tune(perf_run: str, host: str) -> dict:
+    from tasks.steps import run_step
+
+    return run_step("tune", perf_run, host=host)
+
+
+@task(doc_md="Stage ids of the run, in the order they ramp up.")
+def stages(perf_run: str) -> list[str]:
+    from tasks.steps import stage_ids
+
+    return stage_ids(perf_run)
+
+
+@task(doc_md="One stage: start drivers, barrier, common start, warm-up, measure window. "
+             "Never retried.", map_index_template="{{ stage_id }}", retries=0, pool=LAB_POOL,
+      max_active_tis_per_dagrun=1, execution_timeout=STAGE_TIMEOUT)
+def stage(perf_run: str, stage_id: str) -> dict:
+    from tasks.steps import run_stage
+
+    return run_stage(perf_run, stage_id)
+
+
+@task(doc_md="The Spark job's arguments for this run's folder.")
+def spark_args(perf_run: str) -> list[str]:
+    from tasks.steps import spark_job
+
+    return spark_job(perf_run)["application_args"]
+
+
+@task(doc_md="Load the Spark job's per-stage metrics and validity into SQL.")
+def load_metrics(perf_run: str) -> dict:
+    from tasks.steps import load_metrics as load
+
+    return load(perf_run)
+
+
+def pipeline(perf_run, spark_application: str):
+    """plan's output -> every step, teardown always; returns (first, last, teardown) tasks."""
+    names = hosts(perf_run)
+    provisioned = provision.partial(perf_run=perf_run).expand(host=names)
+    tuned = tune.partial(perf_run=perf_run).expand(host=names)
+    broker = _step("broker", "Start the broker under test and health-check it.",
+                   pool=LAB_POOL)(perf_run)
+    stage_list = stages(perf_run)
+    measured = stage.partial(perf_run=perf_run).expand(stage_id=stage_list)
+    collected = _step("collect", "Fetch raw driver files with checksums.", **RETRY)(perf_run)
+    aggregated = SparkSubmitOperator(
+        task_id="aggregate", doc_md="spark-submit spark/aggregate.py (connection spark_default).",
+        application=spark_application, application_args=spark_args(perf_run),
+        conn_id="spark_default", conf={"spark.ui.enabled": "false"},
+        driver_memory="1g", name="perfpipe-aggregate", verbose=False)
+    loaded = load_metrics(perf_run)
+    compared = _step("compare", "Verdicts per stage and metric against history.")(perf_run)
+    reported = _step("report", "Write the HTML report.")(perf_run)
+    alerted = _step("alert", "Slack message (to a file without a token).")(perf_run)
+    closed = _step("teardown", "Stop drivers and broker, restore tuning, close the run.",
+                   pool=LAB_POOL)(perf_run)
+
+    provisioned >> tuned >> broker >> stage_list >> measured >> collected >> aggregated
+    aggregated >> loaded >> compared >> reported >> alerted >> closed
+    closed.as_teardown(setups=broker)
+    return names, closed
+
+
+def dag_run_id() -> str:
+    context = get_current_context()
+    return f"{context['dag'].dag_id}/{context['run_id']}"

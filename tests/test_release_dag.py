@@ -1,0 +1,69 @@
+"""The release DAG through Airflow's dag.test(): promote, dry run, and a failing stage."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from sql import Store
+from tests.checks import assert_plausible
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def release(conf: dict) -> tuple[str, str]:
+    from tasks.airflow_run import test_dag
+    from tasks.plan import new_run_id
+
+    airflow_run, state = test_dag("mqtt_perf_release", conf)
+    return new_run_id("release", f"mqtt_perf_release/{airflow_run}"), state
+
+
+def store() -> Store:
+    from tasks.settings import load_settings
+
+    return Store(load_settings().database_url())
+
+
+def test_release_with_promote_pins_the_baseline(tiny_suite):
+    run_id, state = release({"release_label": "2.0.11-rc1", "suite": "tiny", "promote": True,
+                             "broker_version": "2.0.11"})
+    assert state == "success"
+    assert_plausible(store(), run_id)
+    run = store().run(run_id)
+    assert run["kind"] == "release" and run["release_label"] == "2.0.11-rc1"
+    assert store().release_baseline("2.0.11-rc1") == run_id
+
+
+def test_dry_run_plans_and_loads_no_host(tiny_suite):
+    run_id, state = release({"release_label": "dry", "suite": "tiny", "dry_run": True})
+    assert state == "success"
+    run = store().run(run_id)
+    assert run["status"] == "invalid" and run["excluded"]
+    assert not (Path(run["artifact_dir"]) / "raw").exists()
+    assert not (Path(run["artifact_dir"]) / "broker.json").exists()
+
+
+def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path):
+    crashing = tmp_path / "python-with-crashing-driver"
+    crashing.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = tasks.driver ] && { echo "driver crashed" >&2; exit 3; }; done\n'
+        f'exec {sys.executable} "$@"\n')
+    crashing.chmod(0o755)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        f"hosts: [{{name: localhost, transport: local, roles: [broker, driver], python: {crashing}}}]\n"
+        "broker: {host: localhost, address: 127.0.0.1}\n")
+    run_id, state = release({"release_label": "broken", "suite": "tiny",
+                             "inventory": str(inventory), "promote": True})
+    assert state == "failed"
+    run = store().run(run_id)
+    assert run["status"] == "failed" and run["excluded"]  # never a baseline
+    assert store().release_baseline("broken") is None
+    run_dir = Path(run["artifact_dir"])
+    assert json.loads((run_dir / "broker.json").read_text())["stopped"]  # teardown ran
+    messages = [json.loads(p.read_text()) for p in (run_dir / "failures").glob("*.json")]
+    assert any(m["text"].startswith("perfpipe mqtt_perf_release: stage[tiny_fanin.q0")
+               and "exited before it was ready" in m["text"] for m in messages), messages
