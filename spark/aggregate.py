@@ -302,6 +302,7 @@ class Sums:
     """What Spark hands back: small per-stage tables."""
 
     series: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
     totals: dict[str, dict[str, int]] = field(default_factory=dict)
     connect_seconds: dict[str, list[int]] = field(default_factory=dict)
     histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
@@ -324,8 +325,10 @@ def collect_counters(sums: Sums, rows: list[Row]) -> None:
             totals[name] += row[name] or 0
         if row["connects_ok"]:
             sums.connect_seconds.setdefault(stage_id, []).append(row["second"])
+        delivered = (row["received"] or 0) - (row["duplicated"] or 0)  # unique deliveries
+        whole = sums.whole.setdefault(stage_id, {})
+        whole[row["second"]] = whole.get(row["second"], 0) + delivered
         if row["in_window"]:
-            delivered = (row["received"] or 0) - (row["duplicated"] or 0)  # unique deliveries
             sums.series.setdefault(stage_id, {})[row["second"]] = (delivered, row["published"] or 0)
 
 
@@ -412,6 +415,15 @@ def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tup
     return metrics, series
 
 
+def stage_series(stage: Stage, whole: dict[int, int]) -> dict[str, list[int]]:
+    """Delivered per second over the whole stage (warm-up and cool-down too), for charts."""
+    windows = stage.doc.get("windows") or {}
+    if "start" not in windows or "end" not in windows:
+        return {}
+    seconds = list(range(windows["start"], windows["end"]))
+    return {"stage_seconds": seconds, "stage_delivered_per_s": [whole.get(s, 0) for s in seconds]}
+
+
 def loss_metrics(stage: Stage) -> dict:
     """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries."""
     if stage.missing:
@@ -469,6 +481,7 @@ def stage_result(stage: Stage, sums: Sums) -> dict:
     traffic = {}
     if stage.window is not None:
         traffic, series = traffic_metrics(stage, sums.series.get(stage.stage_id, {}))
+        series.update(stage_series(stage, sums.whole.get(stage.stage_id, {})))
     if not (sum(series["delivered_per_s"]) or sum(series["published_per_s"])):
         stage.problem("zero traffic in the measure window", notice=False)
         status = "no_data"

@@ -244,7 +244,13 @@ def test_document_shape(run: Run):
     for stage in run.doc["stages"]:
         assert set(stage) == {"stage_id", "scenario", "status", "problems", "metrics", "series"}
         assert set(stage["metrics"]) == set(METRICS)
-        assert set(stage["series"]) == {"seconds", "delivered_per_s", "published_per_s"}
+        assert set(stage["series"]) == {"seconds", "delivered_per_s", "published_per_s",
+                                        "stage_seconds", "stage_delivered_per_s"}
+        series = stage["series"]
+        whole = dict(zip(series["stage_seconds"], series["stage_delivered_per_s"]))
+        # the whole-stage series (for charts) holds the window series and the warm-up too
+        assert [whole[s] for s in series["seconds"]] == series["delivered_per_s"]
+        assert series["stage_seconds"][0] < series["seconds"][0]
         assert stage["scenario"] == "fanout"
 
 
