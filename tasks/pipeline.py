@@ -27,8 +27,6 @@ from .tune import tune_host
 from .workload import run_stages
 
 ERROR_FILE = "error.log"
-STEPS = ("plan", "provision", "tune", "broker", "stages", "collect", "aggregate", "compare",
-         "report", "alert", "teardown")
 
 
 @dataclass
