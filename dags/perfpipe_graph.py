@@ -1,10 +1,11 @@
 """The task graph shared by the nightly and release DAGs: wiring only.
 
 Each task body is one call into `tasks.steps` (imported when the task runs, never at
-parse time). Hosts and stages are mapped; stages run one at a time and hold the
-`perfpipe_lab` pool so two runs never load the lab hosts at once; provisioning and
-collection retry with backoff, measurement never retries (a repeated measurement would be
-a different measurement).
+parse time). Provisioning and tuning are mapped over hosts. The stages run in one task,
+in plan order: the method ramps load up from below the peak, and mapped task instances
+carry no order guarantee. Tasks that load the hosts hold the `perfpipe_lab` pool so two
+runs never load the lab hosts at once; provisioning and collection retry with backoff,
+measurement never retries (a repeated measurement would be a different measurement).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from airflow.sdk import get_current_context, task
 
 LAB_POOL = "perfpipe_lab"
 RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
-STAGE_TIMEOUT = timedelta(hours=2)  # a backstop: each stage bounds itself from its plan
+STAGE_TIMEOUT = timedelta(hours=6)  # a backstop: each stage bounds itself from its plan
 
 
 def _step(name: str, doc: str, **kwargs):
@@ -52,22 +53,6 @@ def tune(perf_run: str, host: str) -> dict:
     return run_step("tune", perf_run, host=host)
 
 
-@task(doc_md="Stage ids of the run, in the order they ramp up.")
-def stages(perf_run: str) -> list[str]:
-    from tasks.steps import stage_ids
-
-    return stage_ids(perf_run)
-
-
-@task(doc_md="One stage: start drivers, barrier, common start, warm-up, measure window. "
-             "Never retried.", map_index_template="{{ stage_id }}", retries=0, pool=LAB_POOL,
-      max_active_tis_per_dagrun=1, execution_timeout=STAGE_TIMEOUT)
-def stage(perf_run: str, stage_id: str) -> dict:
-    from tasks.steps import run_stage
-
-    return run_stage(perf_run, stage_id)
-
-
 @task(doc_md="The Spark job's arguments for this run's folder.")
 def spark_args(perf_run: str) -> list[str]:
     from tasks.steps import spark_job
@@ -89,8 +74,9 @@ def pipeline(perf_run, spark_application: str):
     tuned = tune.partial(perf_run=perf_run).expand(host=names)
     broker = _step("broker", "Start the broker under test and health-check it.",
                    pool=LAB_POOL)(perf_run)
-    stage_list = stages(perf_run)
-    measured = stage.partial(perf_run=perf_run).expand(stage_id=stage_list)
+    measured = _step("stages", "Every stage in plan order: drivers, barrier, common start, "
+                     "warm-up, measure window. Never retried.", retries=0, pool=LAB_POOL,
+                     execution_timeout=STAGE_TIMEOUT)(perf_run)
     collected = _step("collect", "Fetch raw driver files with checksums.", **RETRY)(perf_run)
     aggregated = SparkSubmitOperator(
         task_id="aggregate", doc_md="spark-submit spark/aggregate.py (connection spark_default).",
@@ -104,7 +90,7 @@ def pipeline(perf_run, spark_application: str):
     closed = _step("teardown", "Stop drivers and broker, restore tuning, close the run.",
                    pool=LAB_POOL)(perf_run)
 
-    provisioned >> tuned >> broker >> stage_list >> measured >> collected >> aggregated
+    provisioned >> tuned >> broker >> measured >> collected >> aggregated
     aggregated >> loaded >> compared >> reported >> alerted >> closed
     closed.as_teardown(setups=broker)
     return names, closed

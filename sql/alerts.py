@@ -3,7 +3,12 @@ same change. Functions take the caller's session so each store call is one trans
 
 Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
 and kept when the pipeline reports the same regression again). Closing statuses: fixed,
-accepted, false_positive (human) and recovered (pipeline).
+accepted, false_positive (human), recovered (pipeline: a confirmed regression is gone) and
+cleared (pipeline: the night after a suspicion did not confirm it).
+
+An alert is *changed* (undelivered again, so the next Slack delivery carries it) when its
+status changes or its change grows to `GROWTH` times the size last reported; one more
+night of the same evidence only moves last_run_id.
 """
 
 from __future__ import annotations
@@ -18,12 +23,21 @@ from .common import StoreError, check, finite, row_dict
 from .models import OPEN_ALERT_STATUSES, Alert, Run
 
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
+GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again
+VERDICT_STATUS = {"suspected": "suspected", "regression": "confirmed"}
 
 
-def _same(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+def alert_key(stage_key: str, detail: dict | None) -> str:
+    """The lifecycle a verdict belongs to: its stage key, or `<stage key> vs release <label>`
+    for a comparison with a pinned release baseline (detail "baseline": "release:<label>")."""
+    baseline = (detail or {}).get("baseline", "rolling")
+    return f"{stage_key} vs release {baseline[8:]}" if baseline.startswith("release:") else stage_key
+
+
+def _grown(new: float | None, reported: float | None) -> bool:
+    if new is None or reported is None:
+        return new is not None and reported is None
+    return abs(new) >= GROWTH * abs(reported) and not math.isclose(new, reported)
 
 
 def _latest(s: Session, stage_key: str, metric: str, *, open_only: bool) -> Alert | None:
@@ -38,9 +52,9 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
     """Open, update or close the alert of stage_key+metric; (alert id, changed).
 
     `changed` is False when nothing worth telling happened: the open alert already has this
-    status and change (a retry, or one more night of the same evidence: only last_run_id
-    moves), or a closing status arrives when nothing is open. A changed alert is marked
-    undelivered so the next Slack delivery carries it.
+    status and about this change (a retry, or one more night of the same evidence: only
+    last_run_id moves), or a closing status arrives when nothing is open. A changed alert
+    is marked undelivered and keeps the new change as the one reported.
     """
     check("alerts.status", status)
     if s.get(Run, run_id) is None:
@@ -66,11 +80,39 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
         return alert.id, True
     if alert.status == "acked" and status in _PIPELINE_OPEN:
         status = "acked"  # a human has seen it: the same regression again is no news
-    changed = status != alert.status or not _same(change_pct, alert.change_pct)
+    elif alert.status == "confirmed" and status == "suspected":
+        status = "confirmed"  # once confirmed, a weaker night does not downgrade it
+    changed = status != alert.status or _grown(change_pct, alert.change_pct)
     alert.last_run_id = run_id
     if changed:
         alert.status, alert.change_pct, alert.delivered = status, change_pct, False
     return alert.id, changed
+
+
+def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
+                   change_pct: float | None) -> tuple[int, bool] | None:
+    """Keep the alert of stage_key+metric in step with tonight's verdict; (id, changed), or
+    None when there is no alert and none is needed. suspected / regression open or update
+    it; any other judged verdict closes an open one: `cleared` if it was only suspected,
+    else `recovered`. invalid and no_baseline say nothing about the change: no-op."""
+    if verdict in VERDICT_STATUS:
+        return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
+                            status=VERDICT_STATUS[verdict], change_pct=change_pct)
+    if verdict in ("invalid", "no_baseline"):
+        return None
+    alert = _latest(s, stage_key, metric, open_only=True)
+    if alert is None:
+        return None
+    closing = "cleared" if alert.status == "suspected" else "recovered"
+    return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id, status=closing,
+                        change_pct=change_pct)
+
+
+def get(s: Session, alert_id: int) -> dict[str, Any]:
+    alert = s.get(Alert, alert_id)
+    if alert is None:
+        raise StoreError(f"unknown alert {alert_id}")
+    return row_dict(alert, skip=())
 
 
 def set_status(s: Session, alert_id: int, status: str) -> Alert:

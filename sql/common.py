@@ -33,6 +33,14 @@ def finite(value: float | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def sample(value: float | int | None) -> float | int | None:
+    """A series value as stored: integers stay integers (e.g. Unix seconds), other numbers
+    go through `finite`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return finite(value)
+
+
 def json_safe(obj: Any) -> Any:
     """`obj` with every non-finite float replaced by None, recursively."""
     if isinstance(obj, float):

@@ -36,7 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                             "no_baseline", "invalid"),
     "baselines.kind": ("rolling", "release", "reset"),
     "alerts.status": ("new", "suspected", "confirmed", "acked", "fixed", "accepted",
-                      "false_positive", "recovered"),
+                      "false_positive", "recovered", "cleared"),
 }
 OPEN_ALERT_STATUSES = ("new", "suspected", "confirmed", "acked")
 

@@ -1,4 +1,5 @@
-"""Read queries behind `Store.stages` and `Store.history`; they take the caller's session."""
+"""Read queries behind `Store.stages`, `Store.history` and the comparison's look-backs; they
+take the caller's session."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from .common import row_dict
-from .models import Baseline, Comparison, Metric, Run, Series, Stage
+from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
+
+# A value flagged by its own night's comparison stays out of baselines (a regression never
+# silently becomes the baseline) unless a human accepted it as the new normal or called it a
+# false positive, or the next night cleared the suspicion. The comparison may say a flag is
+# no reason to hold the value out (detail "hold": false, e.g. flagged before the noise was
+# known).
+HELD_OUT_VERDICTS = ("suspected", "regression")
+RELEASED_ALERTS = ("accepted", "false_positive", "cleared")
+# A verdict that a later night can confirm or clear.
+_NO_LIFECYCLE = ("invalid", "no_baseline")
 
 
 def stages(s: Session, run_id: str) -> list[dict[str, Any]]:
@@ -33,21 +44,55 @@ def reset_start(s: Session, stage_key: str) -> datetime | None:
                     .where(Baseline.kind == "reset", Baseline.label == stage_key))
 
 
+def _comparable(stage_key: str, fingerprint_hash: str | None, before: datetime) -> Any:
+    """Runs with a valid stage of this key (and fingerprint) that may feed a rolling baseline:
+    finished ok, not excluded, not a release run (those are compared with their release
+    baseline), started before `before`."""
+    q = (select(Run.run_id, Run.started_at, Stage.stage_id)
+         .join(Stage, Stage.run_id == Run.run_id)
+         .where(Stage.stage_key == stage_key, Stage.validity == "valid", Run.status == "ok",
+                Run.excluded.is_(False), Run.kind != "release", Run.started_at < before))
+    if fingerprint_hash is not None:
+        q = q.where(Stage.fingerprint_hash == fingerprint_hash)
+    return q
+
+
+def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, str], set[str]]:
+    """(run_id, stage_id) -> metrics whose values stay out of the baseline."""
+    flagged = [(c.run_id, c.stage_id, c.metric) for c in s.scalars(
+        select(Comparison).where(Comparison.run_id.in_([r.run_id for r in rows]),
+                                 Comparison.verdict.in_(HELD_OUT_VERDICTS)))
+        if (c.detail or {}).get("hold", True)]
+    if not flagged:
+        return {}
+    started = {r.run_id: r.started_at for r in rows}
+    spans: dict[str, list[tuple[datetime, datetime]]] = {}
+    released = s.scalars(select(Alert).where(Alert.stage_key == stage_key,
+                                             Alert.status.in_(RELEASED_ALERTS)))
+    for alert in released:
+        first, last = (s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id))
+        spans.setdefault(alert.metric, []).append((first.started_at, last.started_at))
+    out: dict[tuple[str, str], set[str]] = {}
+    for run_id, stage_id, metric in flagged:
+        when = started[run_id]
+        if not any(lo <= when <= hi for lo, hi in spans.get(metric, [])):
+            out.setdefault((run_id, stage_id), set()).add(metric)
+    return out
+
+
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
             limit: int) -> list[dict[str, Any]]:
     """One entry per comparable run (a run is assumed to have one stage per stage key)."""
-    q = (select(Run.run_id, Run.started_at, Stage.stage_id)
-         .join(Stage, Stage.run_id == Run.run_id)
-         .where(Stage.stage_key == stage_key, Stage.validity == "valid",
-                Run.status == "ok", Run.excluded.is_(False), Run.started_at < before))
-    if fingerprint_hash is not None:
-        q = q.where(Stage.fingerprint_hash == fingerprint_hash)
+    q = _comparable(stage_key, fingerprint_hash, before)
     start = reset_start(s, stage_key)
     if start is not None:
         q = q.where(Run.started_at >= start)
     rows = s.execute(q.order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)).all()
+    held = _held_out(s, stage_key, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
-                                      "metrics": {}, "series": {}} for r in rows}
+                                      "metrics": {}, "series": {},
+                                      "held_out": sorted(held.get((r.run_id, r.stage_id), ()))}
+             for r in rows}
     run_ids = [r.run_id for r in rows]
     for model, field, attr in ((Metric, "metrics", "value"), (Series, "series", "values")):
         for row in s.scalars(select(model).where(model.run_id.in_(run_ids))):
@@ -55,3 +100,44 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
             if entry is not None:
                 entry[field][row.name] = getattr(row, attr)
     return list(found.values())
+
+
+def last_fingerprint(s: Session, stage_key: str, *, before: datetime) -> str | None:
+    """The fingerprint hash of the newest earlier comparable run of this stage key, any
+    fingerprint (to say when a changed fingerprint is why a history is empty)."""
+    q = _comparable(stage_key, None, before).add_columns(Stage.fingerprint_hash)
+    row = s.execute(q.order_by(Run.started_at.desc()).limit(1)).first()
+    return None if row is None else row.fingerprint_hash
+
+
+def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, *,
+                      before: datetime, baseline: str, runs: int = 5) -> dict[str, dict[str, Any]]:
+    """metric -> the newest earlier verdict of this stage key (and fingerprint) that a night
+    can confirm or clear, made against the same baseline ("rolling", "release:<label>"),
+    looking back at most `runs` runs that have verdicts."""
+    q = (select(Comparison, Run.run_id).join(Stage, (Stage.run_id == Comparison.run_id)
+                                             & (Stage.stage_id == Comparison.stage_id))
+         .join(Run, Run.run_id == Stage.run_id)
+         .where(Stage.stage_key == stage_key, Run.started_at < before,
+                Comparison.verdict.not_in(_NO_LIFECYCLE)))
+    if fingerprint_hash is not None:
+        q = q.where(Stage.fingerprint_hash == fingerprint_hash)
+    out: dict[str, dict[str, Any]] = {}
+    seen_runs: list[str] = []
+    for comp, run_id in s.execute(q.order_by(Run.started_at.desc(), Comparison.id)):
+        if run_id not in seen_runs:
+            if len(seen_runs) == runs:
+                break
+            seen_runs.append(run_id)
+        if (comp.detail or {}).get("baseline", "rolling") == baseline and comp.metric not in out:
+            out[comp.metric] = {"run_id": run_id, "verdict": comp.verdict,
+                                "change_pct": comp.change_pct, "detail": comp.detail}
+    return out
+
+
+def release_baseline_at(s: Session, when: datetime) -> tuple[str, str] | None:
+    """(label, run_id) of the release baseline pinned most recently at `when`."""
+    row = s.execute(select(Baseline.label, Baseline.run_id)
+                    .where(Baseline.kind == "release", Baseline.created_at <= when)
+                    .order_by(Baseline.created_at.desc(), Baseline.id.desc()).limit(1)).first()
+    return None if row is None else (row.label, row.run_id)

@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks import metrics as metric_defs
 
 from . import alerts, queries
-from .common import StoreError, check, finite, json_safe, row_dict, upsert, upsert_baseline
+from .common import (StoreError, check, finite, json_safe, row_dict, sample, upsert,
+                     upsert_baseline)
 from .models import (Baseline, Comparison, HostFingerprint, Metric, Run, Series, Stage,
                      TuningSnapshot, utcnow)
 
@@ -193,10 +194,10 @@ class Store:
                        series: dict[str, list[float]], validity: str,
                        reason: str | None) -> None:
         """Replace the stage's metrics and series and set its validity, atomically.
-        Non-finite numbers are stored as NULL."""
+        Non-finite numbers are stored as NULL; integers in series stay integers."""
         check("stages.validity", validity)
         try:
-            clean = {name: [finite(v) for v in values] for name, values in series.items()}
+            clean = {name: [sample(v) for v in values] for name, values in series.items()}
         except (TypeError, ValueError):
             raise StoreError(f"series of stage {stage_id!r}: values must be numbers") from None
         units = {}
@@ -254,13 +255,31 @@ class Store:
                 limit: int = 30) -> list[dict[str, Any]]:
         """Comparable earlier results for one stage key, newest first.
 
-        Runs that finished ok, are not excluded, started before `before_run` and have a
-        valid stage with this key (and this fingerprint hash when given). History starts at
-        the stage key's reset marker (an accepted change), if any.
+        Runs that finished ok, are not excluded, are not release runs, started before
+        `before_run` and have a valid stage with this key (and this fingerprint hash when
+        given). History starts at the stage key's reset marker (an accepted change), if any.
+        Each entry's `held_out` names the metrics whose values must not feed a baseline: its
+        own night flagged them (suspected or regression) and no human accepted them or
+        called them a false positive, nor did the next night clear the suspicion.
         """
         with self._tx() as s:
             before = self._run(s, before_run).started_at
             return queries.history(s, stage_key, fingerprint_hash, before=before, limit=limit)
+
+    def last_fingerprint(self, stage_key: str, *, before_run: str) -> str | None:
+        """The fingerprint of the newest earlier comparable run of `stage_key`, any fingerprint."""
+        with self._tx() as s:
+            before = self._run(s, before_run).started_at
+            return queries.last_fingerprint(s, stage_key, before=before)
+
+    def previous_verdicts(self, stage_key: str, fingerprint_hash: str | None, *,
+                          before_run: str, baseline: str = "rolling") -> dict[str, dict[str, Any]]:
+        """metric -> the newest earlier verdict of this stage key that a night can confirm
+        or clear (not invalid, not no_baseline), made against the same baseline."""
+        with self._tx() as s:
+            before = self._run(s, before_run).started_at
+            return queries.previous_verdicts(s, stage_key, fingerprint_hash, before=before,
+                                             baseline=baseline)
 
     def reset_history(self, stage_key: str, run_id: str) -> None:
         """History for `stage_key` starts at `run_id` (inclusive) from now on."""
@@ -282,12 +301,39 @@ class Store:
             return s.scalar(select(Baseline.run_id).where(Baseline.kind == "release",
                                                           Baseline.label == label))
 
+    def release_baseline_for(self, run_id: str) -> tuple[str, str] | None:
+        """(label, run_id) of the release baseline pinned most recently when the run started:
+        what a release run whose trigger named no baseline is compared with."""
+        with self._tx() as s:
+            return queries.release_baseline_at(s, self._run(s, run_id).started_at)
+
+    def release_baselines(self) -> list[dict[str, Any]]:
+        with self._tx() as s:
+            q = select(Baseline).where(Baseline.kind == "release").order_by(Baseline.created_at)
+            return [row_dict(b, skip=("id",)) for b in s.scalars(q)]
+
     # -- alerts (see sql/alerts.py) ---------------------------------------------------
     def upsert_alert(self, *, stage_key: str, metric: str, run_id: str, status: str,
                      change_pct: float | None) -> tuple[int, bool]:
         with self._tx() as s:
             return alerts.upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
                                        status=status, change_pct=change_pct)
+
+    def follow_verdict(self, *, stage_key: str, metric: str, run_id: str, verdict: str,
+                       change_pct: float | None) -> tuple[int, bool] | None:
+        """Open, update or close the alert of stage_key+metric from tonight's verdict (see
+        `sql.alerts.follow_verdict`); (alert id, changed) or None."""
+        with self._tx() as s:
+            return alerts.follow_verdict(s, stage_key=stage_key, metric=metric, run_id=run_id,
+                                         verdict=verdict, change_pct=change_pct)
+
+    def alert(self, alert_id: int) -> dict[str, Any]:
+        with self._tx() as s:
+            return alerts.get(s, alert_id)
+
+    def alerts(self, *, open_only: bool = False) -> list[dict[str, Any]]:
+        with self._tx() as s:
+            return alerts.listing(s, open_only=open_only)
 
     def set_alert_status(self, alert_id: int, status: str) -> None:
         """Set by a human. 'accepted' (the new normal) also restarts the stage key's history

@@ -15,6 +15,8 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler, ServerErrorRetryHandler
 
+from sql.alerts import alert_key
+
 from .run_context import RunContext
 
 MESSAGE_FILE = "slack_message.json"
@@ -30,6 +32,7 @@ class Outcome:
     posted: bool
     path: str | None
     text: str
+    ts: str | None = None  # the Slack message ts, when posted
 
 
 def _row(v: dict) -> str:
@@ -78,20 +81,40 @@ class SlackNotifier:
         if self.client is None or not message["needs_attention"]:
             return Outcome(False, str(path), message["text"])
         try:
-            self.client.chat_postMessage(channel=self.channel, text=message["text"],
-                                         blocks=message["blocks"])
+            response = self.client.chat_postMessage(channel=self.channel, text=message["text"],
+                                                    blocks=message["blocks"])
         except SlackApiError as exc:
             raise AlertError(f"Slack refused the message: {exc.response.get('error')}") from None
-        return Outcome(True, str(path), message["text"])
+        return Outcome(True, str(path), message["text"], response.get("ts"))
+
+
+def news(verdicts: list[dict], undelivered: list[dict]) -> tuple[list[dict], list[int], list[int]]:
+    """What tonight's message may call a regression: the verdicts whose alert is new or
+    changed and confirmed (a regression already told is not told again), their alert ids,
+    and the ids of undelivered alerts no human needs to hear of (suspected, cleared).
+    Recovered alerts stay undelivered for a thread reply (not in this format yet)."""
+    fresh = {(a["stage_key"], a["metric"]): a for a in undelivered}
+    told = [v for v in verdicts if v["verdict"] == "regression"
+            and fresh.get((v["alert_key"], v["metric"]), {}).get("status") == "confirmed"]
+    told_ids = [fresh[(v["alert_key"], v["metric"])]["id"] for v in told]
+    quiet = [a["id"] for a in undelivered if a["status"] in ("suspected", "cleared")]
+    return told, told_ids, quiet
 
 
 def alert(ctx: RunContext, report_path: str) -> dict:
     store = ctx.store()
     run = store.run(ctx.run_id)
-    verdicts = [{**c, "stage_id": s["stage_id"]} for s in store.stages(ctx.run_id)
-                for c in s.get("comparisons", [])]
+    verdicts = [{**c, "stage_id": s["stage_id"], "alert_key": alert_key(s["stage_key"], c["detail"])}
+                for s in store.stages(ctx.run_id) for c in s.get("comparisons", [])]
+    told, told_ids, quiet = news(verdicts, store.undelivered_alerts())
+    shown = [v for v in verdicts if v["verdict"] != "regression" or v in told]
     settings = ctx.settings
     token = settings.slack_token.get_secret_value() if settings.slack_token else None
     notifier = SlackNotifier.from_token(token, settings.slack_channel, settings.slack_base_url)
-    outcome = notifier.send(build_message(run, verdicts, report_path), ctx.run_dir)
-    return {"posted": outcome.posted, "message": outcome.path, "text": outcome.text}
+    outcome = notifier.send(build_message(run, shown, report_path), ctx.run_dir)
+    for alert_id in told_ids:
+        store.mark_alert_delivered(alert_id, outcome.ts)
+    for alert_id in quiet:
+        store.mark_alert_delivered(alert_id, None)
+    return {"posted": outcome.posted, "message": outcome.path, "text": outcome.text,
+            "alerts_told": len(told_ids)}

@@ -89,6 +89,49 @@ def _step(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
+    """`perfpipe baseline promote|list` and `perfpipe alerts list|ack|accept|false-positive|fixed`."""
+
+    def handler(call):
+        def run(args: argparse.Namespace) -> int:
+            from sql import Store, StoreError
+
+            store = Store(load_settings().database_url())
+            try:
+                store.migrate()
+                return call(store, args)
+            except StoreError as exc:
+                print(f"perfpipe: {exc}", file=sys.stderr)
+                return 2
+            finally:
+                store.close()
+        return run
+
+    from . import manage
+
+    baseline = sub.add_parser("baseline", help="pin a run as a release baseline, list them")
+    bsub = baseline.add_subparsers(dest="action", required=True)
+    promote = bsub.add_parser("promote", help="pin an ok run as the release baseline LABEL")
+    promote.add_argument("run_id")
+    promote.add_argument("--label", required=True, help="release label, e.g. 9.4.5")
+    promote.set_defaults(func=handler(lambda st, a: manage.promote(st, a.run_id, a.label)))
+    blist = bsub.add_parser("list", help="the pinned release baselines")
+    blist.set_defaults(func=handler(lambda st, a: manage.list_baselines(st)))
+    alerts = sub.add_parser("alerts", help="list alerts; ack, accept, call a false positive, fixed")
+    asub = alerts.add_subparsers(dest="action", required=True)
+    alist = asub.add_parser("list", help="open alerts")
+    alist.add_argument("--all", action="store_true", help="closed alerts too")
+    alist.set_defaults(func=handler(lambda st, a: manage.list_alerts(st, include_closed=a.all)))
+    for action, text in (("ack", "seen: the same regression stays quiet"),
+                         ("accept", "the new normal: the stage's history restarts at it"),
+                         ("false-positive", "not a regression: its nights rejoin the baseline"),
+                         ("fixed", "fixed: its nights stay out of the baseline")):
+        one = asub.add_parser(action, help=text)
+        one.add_argument("alert_id", type=int)
+        one.set_defaults(func=handler(
+            lambda st, a, action=action: manage.set_status(st, a.alert_id, action)))
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="perfpipe", description=__doc__, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
     step.add_argument("run_id")
     step.add_argument("--host", help="the host, for per-host steps (provision, tune)")
     step.set_defaults(func=_step)
+    _baseline_and_alert_commands(sub)
     return root
 
 

@@ -146,12 +146,15 @@ def host_pythonpath(ctx: RunContext, host_name: str) -> str:
 
 
 def run_fingerprint(ctx: RunContext) -> str:
-    """One hash over every host's fingerprint, the broker version and the tuning read back."""
+    """One hash over every host's fingerprint and the tuning read back.
+
+    The broker version is deliberately not in it: a new broker build must be compared with
+    the history of the old one, or a regression it brings could never be seen.
+    """
     parts = []
     for path in sorted((ctx.run_dir / HOSTS_DIR).glob("*.json")):
         parts.append(json.loads(path.read_text())["hash"])
     for path in sorted((ctx.run_dir / "tuning").glob("*.json")):
         parts.append(json.loads(path.read_text()).get("values_hash", ""))
-    broker = ctx.broker()
-    parts.append(f"{broker['kind']}:{broker.get('version')}")
+    parts.append(ctx.broker()["kind"])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

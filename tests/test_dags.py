@@ -43,10 +43,10 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.schedule == "0 2 * * *" or str(dag.timetable.summary) == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.get_task("teardown").is_teardown
-    steps = ["plan", "provision", "tune", "broker", "stage", "collect", "aggregate",
+    steps = ["plan", "provision", "tune", "broker", "stages", "collect", "aggregate",
              "load_metrics", "compare", "report", "alert", "teardown"]
     assert set(steps) <= set(dag.task_ids)
-    assert dag.get_task("stage").retries == 0 and dag.get_task("stage").pool == "perfpipe_lab"
+    assert dag.get_task("stages").retries == 0 and dag.get_task("stages").pool == "perfpipe_lab"
     assert dag.get_task("provision").retries > 0 and dag.get_task("collect").retries > 0
     assert dag.get_task("aggregate").task_type == "SparkSubmitOperator"
 

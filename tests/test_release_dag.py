@@ -65,5 +65,6 @@ def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path):
     run_dir = Path(run["artifact_dir"])
     assert json.loads((run_dir / "broker.json").read_text())["stopped"]  # teardown ran
     messages = [json.loads(p.read_text()) for p in (run_dir / "failures").glob("*.json")]
-    assert any(m["text"].startswith("perfpipe mqtt_perf_release: stage[tiny_fanin.q0")
-               and "exited before it was ready" in m["text"] for m in messages), messages
+    assert any(m["text"].startswith("perfpipe mqtt_perf_release: stages failed")
+               and "driver localhost/0 exited before it was ready" in m["text"]
+               for m in messages), messages

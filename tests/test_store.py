@@ -122,7 +122,8 @@ def test_round_trip(store: Store) -> None:
                        fingerprint_hash=fp)
     store.record_results("r1", "s1", metrics={"delivered_rate": 1234.5, "lost": float("nan"),
                                               "e2e_latency_p99": None},
-                         series={"delivered_rate": [1200.0, 1269.0, float("inf")]},
+                         series={"delivered_rate": [1200.0, 1269.0, float("inf")],
+                                 "seconds": [1700000000, 1700000001, 1700000002]},
                          validity="valid", reason=None)
     store.record_results("r1", "s2", metrics={}, series={}, validity="invalid",
                          reason="driver CPU saturated")
@@ -141,7 +142,9 @@ def test_round_trip(store: Store) -> None:
     s1, s2 = store.stages("r1")
     assert s1["metrics"] == {"delivered_rate": 1234.5, "lost": None, "e2e_latency_p99": None}
     assert s1["units"]["delivered_rate"] == "msg/s" and s1["units"]["e2e_latency_p99"] == "us"
-    assert s1["series"] == {"delivered_rate": [1200.0, 1269.0, None]}
+    assert s1["series"] == {"delivered_rate": [1200.0, 1269.0, None],
+                            "seconds": [1700000000, 1700000001, 1700000002]}
+    assert all(type(x) is int for x in s1["series"]["seconds"])  # integers stay integers
     assert (s1["validity"], s1["params"], s1["fingerprint_hash"]) == ("valid", {"qos": 1}, fp)
     assert s1["comparisons"] == [{"metric": "delivered_rate", "verdict": "regression",
                                   "baseline_value": 1300.0, "value": 1234.5,
@@ -216,7 +219,8 @@ def test_history(store: Store) -> None:
     hist = store.history("fanin.q1", "fp1", before_run="tonight")
     assert [h["run_id"] for h in hist] == ["n9", "n8", "n2", "n1"]
     assert hist[0] == {"run_id": "n9", "started_at": T0 + timedelta(days=9),
-                       "metrics": {"delivered_rate": 9.0}, "series": {"delivered_rate": [9.0, 9.0]}}
+                       "metrics": {"delivered_rate": 9.0}, "series": {"delivered_rate": [9.0, 9.0]},
+                       "held_out": []}
     assert [h["run_id"] for h in store.history("fanin.q1", None, before_run="tonight")] \
         == ["n9", "n8", "n6", "n2", "n1"]
     assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n8")] == ["n2", "n1"]
@@ -265,8 +269,11 @@ def test_alerts(store: Store) -> None:
     assert changed
     assert store.upsert_alert(**key, run_id="n1", status="suspected", change_pct=-6.0) == (a1, False)
     assert store.upsert_alert(**key, run_id="n2", status="confirmed", change_pct=-6.0) == (a1, True)
-    assert store.upsert_alert(**key, run_id="n2", status="confirmed", change_pct=-7.5) == (a1, True)
-    assert store.upsert_alert(**key, run_id="n3", status="confirmed", change_pct=-7.5) == (a1, False)
+    # one more night of about the same change is no news; a change grown 1.5x is
+    assert store.upsert_alert(**key, run_id="n2", status="confirmed", change_pct=-7.5) == (a1, False)
+    assert store.upsert_alert(**key, run_id="n3", status="confirmed", change_pct=-9.5) == (a1, True)
+    assert store.upsert_alert(**key, run_id="n3", status="confirmed", change_pct=-9.0) == (a1, False)
+    assert store.alert(a1)["change_pct"] == -9.5  # the change as last reported
     other, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n3",
                                   status="new", change_pct=None)
     (open1, open2) = store.open_alerts()
@@ -299,6 +306,106 @@ def test_alerts(store: Store) -> None:
     with pytest.raises(StoreError, match="no alert"):
         store.upsert_alert(stage_key="x", metric="lost", run_id="n1", status="recovered",
                            change_pct=None)
+
+
+def flag(store: Store, run_id: str, verdict: str, metric: str = "delivered_rate",
+         hold: bool = True) -> None:
+    store.record_comparisons(run_id, [{"stage_id": "fanin.q1", "metric": metric,
+                                       "verdict": verdict, "detail": {"hold": hold}}])
+
+
+def held(store: Store, before: str = "tonight") -> dict[str, list[str]]:
+    return {h["run_id"]: h["held_out"] for h in store.history("fanin.q1", "fp1", before_run=before)}
+
+
+def test_flagged_values_stay_out_of_the_baseline_until_a_human_or_the_next_night_says(
+        store: Store) -> None:
+    for day in range(1, 7):
+        nightly(store, f"n{day}", day)
+    new_run(store, "tonight", 10)
+    key = dict(stage_key="fanin.q1", metric="delivered_rate")
+    flag(store, "n2", "suspected")  # cleared by n3
+    store.follow_verdict(**key, run_id="n2", verdict="suspected", change_pct=-6.0)
+    store.follow_verdict(**key, run_id="n3", verdict="unchanged", change_pct=-1.0)
+    flag(store, "n4", "suspected")  # confirmed by n5: a regression
+    flag(store, "n5", "regression")
+    a4, _ = store.follow_verdict(**key, run_id="n4", verdict="suspected", change_pct=-6.0)
+    store.follow_verdict(**key, run_id="n5", verdict="regression", change_pct=-6.5)
+    flag(store, "n6", "suspected", hold=False)  # flagged before the noise was known
+    assert held(store) == {"n6": [], "n5": ["delivered_rate"], "n4": ["delivered_rate"],
+                           "n3": [], "n2": [], "n1": []}
+    assert store.alert(a4)["status"] == "confirmed"
+    store.set_alert_status(a4, "fixed")  # fixed: the bad nights stay out
+    assert held(store)["n4"] == ["delivered_rate"]
+    store.set_alert_status(a4, "false_positive")  # not a regression after all: back in
+    assert held(store)["n4"] == [] and held(store)["n5"] == []
+    store.set_alert_status(a4, "accepted")  # the new normal: history restarts at n4
+    assert held(store) == {"n6": [], "n5": [], "n4": []}
+
+
+def test_follow_verdict_opens_confirms_clears_and_recovers(store: Store) -> None:
+    for day in range(1, 7):
+        new_run(store, f"n{day}", day)
+    key = dict(stage_key="k", metric="e2e_latency_p99")
+    assert store.follow_verdict(**key, run_id="n1", verdict="unchanged", change_pct=1.0) is None
+    assert store.follow_verdict(**key, run_id="n1", verdict="no_baseline", change_pct=None) is None
+    a1, changed = store.follow_verdict(**key, run_id="n1", verdict="suspected", change_pct=12.0)
+    assert changed and store.alert(a1)["status"] == "suspected"
+    assert store.follow_verdict(**key, run_id="n2", verdict="improvement", change_pct=-3.0) \
+        == (a1, True)
+    assert store.alert(a1)["status"] == "cleared"
+    a2, _ = store.follow_verdict(**key, run_id="n3", verdict="suspected", change_pct=12.0)
+    assert store.follow_verdict(**key, run_id="n4", verdict="regression", change_pct=13.0) \
+        == (a2, True)
+    assert store.follow_verdict(**key, run_id="n5", verdict="regression", change_pct=12.0) \
+        == (a2, False)  # the same regression again: not re-posted
+    assert store.follow_verdict(**key, run_id="n5", verdict="invalid", change_pct=None) is None
+    assert store.follow_verdict(**key, run_id="n6", verdict="unchanged", change_pct=0.5) \
+        == (a2, True)
+    assert (store.alert(a2)["status"], store.alert(a2)["last_run_id"]) == ("recovered", "n6")
+    assert [a["id"] for a in store.alerts()] == [a1, a2] and store.alerts(open_only=True) == []
+
+
+def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
+    for day in range(1, 5):
+        nightly(store, f"n{day}", day, fp="fp1" if day < 4 else "fp2")
+    new_run(store, "tonight", 10)
+    store.record_comparisons("n1", [
+        {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "suspected",
+         "detail": {"nights": 1}},
+        {"stage_id": "fanin.q1", "metric": "e2e_latency_p99", "verdict": "unchanged"}])
+    store.record_comparisons("n2", [
+        {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "invalid"},
+        {"stage_id": "fanin.q1", "metric": "e2e_latency_p99", "verdict": "regression",
+         "detail": {"baseline": "release:9.4.4"}}])
+    prev = store.previous_verdicts("fanin.q1", "fp1", before_run="tonight")
+    assert {m: (p["run_id"], p["verdict"]) for m, p in prev.items()} == {
+        "delivered_rate": ("n1", "suspected"), "e2e_latency_p99": ("n1", "unchanged")}
+    assert prev["delivered_rate"]["detail"] == {"nights": 1}
+    release = store.previous_verdicts("fanin.q1", "fp1", before_run="tonight",
+                                      baseline="release:9.4.4")
+    assert list(release) == ["e2e_latency_p99"] and release["e2e_latency_p99"]["run_id"] == "n2"
+    assert store.previous_verdicts("fanin.q1", "fp1", before_run="n1") == {}
+    assert store.last_fingerprint("fanin.q1", before_run="tonight") == "fp2"
+    assert store.last_fingerprint("fanin.q1", before_run="n4") == "fp1"
+    assert store.last_fingerprint("other", before_run="tonight") is None
+
+
+def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(
+        store: Store) -> None:
+    now = datetime.now(timezone.utc)
+    for i, (run_id, kind) in enumerate((("n1", "nightly"), ("rel1", "release"))):
+        store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
+                         artifact_dir="/x", started_at=now - timedelta(days=5 - i))
+        stage(store, run_id)
+        store.finish_run(run_id, "ok")
+    store.pin_release_baseline("9.4.4", "rel1")
+    store.create_run("rel2", kind="release", suite="smoke", broker_kind="mosquitto",
+                     artifact_dir="/x", started_at=now + timedelta(days=1))
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="rel2")] == ["n1"]
+    assert store.release_baseline_for("rel2") == ("9.4.4", "rel1")
+    assert store.release_baseline_for("n1") is None  # nothing was pinned when it ran
+    assert [b["label"] for b in store.release_baselines()] == ["9.4.4"]
 
 
 @pytest.mark.parametrize("call, field", [

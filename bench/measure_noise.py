@@ -1,0 +1,214 @@
+"""Measure this machine's run-to-run noise: the input of `bench/bench_detector.py`.
+
+    .state/venv/bin/python bench/measure_noise.py --runs 10 --state /tmp/noise-state
+    .state/venv/bin/python bench/measure_noise.py --analyse-only --state /tmp/noise-state
+
+Runs `perfpipe run --suite SUITE` N times in a scratch state dir (PERFPIPE_STATE_DIR), then
+reads the stored results and the raw latency histograms and writes, per metric:
+- night-to-night noise: CV (stdev/mean) of the per-run values of each stage, and the
+  robust sigma of the log values (1.4826 x MAD), which is what the detector estimates;
+- per-second noise: CV of the per-second samples inside one run's measure window
+  (delivered msg/s from the stored series; latency percentiles per second from the raw
+  histograms), median over runs;
+- the lag-1 autocorrelation of the per-second samples.
+Load average and the busiest other processes are recorded before every run: this machine
+is shared, and the figures are only as quiet as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sql import Store  # noqa: E402
+from tasks.driver.histogram import percentile  # noqa: E402
+
+from tasks.compare import Policy, judged_metrics  # noqa: E402
+
+HEADLINE = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99")
+METRICS = tuple(dict.fromkeys(HEADLINE + tuple(judged_metrics(Policy()))))
+PER_SECOND = {"e2e_latency_p50": ("e2e", 50), "e2e_latency_p99": ("e2e", 99),
+              "pub_ack_latency_p99": ("pub_ack", 99)}
+
+
+def busy_processes(limit: int = 5) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pcpu,comm", "--sort=-pcpu", "--no-headers"],
+                         capture_output=True, text=True).stdout.splitlines()
+    return [line.strip() for line in out[:limit]]
+
+
+def run_all(runs: int, suite: str, state: Path) -> list[dict]:
+    env = {**os.environ, "PERFPIPE_STATE_DIR": str(state)}
+    for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY"):
+        env.pop(name, None)
+    logs = state / "noise-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    conditions = []
+    for i in range(runs):
+        before = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "loadavg": [round(x, 2) for x in os.getloadavg()], "busy": busy_processes()}
+        t0 = time.monotonic()
+        with open(logs / f"run-{i:02d}.log", "w") as log:
+            rc = subprocess.call([str(REPO / ".state/venv/bin/perfpipe"), "run", "--suite", suite],
+                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        conditions.append({**before, "exit": rc, "seconds": round(time.monotonic() - t0, 1),
+                           "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
+        print(f"run {i + 1}/{runs}: exit {rc} in {conditions[-1]['seconds']} s, "
+              f"load {before['loadavg']}", flush=True)
+    (logs / "conditions.json").write_text(json.dumps(conditions, indent=1))
+    return conditions
+
+
+def per_second_latency(stage_dir: Path) -> dict[str, list[float]]:
+    """Per-second percentiles of the measure window, summed over every process of a stage."""
+    doc = json.loads((stage_dir / "stage.json").read_text())
+    lo, hi = doc["windows"]["measure_start"], doc["windows"]["measure_end"]
+    sums: dict[tuple[int, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for path in stage_dir.glob("*/*/histograms.csv"):
+        with open(path) as handle:
+            for row in csv.DictReader(handle):
+                second = int(row["second"])
+                if lo <= second < hi:
+                    sums[(second, row["kind"])][int(row["bucket"])] += int(row["count"])
+    out: dict[str, list[float]] = {}
+    for metric, (kind, pct) in PER_SECOND.items():
+        values = [percentile(sums[(s, kind)], pct) for s in range(lo, hi) if (s, kind) in sums]
+        out[metric] = [v for v in values if v]
+    return out
+
+
+def cv(values: list[float]) -> float | None:
+    if len(values) < 2 or statistics.fmean(values) == 0:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
+def log_mad_sigma(values: list[float]) -> float | None:
+    logs = [math.log(v) for v in values if v > 0]
+    if len(logs) < 3:
+        return None
+    centre = statistics.median(logs)
+    return 1.4826 * statistics.median(abs(x - centre) for x in logs)
+
+
+def log_sd(values: list[float]) -> float | None:
+    logs = [math.log(v) for v in values if v > 0]
+    return statistics.stdev(logs) if len(logs) >= 3 else None
+
+
+def lag1(values: list[float]) -> float | None:
+    if len(values) < 4 or statistics.pvariance(values) == 0:
+        return None
+    m = statistics.fmean(values)
+    num = sum((a - m) * (b - m) for a, b in zip(values, values[1:]))
+    return num / sum((v - m) ** 2 for v in values)
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 5)
+
+
+def analyse(state: Path) -> dict:
+    store = Store(f"sqlite:///{state / 'results.db'}")
+    # A run that failed after aggregation (e.g. in the report step) still measured its
+    # stages: its valid stages count; the run statuses are recorded with the figures.
+    runs = store.latest_runs(1000)
+    nightly: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seconds: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for st in store.stages(run["run_id"]):
+            if st["validity"] != "valid":
+                continue
+            key = st["stage_key"]
+            for m in METRICS:
+                if st["metrics"].get(m):
+                    nightly[key][m].append(st["metrics"][m])
+            seconds[key]["delivered_rate"].append(st["series"].get("delivered_per_s", []))
+            for m, values in per_second_latency(Path(run["artifact_dir"]) / "raw" / st["stage_id"]).items():
+                seconds[key][m].append(values)
+    by_metric: dict[str, dict] = {}
+    for m in METRICS:
+        stages = {}
+        for key in sorted(nightly):
+            vals = nightly[key].get(m, [])
+            within = [cv(s) for s in seconds[key].get(m, []) if cv(s) is not None]
+            acs = [lag1(s) for s in seconds[key].get(m, []) if lag1(s) is not None]
+            if len(vals) < 2:
+                continue
+            stages[key] = {"runs": len(vals), "mean": round(statistics.fmean(vals), 3),
+                           "night_cv": _r(cv(vals)), "night_log_sd": _r(log_sd(vals)),
+                           "night_log_mad_sigma": _r(log_mad_sigma(vals)),
+                           "per_second_cv": _r(statistics.median(within)) if within else None,
+                           "per_second_lag1_autocorr": _r(statistics.median(acs)) if acs else None,
+                           "per_second_n": statistics.median(len(s) for s in seconds[key][m])
+                           if seconds[key].get(m) else 0}
+        if not stages:
+            continue
+        pick = lambda f: [s[f] for s in stages.values() if s[f] is not None]  # noqa: E731
+        by_metric[m] = {
+            "night_cv_median": _r(statistics.median(pick("night_cv"))),
+            "night_cv_max": _r(max(pick("night_cv"))),
+            "night_log_sd_median": _r(statistics.median(pick("night_log_sd")))
+            if pick("night_log_sd") else None,
+            "night_log_mad_sigma_median": _r(statistics.median(pick("night_log_mad_sigma")))
+            if pick("night_log_mad_sigma") else None,
+            "per_second_cv_median": _r(statistics.median(pick("per_second_cv")))
+            if pick("per_second_cv") else None,
+            "per_second_lag1_autocorr_median": _r(statistics.median(pick("per_second_lag1_autocorr")))
+            if pick("per_second_lag1_autocorr") else None,
+            "stages": stages}
+    store.close()
+    statuses = {r["run_id"]: r["status"] for r in runs}
+    return {"ok_runs": sum(s == "ok" for s in statuses.values()),
+            "runs_measured": max((len(v) for k in nightly for v in nightly[k].values()), default=0),
+            "run_statuses": statuses, "metrics": by_metric}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--suite", default="smoke")
+    ap.add_argument("--state", type=Path, required=True, help="scratch PERFPIPE_STATE_DIR")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "noise_measured.json")
+    ap.add_argument("--analyse-only", action="store_true")
+    args = ap.parse_args()
+    args.state.mkdir(parents=True, exist_ok=True)
+    cond_file = args.state / "noise-logs" / "conditions.json"
+    conditions = (json.loads(cond_file.read_text()) if args.analyse_only and cond_file.exists()
+                  else [] if args.analyse_only else run_all(args.runs, args.suite, args.state))
+    result = analyse(args.state)
+    this = " ".join([".state/venv/bin/python", "bench/measure_noise.py", *sys.argv[1:]])
+    runs_cmd = f"{this} (each run: PERFPIPE_STATE_DIR={args.state} perfpipe run --suite {args.suite})"
+    doc = {
+        "command": runs_cmd if not args.analyse_only else
+        f"{this} (re-analysis of the runs in {args.state})",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "suite": args.suite,
+        "conditions": conditions,
+        **result,
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({m: {k: v for k, v in d.items() if k != "stages"}
+                      for m, d in result["metrics"].items()}, indent=1))
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

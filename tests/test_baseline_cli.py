@@ -1,0 +1,63 @@
+"""`perfpipe baseline ...` and `perfpipe alerts ...` against the SQLite store of the state dir."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from sql import Store
+from tasks.cli import main
+from tasks.settings import load_settings
+
+T0 = datetime.now(timezone.utc) - timedelta(days=10)
+
+
+@pytest.fixture
+def store(perfpipe_env: Path) -> Store:
+    s = Store(load_settings().database_url())
+    s.migrate()
+    for day, status in ((1, "ok"), (2, "failed"), (3, "ok")):
+        s.create_run(f"r{day}", kind="nightly", suite="smoke", broker_kind="mosquitto",
+                     artifact_dir="/x", started_at=T0 + timedelta(days=day))
+        s.finish_run(f"r{day}", status)
+    return s
+
+
+def test_promote_pins_an_ok_run_and_refuses_a_failed_one(store: Store, capsys) -> None:
+    assert main(["baseline", "promote", "r1", "--label", "9.4.5"]) == 0
+    assert store.release_baseline("9.4.5") == "r1"
+    assert main(["baseline", "promote", "r2", "--label", "9.4.6"]) == 2
+    assert "is failed" in capsys.readouterr().err
+    assert main(["baseline", "promote", "nope", "--label", "9.4.6"]) == 2
+    assert "unknown run 'nope'" in capsys.readouterr().err
+    assert main(["baseline", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "9.4.5" in out and "r1" in out and "9.4.6" not in out
+
+
+def test_alerts_list_ack_false_positive_and_fixed(store: Store, capsys) -> None:
+    key = dict(stage_key="mosquitto|fanin.q1", metric="delivered_rate")
+    a1, _ = store.follow_verdict(**key, run_id="r1", verdict="suspected", change_pct=-6.0)
+    store.follow_verdict(**key, run_id="r3", verdict="regression", change_pct=-6.2)
+    a2, _ = store.follow_verdict(stage_key="k2", metric="e2e_latency_p99", run_id="r3",
+                                 verdict="suspected", change_pct=12.0)
+    assert main(["alerts", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "confirmed" in out and "mosquitto|fanin.q1" in out and "suspected" in out
+    assert main(["alerts", "ack", str(a1)]) == 0
+    assert "acknowledged" in capsys.readouterr().out
+    # acked: the same regression the next night stays acked and is not news
+    assert store.follow_verdict(**key, run_id="r3", verdict="regression", change_pct=-6.1) \
+        == (a1, False)
+    assert main(["alerts", "false-positive", str(a2)]) == 0
+    assert main(["alerts", "fixed", str(a1)]) == 0
+    capsys.readouterr()
+    assert main(["alerts", "list"]) == 0
+    assert capsys.readouterr().out.strip() == "no open alerts"
+    assert main(["alerts", "list", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "false_positive" in out and "fixed" in out
+    assert main(["alerts", "accept", "999"]) == 2
+    assert "unknown alert 999" in capsys.readouterr().err

@@ -1,0 +1,173 @@
+"""The compare and alert steps night after night on a real SQLite store: verdicts recorded,
+alerts kept in step, and the alert step told only of new or changed alerts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from sql import Store
+from tasks.alert import alert
+from tasks.cli import main
+from tasks.comparison import VERDICTS_FILE, compare_run
+from tasks.run_context import RunContext
+from tasks.settings import Settings
+
+START = datetime.now(timezone.utc) - timedelta(days=60)
+STAGE, KEY = "fanin.q1.c100", "mosquitto|fanin.q1.c100"
+RATE, P99 = "delivered_rate", "e2e_latency_p99"
+
+
+class Lab:
+    """Nights of one stage through compare and alert, as the pipeline runs them."""
+
+    def __init__(self, state: Path) -> None:
+        self.settings = Settings(state_dir=state)
+        self.store = Store(self.settings.database_url())
+        self.store.migrate()
+        self.rng = random.Random(1)
+        self.day = 0
+
+    def night(self, rate: float = 2000.0, p99: float = 5000.0, *, kind: str = "nightly",
+              fp: str = "fp1", plan: dict | None = None,
+              started: datetime | None = None) -> tuple[str, dict, dict]:
+        self.day += 1
+        run_id = f"{kind}-{self.day:02d}"
+        run_dir = self.settings.run_dir(run_id)
+        run_dir.mkdir(parents=True)
+        self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
+                              artifact_dir=str(run_dir),
+                              started_at=started or START + timedelta(days=self.day))
+        self.store.record_stage(run_id, STAGE, scenario="fanin", stage_key=KEY, params={},
+                                fingerprint_hash=fp)
+        level = rate * math.exp(self.rng.gauss(0, 0.002))
+        seconds = [level * (1 + self.rng.gauss(0, 0.002)) for _ in range(10)]
+        self.store.record_results(run_id, STAGE, metrics={
+            RATE: sum(seconds) / 10, P99: p99 * math.exp(self.rng.gauss(0, 0.02))},
+            series={"delivered_per_s": seconds}, validity="valid", reason=None)
+        ctx = RunContext(self.settings, run_id, run_dir, plan or {})
+        counts = compare_run(ctx)
+        told = alert(ctx, str(run_dir / "report.html"))
+        self.store.finish_run(run_id, "ok")
+        return run_id, counts, told
+
+    def verdict(self, run_id: str, metric: str = RATE) -> dict:
+        (stage,) = self.store.stages(run_id)
+        return next(c for c in stage["comparisons"] if c["metric"] == metric)
+
+    def message(self, run_id: str) -> dict:
+        return json.loads((self.settings.run_dir(run_id) / "slack_message.json").read_text())
+
+
+@pytest.fixture
+def lab(perfpipe_env: Path) -> Lab:
+    return Lab(perfpipe_env)
+
+
+def quiet(lab: Lab, nights: int = 12) -> None:
+    for _ in range(nights):
+        lab.night()
+
+
+def test_a_6pct_drop_is_suspected_confirmed_told_once_and_accepted(lab: Lab, capsys) -> None:
+    first, counts, _ = lab.night()
+    assert counts == {"no_baseline": 2, "changed_alerts": 0}
+    quiet(lab, 11)
+
+    n1, _, told = lab.night(rate=1880.0)
+    assert lab.verdict(n1)["verdict"] == "suspected"
+    assert not lab.message(n1)["needs_attention"] and told["alerts_told"] == 0
+    (suspected,) = lab.store.alerts(open_only=True)
+    assert (suspected["status"], suspected["delivered"]) == ("suspected", True)
+
+    n2, counts, told = lab.night(rate=1880.0)
+    v = lab.verdict(n2)
+    assert (v["verdict"], v["detail"]["nights"]) == ("regression", 2)
+    assert v["baseline_value"] == pytest.approx(2000.0, rel=0.01)
+    assert v["detail"]["change_point"]["run_id"] == n1  # where the shift began
+    assert counts["changed_alerts"] == 1 and told["alerts_told"] == 1
+    message = lab.message(n2)
+    assert message["needs_attention"] and STAGE in json.dumps(message["blocks"])
+
+    n3, counts, told = lab.night(rate=1881.0)  # the same regression: never re-posted
+    assert lab.verdict(n3)["verdict"] == "regression"
+    assert counts["changed_alerts"] == 0 and told["alerts_told"] == 0
+    assert not lab.message(n3)["needs_attention"]
+    assert json.loads((lab.settings.run_dir(n3) / VERDICTS_FILE).read_text())["changed_alerts"] == []
+
+    held = {h["run_id"]: h["held_out"] for h in lab.store.history(KEY, "fp1", before_run=n3)}
+    assert held[n1] == held[n2] == [RATE] and held[first] == []
+
+    (confirmed,) = lab.store.alerts(open_only=True)
+    assert main(["alerts", "accept", str(confirmed["id"])]) == 0
+    assert f"restarts at run {n1}" in capsys.readouterr().out
+    n4, _, told = lab.night(rate=1880.0)  # the new normal
+    v = lab.verdict(n4)
+    assert v["verdict"] == "unchanged" and v["baseline_value"] == pytest.approx(1880.0, rel=0.01)
+    assert lab.store.alerts(open_only=True) == []
+
+
+def test_a_20pct_drop_is_confirmed_and_told_on_the_first_night(lab: Lab) -> None:
+    quiet(lab)
+    run_id, counts, told = lab.night(rate=1600.0)
+    v = lab.verdict(run_id)
+    assert (v["verdict"], v["detail"]["nights"]) == ("regression", 1)
+    assert told["alerts_told"] == 1 and lab.message(run_id)["needs_attention"]
+    assert lab.store.alerts(open_only=True)[0]["status"] == "confirmed"
+    back, _, _ = lab.night()  # fixed the next night: the alert recovers
+    assert lab.verdict(back)["verdict"] == "unchanged"
+    assert [a["status"] for a in lab.store.alerts()] == ["recovered"]
+
+
+def test_a_suspicion_cleared_by_the_next_night_rejoins_the_baseline(lab: Lab) -> None:
+    quiet(lab)
+    blip, _, _ = lab.night(p99=7500.0)
+    assert lab.verdict(blip, P99)["verdict"] == "suspected"
+    after, _, _ = lab.night()
+    assert lab.verdict(after, P99)["verdict"] == "unchanged"
+    assert [a["status"] for a in lab.store.alerts()] == ["cleared"]
+    held = {h["run_id"]: h["held_out"] for h in lab.store.history(KEY, "fp1", before_run=after)}
+    assert held[blip] == []
+
+
+def test_a_changed_fingerprint_starts_a_new_history_and_says_so(lab: Lab) -> None:
+    quiet(lab, 3)
+    run_id, counts, _ = lab.night(fp="fp2")
+    v = lab.verdict(run_id)
+    assert v["verdict"] == "no_baseline" and "fingerprint changed (fp1 -> fp2)" in v["detail"]["new_history"]
+
+
+def test_a_release_run_is_compared_with_the_promoted_release_baseline(lab: Lab, capsys) -> None:
+    quiet(lab)
+    now = datetime.now(timezone.utc)
+    old, _, _ = lab.night(rate=2400.0, kind="release", started=now - timedelta(hours=2))
+    assert main(["baseline", "promote", old, "--label", "9.4.5"]) == 0
+    assert "release baseline 9.4.5" in capsys.readouterr().out
+    new, _, told = lab.night(rate=2000.0, kind="release", started=now + timedelta(minutes=1))
+    v = lab.verdict(new)
+    assert v["detail"]["baseline"] == "release:9.4.5" and v["detail"]["baseline_run"] == old
+    assert v["baseline_value"] == pytest.approx(2400.0, rel=0.01)
+    assert v["verdict"] == "regression"  # -17%: large, on a quiet metric: at once
+    assert lab.store.alerts(open_only=True)[0]["stage_key"] == f"{KEY} vs release 9.4.5"
+    # the release runs never fed the nightly history
+    nightly, _, _ = lab.night()
+    assert lab.verdict(nightly)["verdict"] == "unchanged"
+    assert all(not h["run_id"].startswith("release")
+               for h in lab.store.history(KEY, "fp1", before_run=nightly))
+    # the trigger's choice in the plan: a label, "rolling", or a label never pinned
+    named, _, _ = lab.night(kind="release", plan={"options": {"baseline": "9.4.5"}},
+                            started=now + timedelta(minutes=2))
+    assert lab.verdict(named)["detail"]["baseline_run"] == old
+    rolling, _, _ = lab.night(kind="release", plan={"options": {"baseline": "rolling"}},
+                              started=now + timedelta(minutes=3))
+    assert (lab.verdict(rolling)["verdict"], lab.verdict(rolling)["detail"]["baseline"]) \
+        == ("unchanged", "rolling")
+    missing, _, _ = lab.night(kind="release", plan={"options": {"baseline": "9.9.9"}},
+                              started=now + timedelta(minutes=4))
+    v = lab.verdict(missing)
+    assert v["verdict"] == "no_baseline" and "9.9.9 is not pinned" in v["detail"]["new_history"]
