@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -11,20 +14,24 @@ from pathlib import Path
 
 import pytest
 
-from tasks.driver.output import COUNTERS_FILE, EVENTS_FILE, READY_FILE, START_FILE, SUMMARY_FILE
+from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_of, percentile
+from tasks.driver.output import (COUNTERS_FILE, EVENTS_FILE, HISTOGRAMS_FILE, READY_FILE,
+                                 START_FILE, SUMMARY_FILE)
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def spec(port: int, *, qos: int = 0, publishers: int = 20, rate: float = 50.0,
-         warmup: int = 1, measure: int = 4, drain: int = 2) -> dict:
+         warmup: int = 1, measure: int = 4, drain: int = 2, topics: tuple = ("bench/#",),
+         subscribers: int = 1, **extra) -> dict:
     return {
         "run_id": "test", "stage_id": f"q{qos}", "host": "localhost", "proc": 0,
         "broker": {"host": "127.0.0.1", "port": port},
         "publishers": [{"client_id": f"p{i}", "topic": "bench/t", "publisher_index": i + 1,
                         "qos": qos, "rate": rate} for i in range(publishers)],
-        "subscribers": [{"client_id": "s0", "topics": ["bench/#"], "qos": qos}],
-        "warmup_s": warmup, "measure_s": measure, "drain_s": drain,
+        "subscribers": [{"client_id": f"s{i}", "topics": list(topics), "qos": qos}
+                        for i in range(subscribers)],
+        "warmup_s": warmup, "measure_s": measure, "drain_s": drain, **extra,
     }
 
 
@@ -51,6 +58,27 @@ def counters(out: Path) -> list[dict]:
         return [{k: int(v) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
+def histograms(out: Path) -> dict[str, dict[int, int]]:
+    kinds: dict[str, dict[int, int]] = {}
+    with open(out / HISTOGRAMS_FILE) as handle:
+        for row in csv.DictReader(handle):
+            counts = kinds.setdefault(row["kind"], {})
+            counts[int(row["bucket"])] = counts.get(int(row["bucket"]), 0) + int(row["count"])
+    return kinds
+
+
+def events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / EVENTS_FILE).read_text().splitlines()]
+
+
+def run_to_end(document: dict, out: Path, timeout: float = 30) -> tuple[int, dict]:
+    process = start_driver(document, out)
+    release(out, process)
+    code = process.wait(timeout)
+    assert "Traceback" not in process.stderr.read()
+    return code, json.loads((out / SUMMARY_FILE).read_text())
+
+
 def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     out = tmp_path / "out"
     process = start_driver(spec(broker.port), out)
@@ -59,6 +87,19 @@ def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     window = range(start_at + 1, start_at + 5)  # after the 1 s warm-up, 4 s
     received = sum(r["received"] for r in counters(out) if r["second"] in window)
     assert received / 4 == pytest.approx(20 * 50, rel=0.02)
+    published = sum(r["published"] for r in counters(out) if r["second"] in window)
+    assert published / 4 == pytest.approx(20 * 50, rel=0.02)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    phase = summary["connect_phase"]  # for a real connection rate in the aggregation
+    assert phase["clients"] == phase["connected"] == 21
+    assert phase["first_connect_at"] <= phase["last_connack_at"] < start_at
+    assert phase["duration_s"] == pytest.approx(phase["last_connack_at"]
+                                                - phase["first_connect_at"], abs=1e-5)
+    kinds = histograms(out)  # one sample per message, per connect, per subscribe
+    assert sum(kinds["e2e"].values()) == summary["totals"]["received"]
+    assert sum(kinds["pub_delay"].values()) == summary["totals"]["published"]
+    assert sum(kinds["connect"].values()) == 21 and sum(kinds["subscribe"].values()) == 1
+    assert percentile(kinds["pub_delay"], 50) < 1000  # open-loop sends on time, unloaded
 
 
 @pytest.mark.parametrize("qos", [1, 2])
@@ -72,6 +113,10 @@ def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, q
     assert sent > 0
     assert summary["unique_received"] == sent
     assert summary["totals"]["acked"] == sent
+    assert summary["unacked_at_end"] == 0
+    assert summary["qos_judgement"]["violations"] == 0
+    assert summary["qos_judgement"]["by_qos"][str(qos)]["unique"] == sent
+    assert sum(histograms(out)["pub_ack"].values()) == sent
     if qos == 2:
         assert summary["totals"]["duplicated"] == 0
 
@@ -103,3 +148,218 @@ def test_bad_specs_are_rejected_naming_the_field(tmp_path, field, value, message
     process = start_driver(document, tmp_path / "out")
     assert process.wait(10) == 2
     assert message in process.stderr.read()
+
+
+def test_keepalive_and_raw_publishes_share_sockets_without_breaking_the_stream(broker, tmp_path):
+    """paho's PINGREQ/PINGRESP interleave with batched raw publishes at packet boundaries.
+
+    With a 1 s keepalive Mosquitto drops a client that is silent for 1.5 s, so the
+    subscriber (which only receives) lives only if paho's PINGREQs are written and the
+    PINGRESPs the fast path reads reach paho; a byte of one interleaved into a packet of
+    the other would be a protocol error and a dropped connection.
+    """
+    out = tmp_path / "out"
+    code, summary = run_to_end(spec(broker.port, publishers=10, rate=2000, warmup=0, measure=4,
+                                    drain=1, keepalive_s=1), out)
+    assert code == 0, events(out)
+    assert summary["totals"]["errors"] == 0
+    assert summary["unique_received"] == sum(summary["last_seq"].values()) > 40_000
+    assert not [e for e in events(out) if e["event"] == "connection_lost"]
+
+
+def test_shared_subscription_delivers_each_message_once_to_the_group(broker, tmp_path):
+    out = tmp_path / "out"
+    code, summary = run_to_end(spec(broker.port, qos=1, publishers=4, rate=100, warmup=0,
+                                    measure=2, drain=1, subscribers=2,
+                                    topics=("$share/g/bench/#",)), out)
+    assert code == 0
+    sent = sum(summary["last_seq"].values())
+    assert summary["unique_received"] == sent > 0  # the group got each message once
+    assert summary["totals"]["duplicated"] == 0
+
+
+def test_aggregate_rate_is_split_over_the_processes_publishers(broker, tmp_path):
+    out = tmp_path / "out"
+    document = spec(broker.port, publishers=8, warmup=0, measure=2, drain=1,
+                    aggregate_rate=400.0)
+    code, summary = run_to_end(document, out)
+    assert code == 0
+    assert sum(summary["last_seq"].values()) == pytest.approx(400 * 2, abs=8)
+    assert {p["rate"] for p in summary["config"]["publishers"]} == {50.0}
+
+
+def test_a_refused_connection_is_counted_and_reported_not_raised(tmp_path):
+    out = tmp_path / "out"
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    code, summary = run_to_end(spec(port, publishers=2, warmup=0, measure=1, drain=0), out)
+    assert code == 1
+    assert summary["status"] == "partial"
+    assert summary["totals"]["connects_failed"] == 3 and summary["totals"]["connects_ok"] == 0
+    refused = [e for e in events(out) if e["event"] == "connect_failed"]
+    assert len(refused) == 3 and all(e["code"] == errno.ECONNREFUSED for e in refused)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("max_inflight",), 70_000, "max_inflight: must be 1..65535"),
+    (("subscribers", 0, "topics", 0), "a/#/b", "subscribers[0].topics[0]: must be a topic filter"),
+    (("subscribers", 0, "topics", 0), "$share//x", "subscribers[0].topics[0]: must be a topic"),
+    (("broker", "port"), 0, "broker.port: must be 1..65535"),
+    (("broker", "cert_file"), "c.pem", "broker.tls: must be true"),
+    (("aggregate_rate",), -1, "aggregate_rate: must be > 0"),
+    (("publishers", 1, "publisher_index"), "2", "publishers[1].publisher_index: must be int"),
+])
+def test_bad_nested_fields_are_rejected_naming_the_field(tmp_path, path, value, message):
+    document = spec(1883)
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    process = start_driver(document, tmp_path / "out")
+    assert process.wait(10) == 2
+    assert message in process.stderr.read()
+
+
+def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeypatch):
+    """The parser inlines the histogram bucketing: it must agree with tasks.driver.histogram."""
+    np = pytest.importorskip("numpy")
+    from tasks.driver import fastpath
+    from tasks.driver.accounting import Accounting
+    from tasks.driver.output import RawWriter
+    from tasks.driver.wire import Template
+
+    now_ns = 1_800_000_000 * 10**9
+    monkeypatch.setattr(fastpath.time, "time_ns", lambda: now_ns)  # pin the receive clock
+    rng = np.random.default_rng(3)
+    values = (rng.lognormal(7.0, 1.5, 20_000).astype(int) + 1).tolist() + [0, 1, 127, 128, 10**9]
+    template = Template("t", 0, 64, tag=9, publisher=1)
+    packets = bytearray()
+    for seq, value in enumerate(values, 1):
+        packet = bytearray(template.packet)
+        template.patch(packet, template.patch_at, seq, now_ns // 1000 - value, 0)
+        packets += packet
+
+    class Subscriber:  # the fast path's view of a connection, nothing else
+        tracks = out = inflight = q2 = None
+        qos, parked = 0, False
+
+    acct = Accounting(RawWriter(tmp_path), tag=9)
+    reader = fastpath.Reader(sessions=None, acct=acct)
+    assert reader.parse(Subscriber(), packets, len(packets)) == len(packets)
+    counts = {b: c for b, c in enumerate(acct.hists[(now_ns // 10**9, "e2e")]) if c}
+    expected: dict[int, int] = {}
+    for value in values:
+        expected[bucket_of(value)] = expected.get(bucket_of(value), 0) + 1
+    assert counts == expected
+    for pct in (50, 90, 99, 99.9):
+        exact = np.percentile(values, pct, method="inverted_cdf")
+        assert abs(percentile(counts, pct) - exact) <= exact * MAX_RELATIVE_ERROR + 0.5
+
+
+def own_mosquitto(tmp_path: Path, name: str, config: str):
+    """A Mosquitto with a config of this test's own (the shared fixture's is plain)."""
+    binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() \
+        else shutil.which("mosquitto")
+    assert binary, "mosquitto is not installed: run `make test`, which installs it"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    conf = tmp_path / f"{name}.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\n{config}")
+    log = open(tmp_path / f"{name}.log", "w")
+    process = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError((tmp_path / f"{name}.log").read_text()) from None
+            time.sleep(0.05)
+
+    def stop() -> None:
+        process.kill()
+        process.wait(5)
+        log.close()
+
+    return port, stop
+
+
+@pytest.fixture
+def tls_broker(tmp_path):
+    """Mosquitto with a TLS listener that requires a client certificate (certs made here)."""
+    certs = tmp_path / "certs"
+    certs.mkdir()
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=certs, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")
+    for name, extra in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        (certs / f"{name}.ext").write_text(extra + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "1", "-out", f"{name}.crt",
+                "-extfile", f"{name}.ext")
+    port, stop = own_mosquitto(tmp_path, "tls", (
+        f"allow_anonymous true\nuser root\ncafile {certs}/ca.crt\n"
+        f"certfile {certs}/server.crt\nkeyfile {certs}/server.key\nrequire_certificate true\n"))
+    yield port, certs
+    stop()
+
+
+def test_a_connack_refusal_is_counted_with_its_code(tmp_path):
+    port, stop = own_mosquitto(tmp_path, "auth", "allow_anonymous false\n")
+    try:
+        out = tmp_path / "out"
+        document = spec(port, publishers=2, warmup=0, measure=1, drain=0)
+        document["broker"].update(username="u", password="secret-pw")
+        code, summary = run_to_end(document, out)
+    finally:
+        stop()
+    assert code == 1 and summary["status"] == "partial"
+    assert summary["totals"]["connects_failed"] == 3
+    refused = [e for e in events(out) if e["event"] == "connect_refused"]
+    assert len(refused) == 3 and {e["code"] for e in refused} == {135}  # not authorized
+    assert "secret-pw" not in (out / SUMMARY_FILE).read_text()
+
+
+def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing(tls_broker, tmp_path):
+    port, certs = tls_broker
+    document = spec(port, qos=1, publishers=4, rate=500, warmup=0, measure=2, drain=1)
+    document["broker"].update(tls=True, ca_file=str(certs / "ca.crt"),
+                              cert_file=str(certs / "client.crt"),
+                              key_file=str(certs / "client.key"),
+                              ciphers="ECDHE+AESGCM")
+    out = tmp_path / "out"
+    code, summary = run_to_end(document, out)
+    assert code == 0, events(out)
+    sent = sum(summary["last_seq"].values())
+    assert summary["unique_received"] == summary["totals"]["acked"] == sent > 3000
+    assert "password" not in json.dumps(summary["config"])
+
+
+def test_a_persistent_session_gets_what_was_published_while_it_was_away(broker, tmp_path):
+    """clean_session false: QoS 1 messages queued by the broker arrive on reconnect.
+
+    They arrive right after CONNACK, while paho still reads the socket (before the fast
+    path takes it over), so this also covers deliveries on paho's side.
+    """
+    def stage(name: str, **document) -> dict:
+        base = spec(broker.port, publishers=0, subscribers=0, warmup=0, measure=1, drain=1)
+        return run_to_end({**base, **document, "stage_id": "persist"}, tmp_path / name)[1]
+
+    away = {"client_id": "s-away", "topics": ["persist/#"], "qos": 1, "clean_session": False}
+    stage("subscribe", subscribers=[away])
+    published = stage("publish", publishers=[{"client_id": "p-away", "topic": "persist/t",
+                                              "publisher_index": 1, "qos": 1, "rate": 100}])
+    sent = published["last_seq"]["1"]
+    assert sent > 0 and published["totals"]["acked"] == sent
+    back = stage("return", subscribers=[away])
+    assert back["unique_received"] == sent
+    assert back["qos_judgement"]["violations"] == 0

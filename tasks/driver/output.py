@@ -4,7 +4,10 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
 
 ``counters.csv``  one row per wall-clock second (integer Unix seconds, the second in which
                   the event happened on this host), columns ``COUNTER_COLUMNS``:
-                  published   PUBLISH packets handed to the socket
+                  published   PUBLISH packets handed to the socket (appended to the
+                              client's output buffer and written in the same tick; publisher
+                              sockets have a bounded send buffer, so this stays close to what
+                              the broker took)
                   acked       PUBACK/PUBCOMP received (QoS 1/2)
                   received    messages received by subscribers (duplicates included:
                               delivered = received - duplicated)
@@ -13,17 +16,38 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   duplicated  messages whose sequence number a subscriber had already seen
                   out_of_order  messages that filled an earlier gap
                   errors      client errors (refused/dropped connections, failed publishes)
-                  inflight_full  publish attempts deferred because the in-flight window was full
+                  inflight_full  messages held back because their publisher's QoS 1/2
+                              in-flight window (``max_inflight``) was full, each counted once
+                              (they are sent when acks free the window, late: ``pub_delay``)
                   connects_ok, connects_failed   CONNACK accepted / refused or failed
                   delay_overruns  messages sent more than ``DELAY_OVERRUN_US`` after their
                               intended time
 ``histograms.csv`` sparse latency histograms, columns ``HISTOGRAM_COLUMNS``
                   (second, kind, bucket, count); ``kind`` is one of ``HISTOGRAM_KINDS``,
                   buckets are `tasks.driver.histogram` indexes of microseconds.
-``events.jsonl``  one JSON object per line: disconnects and errors with their codes.
+``events.jsonl``  one JSON object per line ({t, event, client_id?, ...}): disconnects and
+                  errors with their codes. ``event`` is connect_failed (TCP: ``code`` is the
+                  errno, e.g. 111 refused), connect_refused (CONNACK: ``code`` is the reason
+                  code in paho's MQTT 5 numbering, e.g. 135 not authorized, with ``reason``), connection_lost (``code``: errno, or paho's MQTT_ERR_* when
+                  the broker closed or the keepalive expired), subscribe_refused, not_ready,
+                  no_start, stopped (SIGTERM), driver_error (with ``trace``), close_error.
 ``summary.json``  written last (its presence marks a complete process): the stage window in
                   Unix seconds, the config echo without secrets, library versions, the clock
-                  source, totals and the last sequence number of every publisher.
+                  source, totals and the last sequence number of every publisher, and:
+                  connect_phase  {clients, connected, first_connect_at, last_connack_at,
+                              duration_s}: Unix seconds (floats) from the first CONNECT this
+                              process sent to the last CONNACK it accepted, so a connection
+                              rate is ``connected / duration_s`` (or, across processes,
+                              summed ``connected`` over max(last) - min(first)); times are
+                              null when nothing connected
+                  unacked_at_end  QoS 1/2 publishes still unacknowledged when the drain ended
+                  qos_judgement  {by_qos: {"0"|"1"|"2": {unique, missing, duplicated,
+                              out_of_order}}, violations, publishers_with_anomalies}: what
+                              subscribers saw per delivery QoS, judged against its promise
+                              (violations = missing under QoS 1/2 + duplicates under QoS 2;
+                              QoS 0 loss and QoS 1 duplicates are allowed), and up to 100
+                              (subscriber, publisher) pairs with a gap, duplicate or reorder
+                  fd_limit    the open-file limit the driver raised itself to
 
 Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
 ``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).

@@ -1,6 +1,14 @@
 """The stage spec one driver process runs: parsed from JSON with the standard library.
 
 Errors name the field and the fix, e.g. ``publishers[3].qos: must be 0, 1 or 2, got 5``.
+
+Optional fields beyond the pipeline's minimum: TLS (``broker.tls``, ``ca_file``,
+``cert_file``/``key_file`` for a client certificate, ``ciphers`` in OpenSSL syntax,
+``tls_insecure`` to skip the host name check), ``broker.username``/``password``,
+``clean_session`` per process or per client (False: a persistent session), shared
+subscriptions as ``$share/<group>/<filter>`` topics, ``aggregate_rate`` (messages/s for
+the whole process, split evenly over its publishers, replacing their ``rate``), and the
+connect pacing ``connect_rate``/``max_pending_connects`` for connection-burst stages.
 The pipeline builds these specs from the scenario catalog (`tasks.stages`); a person can
 also write one by hand and run ``python -m tasks.driver --spec spec.json --out DIR``.
 """
@@ -24,6 +32,10 @@ class BrokerEndpoint:
     port: int
     tls: bool = False
     ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    ciphers: str | None = None
+    tls_insecure: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)  # secret: never echoed
 
@@ -36,6 +48,7 @@ class PublisherSpec:
     qos: int = 0
     rate: float = 1.0  # messages per second from this client
     payload_bytes: int = 256
+    clean_session: bool | None = None  # None: the process's clean_session
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class SubscriberSpec:
     client_id: str
     topics: tuple[str, ...]
     qos: int = 0
+    clean_session: bool | None = None  # None: the process's clean_session
 
 
 @dataclass(frozen=True)
@@ -62,8 +76,11 @@ class ProcessSpec:
     max_inflight: int = 100  # unacknowledged QoS 1/2 publishes per client
     keepalive_s: int = 60
     clean_session: bool = True
-    connect_timeout_s: float = 30.0
+    connect_timeout_s: float = 30.0  # after the last paced CONNECT
     start_timeout_s: float = 180.0
+    aggregate_rate: float | None = None  # msgs/s of the whole process, if given
+    sndbuf_bytes: int | None = None  # publisher sockets' SO_SNDBUF; None: auto, 0: kernel's
+    tick_us: int = 0  # 0: send each message at its intended time; N: wake at most every N us
 
     def echo(self) -> dict[str, Any]:
         """The spec as recorded in the summary: everything but secrets."""
@@ -72,7 +89,8 @@ class ProcessSpec:
         return doc
 
 
-HEADER_BYTES = 32  # see tasks.driver.engine.HEADER
+HEADER_BYTES = 32  # see tasks.driver.wire.HEADER
+MAX_PAYLOAD_BYTES = 256 * 1024 * 1024 - 65536 - 2  # MQTT's packet limit, less topic and id
 
 
 def _require(cond: bool, where: str, message: str) -> None:
@@ -104,22 +122,53 @@ def _publisher(doc: dict, where: str) -> PublisherSpec:
     size = _get(doc, "payload_bytes", where, int, 256)
     _require(size >= HEADER_BYTES, f"{where}payload_bytes",
              f"must be >= {HEADER_BYTES} (the latency header), got {size}")
+    _require(size <= MAX_PAYLOAD_BYTES, f"{where}payload_bytes",
+             f"must be <= {MAX_PAYLOAD_BYTES} (MQTT's packet size limit), got {size}")
     topic = _get(doc, "topic", where, str)
-    _require(topic and not set("+#") & set(topic), f"{where}topic",
-             f"must be a topic name without wildcards, got {topic!r}")
+    _require(topic and not set("+#") & set(topic) and not topic.startswith("$"),
+             f"{where}topic", f"must be a topic name without wildcards or '$', got {topic!r}")
+    index = _get(doc, "publisher_index", where, int)
+    _require(0 < index < 2**32, f"{where}publisher_index", f"must be 1..2**32-1, got {index}")
     return PublisherSpec(
-        client_id=_get(doc, "client_id", where, str), topic=topic,
-        publisher_index=_get(doc, "publisher_index", where, int), qos=_qos(doc, where),
+        client_id=_client_id(doc, where), topic=topic,
+        publisher_index=index, qos=_qos(doc, where),
         rate=rate, payload_bytes=size,
+        clean_session=_get(doc, "clean_session", where, bool, None),
     )
+
+
+def _client_id(doc: dict, where: str) -> str:
+    client_id = _get(doc, "client_id", where, str)
+    _require(0 < len(client_id.encode()) <= 65535, f"{where}client_id",
+             "must be a non-empty string")
+    return client_id
+
+
+def _topic_filter_ok(topic: object) -> bool:
+    """A valid MQTT topic filter, or a shared subscription ``$share/<group>/<filter>``."""
+    if not isinstance(topic, str) or not topic:
+        return False
+    if topic.startswith("$share/"):
+        parts = topic.split("/", 2)
+        if len(parts) < 3 or not parts[1] or set("+#") & set(parts[1]):
+            return False
+        topic = parts[2]
+    levels = topic.split("/")
+    return bool(topic) and all(
+        level in ("+", "#") or not set("+#") & set(level) for level in levels
+    ) and "#" not in levels[:-1]
 
 
 def _subscriber(doc: dict, where: str) -> SubscriberSpec:
     topics = _get(doc, "topics", where, list)
-    _require(topics and all(isinstance(t, str) and t for t in topics), f"{where}topics",
-             "must be a non-empty list of topic filters")
-    return SubscriberSpec(client_id=_get(doc, "client_id", where, str),
-                          topics=tuple(topics), qos=_qos(doc, where))
+    _require(bool(topics), f"{where}topics", "must be a non-empty list of topic filters")
+    for i, topic in enumerate(topics):
+        _require(_topic_filter_ok(topic), f"{where}topics[{i}]",
+                 f"must be a topic filter ('+' and '#' as whole levels, '#' last) or "
+                 f"$share/<group>/<filter>, got {topic!r}")
+    return SubscriberSpec(client_id=_client_id(doc, where), topics=tuple(topics),
+                          qos=_qos(doc, where),
+                          clean_session=_get(doc, "clean_session", where, bool, None))
 
 
 def parse_spec(doc: dict) -> ProcessSpec:
@@ -132,6 +181,10 @@ def parse_spec(doc: dict) -> ProcessSpec:
         host=_get(broker_doc, "host", "broker.", str), port=port,
         tls=_get(broker_doc, "tls", "broker.", bool, False),
         ca_file=_get(broker_doc, "ca_file", "broker.", str, None),
+        cert_file=_get(broker_doc, "cert_file", "broker.", str, None),
+        key_file=_get(broker_doc, "key_file", "broker.", str, None),
+        ciphers=_get(broker_doc, "ciphers", "broker.", str, None),
+        tls_insecure=_get(broker_doc, "tls_insecure", "broker.", bool, False),
         username=_get(broker_doc, "username", "broker.", str, None),
         password=_get(broker_doc, "password", "broker.", str, None),
     )
@@ -139,6 +192,12 @@ def parse_spec(doc: dict) -> ProcessSpec:
                        for i, p in enumerate(_get(doc, "publishers", "", list, [])))
     subscribers = tuple(_subscriber(s, f"subscribers[{i}].")
                         for i, s in enumerate(_get(doc, "subscribers", "", list, [])))
+    aggregate_rate = _get(doc, "aggregate_rate", "", float, None)
+    if aggregate_rate is not None:
+        _require(aggregate_rate > 0, "aggregate_rate", f"must be > 0 messages/s, got {aggregate_rate}")
+        _require(bool(publishers), "aggregate_rate", "needs at least one publisher")
+        share = aggregate_rate / len(publishers)
+        publishers = tuple(dataclasses.replace(p, rate=share) for p in publishers)
     ids = [c.client_id for c in publishers + subscribers]
     _require(len(ids) == len(set(ids)), "client_id", "must be unique within a process")
     _require(bool(ids), "publishers/subscribers", "a process needs at least one client")
@@ -155,12 +214,28 @@ def parse_spec(doc: dict) -> ProcessSpec:
         clean_session=_get(doc, "clean_session", "", bool, True),
         connect_timeout_s=_get(doc, "connect_timeout_s", "", float, 30.0),
         start_timeout_s=_get(doc, "start_timeout_s", "", float, 180.0),
+        aggregate_rate=aggregate_rate,
+        sndbuf_bytes=_get(doc, "sndbuf_bytes", "", int, None),
+        tick_us=_get(doc, "tick_us", "", int, 0),
     )
     _require(spec.measure_s > 0, "measure_s", f"must be > 0 seconds, got {spec.measure_s}")
     for name in ("warmup_s", "drain_s"):
         _require(getattr(spec, name) >= 0, name, "must be >= 0 seconds")
     _require(spec.connect_rate > 0, "connect_rate", "must be > 0 connections/s")
-    _require(spec.max_inflight > 0, "max_inflight", "must be > 0")
+    _require(0 < spec.max_inflight <= 65535, "max_inflight",
+             f"must be 1..65535 (MQTT packet ids), got {spec.max_inflight}")
+    _require(spec.sndbuf_bytes is None or spec.sndbuf_bytes >= 0, "sndbuf_bytes",
+             "must be >= 0 (0: the kernel's autotuning)")
+    _require(0 <= spec.tick_us <= 1_000_000, "tick_us", "must be 0..1000000 microseconds")
+    _require(spec.max_pending_connects > 0, "max_pending_connects", "must be > 0")
+    _require(0 <= spec.keepalive_s <= 65535, "keepalive_s", "must be 0..65535 seconds")
+    _require(spec.connect_timeout_s > 0, "connect_timeout_s", "must be > 0 seconds")
+    _require(spec.start_timeout_s > 0, "start_timeout_s", "must be > 0 seconds")
+    if broker.cert_file or broker.key_file or broker.ciphers or broker.ca_file:
+        _require(broker.tls, "broker.tls", "must be true when ca_file, cert_file, key_file "
+                 "or ciphers is given")
+    _require(not (broker.key_file and not broker.cert_file), "broker.cert_file",
+             "is required with broker.key_file")
     return spec
 
 

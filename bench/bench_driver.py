@@ -1,0 +1,518 @@
+"""Driver speed and memory against MQTT.js, side by side in one run.
+
+    .state/venv/bin/python bench/bench_driver.py [--quick] [--reps 3] [--only SCENARIO ...]
+
+Starts its own Mosquitto on a free loopback port (ANCHORS config: max_queued_messages
+1000000, max_inflight_messages 0), installs MQTT.js into bench/node_modules from the
+committed package-lock.json if it is missing, then for every scenario runs perfpipe's
+driver (``python -m tasks.driver``, the same process the pipeline starts) and an MQTT.js
+process doing the same thing, interleaved, ``--reps`` times, and prints the medians.
+
+Scenarios (256-byte payloads):
+  pub-q0-cN   N publishers in one process, QoS 0, as fast as the socket takes it
+              (perfpipe: an open-loop rate far above what the broker accepts). MQTT.js
+              cannot bound its sockets' kernel send buffers, so with 1000 clients the
+              broker also drains, inside the window, what MQTT.js wrote during the warm-up:
+              that flatters MQTT.js's msgs per CPU-second, never perfpipe's
+  pub-q0-c1000-r50k  1000 publishers at a fixed 50K msgs/s in total (50 per client), both
+              tools: one message per send, so per-message system calls dominate. Shown
+              for information, without a bar
+  pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
+  sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
+              publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s)
+A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
+``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
+kernel buffers of 1000 sockets hold seconds of traffic. A subscribe figure is what the
+tool received. CPU is the tool's user+sys from /proc over the measure window. Before
+each run the bench waits for the broker to go idle, so no run pays for the previous
+one's backlog. The ratio is perfpipe msgs per CPU-second
+over MQTT.js msgs per CPU-second, the median of the per-repetition ratios (each
+repetition runs both tools the same minute). Broker CPU is shown next to each tool: at
+full rate it should be the broker, not the driver, that is saturated.
+
+Reading the subscribe rows: perfpipe reads a socket as soon as epoll reports it (its
+receive time is what e2e latency is measured against), so at fan-out rates of 150-1500
+msgs/s per socket most reads return one to a few messages, and the kernel sends a TCP
+ACK from the reader's context for each read that drains a socket (system time, counted
+against the driver). MQTT.js's event loop turns take tens of milliseconds at 100-1000
+sockets, so it reads ~30 messages per system call (with receive times as late), and
+(as far as perf shows) that ACK work is then mostly done in the broker's context. Measured
+here at 100 subscribers: perfpipe's user time per message is about half of MQTT.js's, its
+system time about two to three times as much.
+
+Memory: RSS per connection from one driver process holding 1,000 then 5,000 idle
+connected clients ((RSS5000 - RSS1000) / 4000), and a 10,000-client connect check.
+Traffic goes only to 127.0.0.1; every process has a time bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+FEED_RATE = 150_000  # deliveries/s into the subscribing process
+PAYLOAD = 256
+BARS = {"pub-q1-c100": 0.5, "pub-q0-c1000-r50k": None}  # everything else: 1.0
+
+
+def cpu_ticks(pid: int) -> int:
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[int, int]:
+    """(user, system) CPU ticks of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # inherited by the broker
+
+
+class Broker:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                        "persistence false\nmax_queued_messages 1000000\n"
+                        "max_inflight_messages 0\nlog_dest none\nsys_interval 1\n")
+        binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() \
+            else shutil.which("mosquitto")
+        if not binary:
+            sys.exit("mosquitto is not installed (apt-get install mosquitto)")
+        self.process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        sys.exit(f"mosquitto did not listen on {self.port}")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def settle(self, limit_s: float = 60.0) -> None:
+        """Wait until the broker is idle (< 5% CPU over 0.5 s): no backlog from the last run."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            before = cpu_ticks(self.pid)
+            time.sleep(0.5)
+            if (cpu_ticks(self.pid) - before) / TICKS < 0.025:
+                return
+
+
+class SysCounter:
+    """The broker's count of PUBLISH packets received, from $SYS (updated every second)."""
+
+    TOPIC = "$SYS/broker/publish/messages/received"
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.samples: list[tuple[float, int]] = []
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-sys")
+        self.client.on_message = lambda c, u, m: self.samples.append(
+            (time.time(), int(m.payload)))
+        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(self.TOPIC)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        deadline = time.monotonic() + 5
+        while not self.samples and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def rate(self, start: float, end: float) -> float:
+        """msgs/s between the last update at or before `start` and the first after `end`."""
+        deadline = time.time() + 3
+        while not any(t >= end for t, _ in self.samples) and time.time() < deadline:
+            time.sleep(0.05)
+        before = [s for s in self.samples if s[0] <= start] or self.samples[:1]
+        after = [s for s in self.samples if s[0] >= end] or self.samples[-1:]
+        (t0, v0), (t1, v1) = before[-1], after[0]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def ensure_mqttjs() -> None:
+    if (BENCH / "node_modules" / "mqtt" / "package.json").exists():
+        return
+    if not shutil.which("npm"):
+        sys.exit("npm is needed for the MQTT.js side (apt-get install npm)")
+    command = ["npm", "ci"] if (BENCH / "package-lock.json").exists() else ["npm", "install"]
+    print(f"installing MQTT.js: {' '.join(command)} in {BENCH}", flush=True)
+    subprocess.run(command + ["--no-audit", "--no-fund"], cwd=BENCH, check=True, timeout=300)
+
+
+# ---- the two tools ---------------------------------------------------------------------
+class Perfpipe:
+    """One `python -m tasks.driver` process, run through its ready/start file protocol."""
+
+    name = "perfpipe"
+
+    def __init__(self, workdir: Path, spec: dict) -> None:
+        self.out = workdir / f"pp-{spec['stage_id']}-{time.monotonic_ns()}"
+        self.out.mkdir(parents=True)
+        (self.out / "spec.json").write_text(json.dumps(spec))
+        self.log = open(self.out / "driver.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.driver", "--spec", str(self.out / "spec.json"),
+             "--out", str(self.out)], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = self.process.pid
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"driver exited early: {(self.out / 'driver.log').read_text()}")
+        return (self.out / "ready.json").exists()
+
+    def start(self, windows: dict) -> None:
+        (self.out / "start.json").write_text(json.dumps({"start_at": windows["start"]}))
+
+    def result(self, windows: dict, column: str) -> tuple[int, int]:
+        self.process.wait(60)
+        self.log.close()
+        window = range(windows["measure_start"], windows["measure_end"])
+        with open(self.out / "counters.csv") as handle:
+            rows = list(csv.DictReader(handle))
+        count = sum(int(r[column]) for r in rows if int(r["second"]) in window)
+        errors = sum(int(r["errors"]) for r in rows)
+        return count, errors
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+
+class MqttJs:
+    """One Node process running bench/mqttjs_bench.js."""
+
+    name = "mqtt.js"
+
+    def __init__(self, config: dict) -> None:
+        self.process = subprocess.Popen(["node", str(BENCH / "mqttjs_bench.js"),
+                                         json.dumps(config)], cwd=BENCH, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL)
+        self.pid = self.process.pid
+        self._ready = False
+
+    def ready(self) -> bool:
+        if not self._ready:
+            line = self.process.stdout.readline()  # blocks until READY (bounded by caller)
+            if not line:
+                raise RuntimeError("mqtt.js exited before it was ready")
+            self._ready = line.strip() == "READY"
+        return self._ready
+
+    def start(self, windows: dict) -> None:
+        self.process.stdin.write(json.dumps(windows) + "\n")
+        self.process.stdin.flush()
+
+    def result(self, windows: dict, column: str) -> tuple[int, int]:
+        line = self.process.stdout.readline()
+        self.process.wait(30)
+        doc = json.loads(line)
+        return int(doc["count"]), int(doc["errors"])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+
+# ---- scenarios -------------------------------------------------------------------------
+def driver_spec(stage: str, port: int, *, pubs: int = 0, subs: int = 0, qos: int = 0,
+                rate: float = 0.0, topic: str = "bench/p/{i}", sub_topic: str = "bench/s",
+                timing: dict, first_index: int = 1, prefix: str = "pp") -> dict:
+    return {
+        "run_id": "bench", "stage_id": stage, "host": "localhost", "proc": 0,
+        "broker": {"host": "127.0.0.1", "port": port},
+        "publishers": [{"client_id": f"{prefix}-p{i}", "topic": topic.format(i=i),
+                        "publisher_index": first_index + i, "qos": qos, "rate": rate,
+                        "payload_bytes": PAYLOAD} for i in range(pubs)],
+        "subscribers": [{"client_id": f"{prefix}-s{i}", "topics": [sub_topic], "qos": qos}
+                        for i in range(subs)],
+        "max_inflight": 1000, "connect_rate": 20000.0, "max_pending_connects": 64,
+        "start_timeout_s": 120.0, **timing,
+    }
+
+
+def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCounter,
+             workdir: Path, timing: dict) -> dict:
+    role, q, c, *rated = scenario.split("-")
+    fixed = int(rated[0][1:-1]) * 1000 if rated else 0  # "r50k": 50,000 msgs/s in total
+    qos, clients = int(q[1:]), int(c[1:])
+    port, broker_pid = broker.port, broker.pid
+    broker.settle()
+    procs = []
+    feeder = None
+    if role == "pub":
+        column = "acked" if qos else "published"
+        if tool_name == "perfpipe":
+            # flat out: an open-loop rate far above what the broker accepts
+            rate = (fixed or 3_000_000) / clients
+            tool = Perfpipe(workdir, driver_spec(scenario, port, pubs=clients, qos=qos,
+                                                 rate=rate, timing=timing))
+        else:
+            tool = MqttJs({"port": port, "mode": "pub", "clients": clients, "qos": qos,
+                           "payload": PAYLOAD, "topic": "bench/p", "inflight": 1000,
+                           "prefix": f"js-{scenario}",
+                           "rate": fixed / clients if fixed else 0})
+    else:
+        column = "received"
+        # 10 feeding publishers; the broker fans each message out to every subscriber
+        feed = driver_spec(scenario, port, pubs=10, rate=FEED_RATE / clients / 10,
+                           topic="bench/s", timing=timing, prefix="feed")
+        feed["tick_us"] = 1000  # batches: the feeder must not be what limits the rate
+        feeder = Perfpipe(workdir, feed)
+        if tool_name == "perfpipe":
+            tool = Perfpipe(workdir, driver_spec(scenario, port, subs=clients, qos=qos,
+                                                 timing=timing))
+        else:
+            tool = MqttJs({"port": port, "mode": "sub", "clients": clients, "qos": qos,
+                           "topic": "bench/s", "prefix": f"js-{scenario}"})
+    procs = [tool] + ([feeder] if feeder else [])
+    try:
+        deadline = time.monotonic() + 120
+        for proc in procs:
+            while not proc.ready():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{proc.name} not ready in 120 s")
+                time.sleep(0.05)
+        start = int(time.time()) + 2
+        windows = {"start": start, "measure_start": start + timing["warmup_s"],
+                   "measure_end": start + timing["warmup_s"] + timing["measure_s"]}
+        windows["end"] = windows["measure_end"] + timing["drain_s"]
+        # the feeder's windows come from its own spec (same timing, same start)
+        for proc in procs:
+            proc.start(windows)
+        sleep_until(windows["measure_start"])
+        t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
+        sleep_until(windows["measure_end"])
+        t1, tool1, broker1 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
+        count, errors = tool.result(windows, column)
+        if feeder:
+            feeder.result(windows, "published")
+    finally:
+        for proc in procs:
+            proc.kill()
+    if role == "pub":
+        rate = sys_counter.rate(windows["measure_start"], windows["measure_end"])
+    else:
+        rate = count / timing["measure_s"]
+    cpu_share = (sum(tool1) - sum(tool0)) / TICKS / (t1 - t0)
+    sys_share = (tool1[1] - tool0[1]) / TICKS / (t1 - t0)
+    return {"rate": rate, "cpu_pct": 100 * cpu_share, "sys_pct": 100 * sys_share,
+            "tool_count_rate": count / (t1 - t0),
+            "per_cpu_s": rate / cpu_share if cpu_share > 0 else float("inf"),
+            "broker_pct": 100 * (broker1 - broker0) / TICKS / (t1 - t0), "errors": errors}
+
+
+def sleep_until(unix_s: float) -> None:
+    while (left := unix_s - time.time()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+# ---- memory ------------------------------------------------------------------------------
+def idle_rss(port: int, workdir: Path, clients: int, tool_name: str) -> tuple[int, float]:
+    """RSS of one process holding `clients` idle connected subscribers, and its connect time."""
+    began = time.monotonic()
+    if tool_name == "perfpipe":
+        spec = driver_spec(f"idle{clients}", port, subs=clients,
+                           sub_topic="bench/idle", timing={"warmup_s": 0, "measure_s": 1,
+                                                           "drain_s": 0},
+                           prefix=f"idle{clients}")
+        tool = Perfpipe(workdir, spec)
+    else:
+        tool = MqttJs({"port": port, "mode": "sub", "clients": clients, "qos": 0,
+                       "topic": "bench/idle", "prefix": f"jsidle{clients}"})
+    try:
+        deadline = time.monotonic() + 180
+        while not tool.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{tool.name}: {clients} clients not ready in 180 s")
+            time.sleep(0.05)
+        connect_s = time.monotonic() - began
+        time.sleep(1.0)  # settle
+        rss = rss_bytes(tool.pid)
+        start = int(time.time()) + 1
+        tool.start({"start": start, "measure_start": start, "measure_end": start + 1,
+                    "end": start + 1})
+        tool.result({"measure_start": start, "measure_end": start + 1}, "received")
+        return rss, connect_s
+    finally:
+        tool.kill()
+
+
+def connect_check(port: int, workdir: Path, clients: int) -> dict:
+    spec = driver_spec("connect10k", port, subs=clients, sub_topic="bench/idle",
+                       timing={"warmup_s": 0, "measure_s": 1, "drain_s": 0}, prefix="c10k")
+    tool = Perfpipe(workdir, spec)
+    try:
+        deadline = time.monotonic() + 180
+        while not tool.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{clients} clients not ready in 180 s")
+            time.sleep(0.05)
+        rss = rss_bytes(tool.pid)
+        start = int(time.time()) + 1
+        tool.start({"start": start})
+        tool.process.wait(60)
+    finally:
+        tool.kill()
+    summary = json.loads((tool.out / "summary.json").read_text())
+    phase = summary["connect_phase"]
+    return {"connected": phase["connected"], "clients": phase["clients"],
+            "errors": summary["totals"]["errors"], "duration_s": phase["duration_s"],
+            "rss": rss, "status": summary["status"], "fd_limit": summary.get("fd_limit")}
+
+
+# ---- report ------------------------------------------------------------------------------
+def fmt(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f}K"
+    return f"{value:.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 s warm-up, 4 s window")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory checks")
+    args = parser.parse_args(argv)
+    timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
+              else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
+    scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", "pub-q0-c1000-r50k", "pub-q1-c100",
+                 "sub-q0-c1", "sub-q0-c100", "sub-q0-c1000"]
+    if args.only:
+        scenarios = [s for s in scenarios if s in args.only]
+    raise_nofile()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop broker and tools
+    ensure_mqttjs()
+    workdir = Path(tempfile.mkdtemp(prefix="perfpipe-bench-"))
+    broker = Broker(workdir)
+    sys_counter = SysCounter(broker.port)
+    results: dict[str, dict[str, list[dict]]] = {s: {"perfpipe": [], "mqtt.js": []}
+                                                 for s in scenarios}
+    ok = True
+    try:
+        for rep in range(args.reps):
+            for scenario in scenarios:
+                order = ["perfpipe", "mqtt.js"] if rep % 2 == 0 else ["mqtt.js", "perfpipe"]
+                for tool in order:
+                    for attempt in range(3):  # a disturbed run (nothing counted, errors) again
+                        figure = run_once(tool, scenario, broker, sys_counter, workdir, timing)
+                        if figure["rate"] > 0 and not figure["errors"]:
+                            break
+                        print(f"  rep {rep + 1} {scenario} {tool}: disturbed run ({figure}), "
+                              "running it again", flush=True)
+                    results[scenario][tool].append(figure)
+                    print(f"  rep {rep + 1} {scenario:<17} {tool:<8} {fmt(figure['rate']):>7} "
+                          f"msgs/s  cpu {figure['cpu_pct']:5.1f}% (sys {figure['sys_pct']:4.1f}%)  "
+                          f"{fmt(figure['per_cpu_s']):>7} msgs/CPU-s  "
+                          f"broker {figure['broker_pct']:5.1f}%  errors {figure['errors']}  "
+                          f"(tool counted {fmt(figure['tool_count_rate'])}/s)",
+                          flush=True)
+        print()
+        print(f"median of {args.reps}; window {timing['measure_s']} s after "
+              f"{timing['warmup_s']} s warm-up; payload {PAYLOAD} B; Mosquitto on loopback")
+        header = (f"{'scenario':<17} | {'perfpipe msgs/s':>15} | {'pp CPU%':>7} | "
+                  f"{'pp msgs/CPU-s':>13} | {'broker% (pp)':>12} | {'MQTT.js msgs/s':>14} | "
+                  f"{'js CPU%':>7} | {'js msgs/CPU-s':>13} | {'broker% (js)':>12} | "
+                  f"{'ratio':>5} | {'bar':>4} | ok")
+        print(header)
+        print("-" * len(header))
+        for scenario in scenarios:
+            pp, js = results[scenario]["perfpipe"], results[scenario]["mqtt.js"]
+            med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+            ratio = statistics.median(a["per_cpu_s"] / max(b["per_cpu_s"], 1e-9)
+                                      for a, b in zip(pp, js))
+            bar = BARS.get(scenario, 1.0)
+            passed = bar is None or ratio >= bar
+            ok &= passed
+            print(f"{scenario:<17} | {fmt(med(pp, 'rate')):>15} | {med(pp, 'cpu_pct'):7.1f} | "
+                  f"{fmt(med(pp, 'per_cpu_s')):>13} | {med(pp, 'broker_pct'):12.1f} | "
+                  f"{fmt(med(js, 'rate')):>14} | {med(js, 'cpu_pct'):7.1f} | "
+                  f"{fmt(med(js, 'per_cpu_s')):>13} | {med(js, 'broker_pct'):12.1f} | "
+                  f"{ratio:5.2f} | {'-' if bar is None else f'{bar:4.1f}':>4} | "
+                  f"{'info' if bar is None else 'yes' if passed else 'NO'}")
+        if not args.no_memory:
+            print()
+            broker.settle()
+            rss1, _ = idle_rss(broker.port, workdir, 1000, "perfpipe")
+            rss5, t5 = idle_rss(broker.port, workdir, 5000, "perfpipe")
+            per_conn = (rss5 - rss1) / 4000
+            mem_ok = per_conn <= 5 * 1024
+            ok &= mem_ok
+            print(f"idle memory, perfpipe: RSS {rss1 / 2**20:.1f} MiB at 1000 clients, "
+                  f"{rss5 / 2**20:.1f} MiB at 5000 -> {per_conn / 1024:.2f} KB per connection "
+                  f"(bar 5 KB: {'yes' if mem_ok else 'NO'}); 5000 ready in {t5:.1f} s")
+            js1, _ = idle_rss(broker.port, workdir, 1000, "mqtt.js")
+            js5, _ = idle_rss(broker.port, workdir, 5000, "mqtt.js")
+            print(f"idle memory, MQTT.js:  RSS {js1 / 2**20:.1f} MiB at 1000 clients, "
+                  f"{js5 / 2**20:.1f} MiB at 5000 -> {(js5 - js1) / 4000 / 1024:.2f} KB per "
+                  f"connection")
+            check = connect_check(broker.port, workdir, 10_000)
+            rate = check["connected"] / check["duration_s"] if check["duration_s"] else 0.0
+            c_ok = check["connected"] == 10_000 and check["errors"] == 0
+            ok &= c_ok
+            print(f"10,000-client connect, one perfpipe process: {check['connected']} connected, "
+                  f"{check['errors']} errors, first CONNECT to last CONNACK "
+                  f"{check['duration_s']:.2f} s ({fmt(rate)}/s, paced: 64 pending), RSS "
+                  f"{check['rss'] / 2**20:.1f} MiB, fd limit {check['fd_limit']}, "
+                  f"status {check['status']} ({'yes' if c_ok else 'NO'})")
+    finally:
+        sys_counter.stop()
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("all bars met" if ok else "SOME BARS NOT MET")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

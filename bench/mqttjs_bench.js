@@ -1,0 +1,162 @@
+// The MQTT.js side of bench/bench_driver.py: N clients in one Node process, publishing
+// as fast as the socket takes it (QoS 0), keeping `inflight` QoS 1 messages outstanding,
+// or subscribing; counts what happened inside the measure window.
+//
+//   node bench/mqttjs_bench.js '{"port":1883,"mode":"pub","clients":100,"qos":0,...}'
+//
+// Prints "READY" once every client is connected (and subscribed), then reads one JSON
+// line from stdin: {"start":..,"measure_start":..,"measure_end":..,"end":..} (Unix s),
+// runs, prints {"count": N, "errors": E} and exits. Connects are paced (at most
+// `pending` CONNECTs awaiting CONNACK) like perfpipe's, so neither tool pays for
+// overflowing the broker's listen backlog.
+'use strict';
+const mqtt = require('mqtt');
+const readline = require('readline');
+
+const cfg = JSON.parse(process.argv[2]);
+const HIGH = 64 * 1024; // bytes queued on a socket before a publisher waits for 'drain'
+const BATCH = 512; // publishes per client per turn of the event loop
+const clients = [];
+let errors = 0;
+let count = 0;
+let running = false; // publishing
+let counting = false; // inside the measure window (set by timers: no clock read per message)
+
+function connectAll(done) {
+  let next = 0;
+  let pending = 0;
+  let ready = 0;
+  const limit = cfg.pending || 64;
+  function openMore() {
+    while (next < cfg.clients && pending < limit) {
+      const i = next++;
+      pending++;
+      const c = mqtt.connect({
+        host: '127.0.0.1', port: cfg.port, protocolVersion: 4, clean: true,
+        keepalive: 60, reconnectPeriod: 0, clientId: `${cfg.prefix}-${i}`,
+      });
+      c.index = i;
+      c.inflight = 0;
+      c.on('error', () => { errors++; });
+      c.once('connect', () => {
+        pending--;
+        const finish = () => { ready++; if (ready === cfg.clients) done(); else openMore(); };
+        if (cfg.mode === 'sub') {
+          c.subscribe(cfg.topic, { qos: cfg.qos }, finish);
+        } else {
+          finish();
+        }
+      });
+      clients.push(c);
+    }
+  }
+  openMore();
+}
+
+// The leanest use of MQTT.js we could write, so the ratio is not flattered: one shared
+// payload (no per-message header), no clock read per message, batches per event-loop turn.
+const payload = Buffer.alloc(cfg.payload || 256);
+const QOS0 = { qos: 0 };
+const QOS1 = { qos: 1 };
+
+function pump0(c) {
+  if (!running) return;
+  const s = c.stream;
+  let n = 0;
+  while (n < BATCH && s.writableLength < HIGH) {
+    c.publish(c.topic, payload, QOS0);
+    n++;
+  }
+  if (counting) count += n;
+  if (s.writableLength >= HIGH) {
+    s.once('drain', () => pump0(c));
+  } else {
+    setImmediate(pump0, c);
+  }
+}
+
+function pump1(c) {
+  if (!running) return;
+  const s = c.stream;
+  while (c.inflight < cfg.inflight && s.writableLength < HIGH) {
+    c.inflight++;
+    c.publish(c.topic, payload, QOS1, c.onAck);
+  }
+  if (s.writableLength >= HIGH && !c.waiting) {
+    c.waiting = true;
+    s.once('drain', () => { c.waiting = false; pump1(c); });
+  }
+}
+
+// Rated mode (cfg.rate msgs/s per client): every TICK ms each client publishes the
+// messages due by now, as a Node load tool does with a timer.
+const TICK = 2;
+
+function startRated(startMs) {
+  const timer = setInterval(() => {
+    if (!running) { clearInterval(timer); return; }
+    const elapsed = (Date.now() - startMs) / 1000;
+    const due = Math.floor(elapsed * cfg.rate);
+    let n = 0;
+    for (const c of clients) {
+      while (c.sent < due) {
+        c.publish(c.topic, payload, QOS0);
+        c.sent++;
+        n++;
+      }
+    }
+    if (counting) count += n;
+  }, TICK);
+}
+
+function startPublishing() {
+  if (cfg.rate) {
+    for (const c of clients) { c.topic = `${cfg.topic}/${c.index}`; c.sent = 0; }
+    startRated(Date.now());
+    return;
+  }
+  for (const c of clients) {
+    c.topic = `${cfg.topic}/${c.index}`;
+    if (cfg.qos === 0) {
+      pump0(c);
+    } else {
+      c.onAck = (err) => {
+        c.inflight--;
+        if (err) { errors++; } else if (counting) { count++; }
+        if (!c.scheduled) {
+          c.scheduled = true;
+          setImmediate(() => { c.scheduled = false; pump1(c); });
+        }
+      };
+      pump1(c);
+    }
+  }
+}
+
+function onMessage() {
+  if (counting) count++;
+}
+
+connectAll(() => {
+  if (cfg.mode === 'sub') {
+    for (const c of clients) c.on('message', onMessage);
+  }
+  process.stdout.write('READY\n');
+  const rl = readline.createInterface({ input: process.stdin });
+  rl.once('line', (line) => {
+    const win = JSON.parse(line);
+    const ms = (t) => Math.max(0, t * 1000 - Date.now());
+    setTimeout(() => { counting = true; }, ms(win.measure_start));
+    setTimeout(() => { counting = false; running = false; }, ms(win.measure_end));
+    if (cfg.mode === 'pub') {
+      setTimeout(() => { running = true; startPublishing(); }, ms(win.start));
+    }
+    setTimeout(() => {
+      running = false;
+      process.stdout.write(JSON.stringify({ count, errors }) + '\n');
+      for (const c of clients) c.end(true);
+      rl.close();
+      setTimeout(() => process.exit(0), 200);
+    }, ms(win.end));
+  });
+});

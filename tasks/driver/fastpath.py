@@ -1,0 +1,428 @@
+"""The data path: open-loop publishing in batches and parsing many packets per read.
+
+Profiling paho on one loop showed its per-message cost (packet objects, locks, a
+callback and a ``send`` per message; one ``recv(1)`` per header byte on the way in), not
+the broker, was what a paho-only driver measured. Here, per client:
+
+* publishing: messages due by now are encoded into the client's output buffer by
+  patching a pre-encoded PUBLISH (`wire.Template`) with one ``struct.pack_into`` each,
+  then written with one ``send`` per client per tick;
+* receiving: one ``recv_into`` of up to 1 MiB into a buffer shared by every client,
+  then every complete packet in it is parsed in one loop with local variables.
+
+Rate control is open-loop: message k of a publisher is *intended* at
+``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
+measured from that time and the lag of the actual send is recorded as ``pub_delay``.
+A publisher whose output buffer is full, whose paho session has a packet to write
+(keepalive) or whose in-flight window is full is parked until `Scheduler.wake`; its
+messages are then sent late, and the lateness shows in ``pub_delay``/``delay_overruns``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ssl
+import struct
+import time
+
+import paho.mqtt.client as mqtt
+
+from .accounting import (C_ACKED, C_DELAY_OVERRUNS, C_DUPLICATED, C_ERRORS, C_INFLIGHT_FULL,
+                         C_LOST, C_OUT_OF_ORDER, C_PUBLISHED, C_RECEIVED, MAX_VALUE_US,
+                         Accounting, Track, sequence)
+from .output import DELAY_OVERRUN_US
+from .paho_glue import paho_handle
+from .session import DEAD, Conn, Sessions
+from .wire import HEADER, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, Template, ack
+
+RECV_BYTES = 1 << 20
+OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a process
+OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
+BATCH = 256  # messages encoded per client per tick at most (fairness between clients)
+_GOLDEN = 0.6180339887498949
+_unpack_header = struct.Struct(HEADER.format[:-1]).unpack_from  # without the sent time
+assert PUBLISH == 0x30 and MAX_VALUE_US == (1 << 40) - 1  # inlined as literals in parse()
+
+
+class Reader:
+    """Reads and parses everything arriving on sockets the fast path owns."""
+
+    def __init__(self, sessions: Sessions, acct: Accounting) -> None:
+        self.sessions = sessions
+        self.acct = acct
+        self.buf = bytearray(RECV_BYTES)
+        self.view = memoryview(self.buf)
+        self.second = -1
+        self.tick()
+
+    def tick(self) -> None:
+        """Read the clock once for a batch of sockets (the loop calls it per wake-up).
+
+        A receive time is when epoll reported the bytes (refreshed every
+        `TICK_EVERY` sockets), not when this process got round to parsing them, and the
+        second's counter row and histograms are looked up once, not per socket.
+        """
+        now = time.time_ns()
+        self.now = now
+        self.now_us = now // 1000
+        second = now // 1_000_000_000
+        if second != self.second:
+            acct = self.acct
+            self.second = second
+            self.row = acct.row(second)
+            self.e2e = acct.hist(second, "e2e")
+            self.acks = acct.hist(second, "pub_ack")
+            acct.roll(second)
+
+    def read(self, conn: Conn) -> None:
+        """Read and handle what a socket the fast path owns has (called per epoll event)."""
+        if not (conn.tls or conn.rest):  # the common case, kept short: it runs per wake-up
+            buf = self.buf
+            try:
+                n = conn.sock.recv_into(buf)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.sessions.lost(conn, exc.errno or 0, f"recv: {exc}")
+                return
+            if n == 0:
+                self.sessions.lost(conn, int(mqtt.MQTT_ERR_CONN_LOST), "closed by the broker")
+                return
+            pos = self.parse(conn, buf, n)
+            if pos < n:
+                conn.rest = bytes(buf[pos:n])
+            if conn.out and conn.state != DEAD:
+                self.sessions.flush(conn)
+            if n < RECV_BYTES or conn.state == DEAD:
+                return  # drained; epoll reports the next bytes
+        self._read_more(conn)
+
+    def _read_more(self, conn: Conn) -> None:
+        """Reads with a partial packet left over, over TLS, or while the buffer fills."""
+        sock = conn.sock
+        for _ in range(16):  # bounded: other sockets get their turn
+            rest = conn.rest
+            k = len(rest)
+            buf, view = self.buf, self.view
+            if k + 65536 > len(buf):  # a packet bigger than the shared buffer
+                buf = bytearray(k + RECV_BYTES)
+                view = memoryview(buf)
+            if k:
+                buf[:k] = rest
+                target = view[k:]
+            else:
+                target = buf
+            room = len(buf) - k
+            try:
+                n = sock.recv_into(target)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                return
+            except ssl.SSLWantWriteError:
+                self.sessions.arm(conn, True)
+                return
+            except OSError as exc:
+                self.sessions.lost(conn, exc.errno or 0, f"recv: {exc}")
+                return
+            if n == 0:
+                self.sessions.lost(conn, int(mqtt.MQTT_ERR_CONN_LOST), "closed by the broker")
+                return
+            end = k + n
+            pos = self.parse(conn, buf, end)
+            conn.rest = bytes(buf[pos:end]) if pos < end else b""
+            if conn.state == DEAD:
+                return
+            if conn.out:
+                self.sessions.flush(conn)
+            if n < room and not (conn.tls and sock.pending()):
+                return  # drained; epoll reports the next bytes
+
+    def parse(self, conn: Conn, buf: bytearray, end: int) -> int:
+        """Handle every complete packet in buf[:end]; returns where the first partial starts."""
+        acct = self.acct
+        now, now_us, e2e, acks = self.now, self.now_us, self.e2e, self.acks
+        tag = acct.tag
+        accepting = acct.accepting
+        tracks = conn.tracks
+        out = conn.out  # None until an ack must be written (idle clients stay small)
+        received = lost = dup = ooo = acked = 0
+        i = 0
+        while i + 2 <= end:
+            b0 = buf[i]
+            rl = buf[i + 1]
+            j = i + 2
+            if rl & 0x80:  # multi-byte remaining length; two bytes cover packets < 16 KB
+                if j >= end:
+                    break
+                b = buf[j]
+                j += 1
+                rl = (rl & 0x7F) | ((b & 0x7F) << 7)
+                if b & 0x80:
+                    rl, j = _long_length(buf, j, end, rl)
+                    if rl == -2:
+                        self.sessions.lost(conn, int(mqtt.MQTT_ERR_PROTOCOL), "bad length")
+                        return end
+                    if rl < 0:
+                        break
+            nxt = j + rl
+            if nxt > end:
+                break
+            kind = b0 & 0xF0
+            if kind == 0x30:  # PUBLISH
+                qos = (b0 >> 1) & 3
+                p = j + 2 + ((buf[j] << 8) | buf[j + 1])
+                if qos:
+                    pid = (buf[p] << 8) | buf[p + 1]
+                    p += 2
+                    if out is None:
+                        out = conn.out = bytearray()
+                    if qos == 1:
+                        out += ack(PUBACK, pid)
+                    else:
+                        out += ack(PUBREC, pid)
+                        q2 = conn.q2
+                        if q2 is None:
+                            q2 = conn.q2 = set()
+                        if pid in q2:
+                            i = nxt
+                            continue  # a resend of a message already delivered once
+                        q2.add(pid)
+                if accepting:
+                    if nxt - p < 32:
+                        self.row[C_ERRORS] += 1
+                    else:
+                        mtag, publisher, seq, intended = _unpack_header(buf, p)
+                        if mtag == tag:
+                            received += 1
+                            v = now_us - intended
+                            if v < 128:
+                                bucket = v if v > 0 else 0
+                            else:
+                                if v >> 40:
+                                    v = (1 << 40) - 1  # MAX_VALUE_US
+                                s = v.bit_length() - 7
+                                bucket = (s << 6) + (v >> s)
+                            e2e[bucket] += 1
+                            if tracks is None:
+                                tracks = conn.tracks = {}
+                            track = tracks.get(publisher)
+                            if track is None:
+                                track = tracks[publisher] = Track(qos)
+                            if seq == track.last + 1:
+                                track.last = seq
+                            else:
+                                g, d, o = sequence(track, seq)
+                                lost += g
+                                dup += d
+                                ooo += o
+            elif kind == PUBACK or kind == PUBCOMP or kind == PUBREC:
+                pid = (buf[j] << 8) | buf[j + 1]
+                inflight = conn.inflight
+                if inflight is None or pid not in inflight:
+                    paho_handle(conn.client, b0, bytes(buf[j:nxt]))
+                elif kind == PUBREC:
+                    if out is None:
+                        out = conn.out = bytearray()
+                    out += ack(PUBREL, pid)
+                elif conn.qos == 2 and kind == PUBACK:
+                    paho_handle(conn.client, b0, bytes(buf[j:nxt]))
+                else:
+                    sent = inflight.pop(pid)
+                    acked += 1
+                    v = (now - sent) // 1000
+                    if v < 128:
+                        bucket = v if v > 0 else 0
+                    else:
+                        s = v.bit_length() - 7
+                        bucket = (s << 6) + (v >> s)
+                    acks[bucket] += 1
+            elif kind == PUBREL and conn.q2 is not None and (
+                    (buf[j] << 8) | buf[j + 1]) in conn.q2:
+                pid = (buf[j] << 8) | buf[j + 1]
+                conn.q2.discard(pid)
+                if out is None:
+                    out = conn.out = bytearray()
+                out += ack(PUBCOMP, pid)
+            else:  # PINGRESP, SUBACK, paho's own QoS flows: paho's state, paho's handler
+                rc = paho_handle(conn.client, b0, bytes(buf[j:nxt]))
+                if rc:
+                    self.sessions.lost(conn, rc, mqtt.error_string(rc))
+                    return end
+            i = nxt
+        if received:
+            row = self.row
+            row[C_RECEIVED] += received
+            if lost or dup or ooo:
+                row[C_LOST] += lost
+                row[C_DUPLICATED] += dup
+                row[C_OUT_OF_ORDER] += ooo
+        if acked:
+            self.row[C_ACKED] += acked
+            if conn.parked:
+                self.sessions.on_window(conn)
+        return i
+
+
+class Scheduler:
+    """Open-loop publishing for every publisher of the process, one heap of due times."""
+
+    def __init__(self, sessions: Sessions, acct: Accounting, publishers: list[Conn],
+                 start_ns: int, end_ns: int, max_inflight: int) -> None:
+        self.sessions = sessions
+        self.acct = acct
+        self.max_inflight = max_inflight
+        self.heap: list[tuple[int, int, Conn]] = []  # (next due ns, conn index, conn)
+        self.out_limit = min(max(OUT_BUDGET // max(1, len(publishers)), OUT_RANGE[0]),
+                             OUT_RANGE[1])
+        self.second = -1  # the counter row and pub_delay histogram of this second:
+        self.row: list[int] = []  # looked up once per tick (`run`), not per client
+        self.delays: list[int] = []
+        for conn in publishers:
+            spec = conn.spec
+            conn.interval = 1e9 / spec.rate
+            conn.first = start_ns + int(conn.interval * ((spec.publisher_index * _GOLDEN) % 1.0))
+            conn.total = _messages_before(conn.first, conn.interval, end_ns)
+            conn.tmpl = Template(spec.topic, spec.qos, spec.payload_bytes, acct.tag,
+                                 spec.publisher_index)
+            conn.out = conn.out if conn.out is not None else bytearray()
+            if spec.qos:
+                conn.inflight = {}
+            if conn.total and conn.state != DEAD:
+                conn.scheduled = True
+                self.heap.append((conn.first, conn.index, conn))  # index: ties, never conn
+        heapq.heapify(self.heap)
+        sessions.on_window = self.wake
+
+    def next_due(self) -> int | None:
+        return self.heap[0][0] if self.heap else None
+
+    def run(self, now: int) -> None:
+        """Encode and send every message due by `now` (each client at most once)."""
+        heap = self.heap
+        later = []
+        second = now // 1_000_000_000
+        if second != self.second:
+            self.second = second
+            self.row = self.acct.row(second)
+            self.delays = self.acct.hist(second, "pub_delay")
+        pop, fill, flush = heapq.heappop, self.fill, self.sessions.flush
+        while heap and heap[0][0] <= now:
+            _due, index, conn = pop(heap)
+            conn.scheduled = False
+            if conn.state == DEAD or conn.parked:
+                continue
+            if fill(conn, now):
+                flush(conn)  # may wake (and so schedule) it again
+            if conn.state == DEAD or conn.parked or conn.scheduled or conn.seq >= conn.total:
+                continue
+            conn.scheduled = True
+            later.append((conn.first + int(conn.seq * conn.interval), index, conn))
+        for item in later:
+            heapq.heappush(heap, item)
+
+    def wake(self, conn: Conn) -> None:
+        """A parked publisher may go on (buffer drained, paho done, or window opened)."""
+        if (conn.parked and conn.state != DEAD and not conn.paho_pending
+                and len(conn.out) < self.out_limit and conn.seq < conn.total
+                and (conn.inflight is None or len(conn.inflight) < self.max_inflight)):
+            conn.parked = False
+            if not conn.scheduled:
+                conn.scheduled = True
+                heapq.heappush(self.heap, (conn.first + int(conn.seq * conn.interval),
+                                           conn.index, conn))
+
+    def fill(self, conn: Conn, now: int) -> int:
+        """Append the messages of `conn` due by `now`; returns how many."""
+        out = conn.out
+        limit = self.out_limit
+        if conn.paho_pending or len(out) >= limit:
+            conn.parked = True
+            return 0
+        first, interval, seq = conn.first, conn.interval, conn.seq
+        n = int((now - first) / interval) + 1  # messages due by now
+        if n > conn.total:
+            n = conn.total
+        n -= seq
+        if n <= 0:
+            return 0
+        tmpl = conn.tmpl
+        size = len(tmpl.packet)
+        if n > 1:  # a backlog: bounded per tick and by the output buffer
+            n = min(n, BATCH, (limit - len(out)) // size + 1)
+        inflight = conn.inflight
+        if inflight is not None:
+            room = self.max_inflight - len(inflight)
+            if room < n:
+                if seq + room + 1 > conn.held:  # count each held-back message once
+                    conn.held = seq + room + 1
+                    self.row[C_INFLIGHT_FULL] += 1
+                if room <= 0:
+                    conn.parked = True
+                    return 0
+                n = room
+        delays = self.delays
+        sent_us = now // 1000
+        patch = tmpl.patch
+        at = len(out) + tmpl.patch_at
+        out += tmpl.packet * n
+        overruns = 0
+        if inflight is None:
+            for s in range(seq + 1, seq + n + 1):
+                due = first + int((s - 1) * interval)
+                patch(out, at, s, due // 1000, sent_us)
+                at += size
+                v = (now - due) // 1000
+                if v < 128:
+                    delays[v if v > 0 else 0] += 1
+                else:
+                    overruns += v > DELAY_OVERRUN_US
+                    b = v.bit_length() - 7
+                    delays[(b << 6) + (v >> b) if b < 34 else -1] += 1
+        else:
+            pid = conn.next_pid
+            tag, publisher = tmpl.tag, tmpl.publisher
+            for s in range(seq + 1, seq + n + 1):
+                while pid in inflight:
+                    pid = pid + 1 if pid < 65535 else 1
+                inflight[pid] = now
+                due = first + int((s - 1) * interval)
+                patch(out, at, pid, tag, publisher, s, due // 1000, sent_us)
+                pid = pid + 1 if pid < 65535 else 1
+                at += size
+                v = (now - due) // 1000
+                if v < 128:
+                    delays[v if v > 0 else 0] += 1
+                else:
+                    overruns += v > DELAY_OVERRUN_US
+                    b = v.bit_length() - 7
+                    delays[(b << 6) + (v >> b) if b < 34 else -1] += 1
+            conn.next_pid = pid
+        conn.seq = seq + n
+        row = self.row
+        row[C_PUBLISHED] += n
+        row[C_DELAY_OVERRUNS] += overruns
+        return n
+
+
+def _long_length(buf: bytearray, j: int, end: int, rl: int) -> tuple[int, int]:
+    """Rest of a 3-4 byte remaining length: (length, next index), -1 partial, -2 invalid."""
+    shift = 14
+    while j < end:
+        b = buf[j]
+        j += 1
+        rl |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return rl, j
+        shift += 7
+        if shift > 21:
+            return -2, j
+    return -1, j
+
+
+def _messages_before(first: int, interval: float, end_ns: int) -> int:
+    """How many messages of a publisher are intended before end_ns."""
+    if first >= end_ns:
+        return 0
+    count = int((end_ns - 1 - first) / interval) + 1
+    while count > 0 and first + int((count - 1) * interval) >= end_ns:
+        count -= 1
+    return count
