@@ -145,6 +145,8 @@ def _host(name: str) -> None:
     pid_file = hdir / "sshd.pid"
     if pid_file.exists() and _alive(int(pid_file.read_text())):
         return
+    # Our namespace, but not our sshd (another checkout's lab, or one left behind): clear it.
+    _kill_namespace_processes(ns)
     host_key = hdir / "host_key"
     if not host_key.exists():
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(host_key))
