@@ -7,20 +7,10 @@ broker, restore tuning, close the run) running whatever happens. Failures are al
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from perfpipe_graph import dag_run_id, pipeline
-
-SPARK_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "aggregate.py")
-
-
-def _on_failure(context) -> None:
-    from tasks.failure import notify_failure
-
-    notify_failure(context)
+from perfpipe_graph import dag_run_id, on_failure, pipeline
 
 
 with DAG(
@@ -31,7 +21,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["perfpipe", "mqtt", "nightly"],
-    default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": _on_failure},
+    default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": on_failure},
     params={
         "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
         "inventory": Param("", type="string",
@@ -47,4 +37,4 @@ with DAG(
         return plan_step(kind="nightly", suite=params["suite"],
                          inventory=params["inventory"] or None, dag_run_id=dag_run_id())
 
-    pipeline(plan(), SPARK_JOB)
+    pipeline(plan())

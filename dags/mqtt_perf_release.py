@@ -8,20 +8,10 @@ finished ok. `dry_run` only plans: it prints the stage table and loads no host.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from perfpipe_graph import dag_run_id, pipeline
-
-SPARK_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "aggregate.py")
-
-
-def _on_failure(context) -> None:
-    from tasks.failure import notify_failure
-
-    notify_failure(context)
+from perfpipe_graph import dag_run_id, on_failure, pipeline
 
 
 with DAG(
@@ -32,7 +22,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["perfpipe", "mqtt", "release"],
-    default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": _on_failure},
+    default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": on_failure},
     params={
         "release_label": Param("", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
                                description="the release this run measures, e.g. 9.4.5"),
@@ -81,6 +71,6 @@ with DAG(
 
     perf_run = plan()
     gate = load_hosts(perf_run)
-    first, closed = pipeline(perf_run, SPARK_JOB)
+    first, closed = pipeline(perf_run)
     gate >> first
     closed >> promote(perf_run)

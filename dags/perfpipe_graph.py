@@ -11,13 +11,22 @@ measurement never retries (a repeated measurement would be a different measureme
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import get_current_context, task
 
+SPARK_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "aggregate.py")
 LAB_POOL = "perfpipe_lab"
 RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
 STAGE_TIMEOUT = timedelta(hours=6)  # a backstop: each stage bounds itself from its plan
+
+
+def on_failure(context) -> None:
+    """on_failure_callback of every task: a short failure alert (tasks/failure.py)."""
+    from tasks.failure import notify_failure
+
+    notify_failure(context)
 
 
 def _step(name: str, doc: str, **kwargs):
@@ -67,7 +76,7 @@ def load_metrics(perf_run: str) -> dict:
     return load(perf_run)
 
 
-def pipeline(perf_run, spark_application: str):
+def pipeline(perf_run, spark_application: str = SPARK_JOB):
     """plan's output -> every step, teardown always; returns (first, last, teardown) tasks."""
     names = hosts(perf_run)
     provisioned = provision.partial(perf_run=perf_run).expand(host=names)
