@@ -29,7 +29,7 @@ def start_broker(ctx: RunContext) -> dict:
         existing = ctx.run_dir / BROKER_FILE
         if existing.exists():  # a retried task: stop what the first try started
             stop_broker(ctx)
-        port = config.port or adapter.free_port(host.python)
+        port = config.port or host.free_port()
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port))
     else:
         state.update(port=config.port, pid=None)

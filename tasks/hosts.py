@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,20 @@ class Host:
         """The exit code of a launched process, or None while it runs."""
         result = self.run(["cat", log_path + ".rc"], check=False)
         return int(result.stdout.strip()) if result.ok and result.stdout.strip() else None
+
+    def free_port(self) -> int:
+        """A TCP port nobody listens on right now, chosen by the host's own kernel."""
+        script = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+        return int(self.run([self.python, "-c", script]).stdout.strip())
+
+    def stop_group(self, pid: int, timeout_s: float) -> None:
+        """TERM a launched process group, KILL it if it outlives timeout_s."""
+        self.kill_group(pid, "TERM")
+        deadline = time.monotonic() + timeout_s
+        while self.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.alive(pid):
+            self.kill_group(pid, "KILL")
 
     def alive(self, pid: int) -> bool:
         return self.run(["kill", "-0", str(pid)], check=False).ok

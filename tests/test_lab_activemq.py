@@ -14,7 +14,7 @@ from tests.lab import INVENTORY
 
 def start_and_read_heap(host, run_dir: str) -> dict[str, int]:
     adapter = ActiveMQ(host)
-    port = adapter.free_port(host.python)
+    port = host.free_port()
     state = adapter.start(run_dir, "10.250.77.11", port)
     try:
         return state["jvm_heap"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import time
 from pathlib import Path
 
 from ..hosts import Host
@@ -23,7 +22,6 @@ DEFAULT_OPTS = "-Xms512M -Xmx512M"
 EXTRA_CLASSPATH = "/usr/share/java/mqtt-client.jar"  # the MQTT codec the transport needs
 _OPTS_LINE = re.compile(r'^\s*ACTIVEMQ_OPTS\s*=\s*"(?P<opts>[^"]*)"\s*$', re.M)
 _HEAP = re.compile(r"^-Xm[sx]\d+[KMGkmg]?$")
-_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 CONFIG = """<beans xmlns="http://www.springframework.org/schema/beans"
        xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
@@ -94,9 +92,6 @@ class ActiveMQ:
                               f"(apt-get install activemq libmqtt-client-java, or `make deps`)")
         return match.group(1)
 
-    def free_port(self, python: str) -> int:
-        return int(self.host.run([python, "-c", _FREE_PORT]).stdout.strip())
-
     def start(self, run_dir: str, address: str, port: int) -> dict:
         base = f"{run_dir}/broker"
         self.host.mkdir(f"{base}/data")
@@ -123,9 +118,4 @@ class ActiveMQ:
                 "log": f"{base}/activemq.log", "jvm_options": heap, "jvm_heap": running}
 
     def stop(self, group_pid: int, timeout_s: float = 20.0) -> None:
-        self.host.kill_group(group_pid, "TERM")
-        deadline = time.monotonic() + timeout_s
-        while self.host.alive(group_pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if self.host.alive(group_pid):
-            self.host.kill_group(group_pid, "KILL")
+        self.host.stop_group(group_pid, timeout_s)

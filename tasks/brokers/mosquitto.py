@@ -12,7 +12,6 @@ import paho.mqtt.client as mqtt
 from ..hosts import Host
 
 MOSQUITTO_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "mosquitto")
-_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
 class BrokerError(RuntimeError):
@@ -105,9 +104,6 @@ class Mosquitto:
         match = re.search(r"mosquitto version (\S+)", out)
         return match.group(1) if match else "unknown"
 
-    def free_port(self, python: str) -> int:
-        return int(self.host.run([python, "-c", _FREE_PORT]).stdout.strip())
-
     def start(self, run_dir: str, address: str, port: int) -> dict:
         """Write the config, start the broker detached, wait until it answers CONNECT."""
         conf = f"{run_dir}/broker/mosquitto.conf"
@@ -129,9 +125,4 @@ class Mosquitto:
         return {"group_pid": group, "pid": pid, "config": conf, "log": log}
 
     def stop(self, group_pid: int, timeout_s: float = 10.0) -> None:
-        self.host.kill_group(group_pid, "TERM")
-        deadline = time.monotonic() + timeout_s
-        while self.host.alive(group_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if self.host.alive(group_pid):
-            self.host.kill_group(group_pid, "KILL")
+        self.host.stop_group(group_pid, timeout_s)
