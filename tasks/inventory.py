@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +25,9 @@ class HostConfig(BaseModel):
     user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     key_file: Path | None = None
     roles: list[Literal["broker", "driver"]] = Field(min_length=1)
-    procs: int = Field(1, ge=1, le=256, description="driver processes on this host")
+    procs: int | Literal["auto"] = Field(
+        "auto", description="driver processes on this host; auto: one per core (resolved "
+        "at plan time for local hosts, from the provisioned fingerprint for SSH hosts)")
     python: str | None = Field(None, description="interpreter for the driver; default: "
                                "python3 over SSH, perfpipe's own Python locally")
     code_root: str = "/opt/perfpipe"
@@ -34,6 +37,22 @@ class HostConfig(BaseModel):
                                     description="Airflow Connection with address, user and key")
     tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
                                     "here; others are only checked")
+
+    @field_validator("procs")
+    @classmethod
+    def _procs_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 256:
+            raise ValueError("must be 1..256 driver processes, or auto (one per core)")
+        return value
+
+    def procs_for(self, cpus: int | None) -> int:
+        """The number of driver processes, with 'auto' resolved against a core count."""
+        if isinstance(self.procs, int):
+            return self.procs
+        if not cpus:
+            raise ValueError(f"hosts: {self.name}.procs is auto but the host's core count is "
+                             f"unknown; provision it first or set procs: N")
+        return max(1, min(256, int(cpus)))
 
     @field_validator("code_root", "work_root")
     @classmethod
@@ -94,6 +113,12 @@ class Inventory(BaseModel):
     def driver_hosts(self) -> list[HostConfig]:
         return [h for h in self.hosts if "driver" in h.roles]
 
+    def driver_procs(self, cpus: dict[str, int | None] | None = None) -> list[tuple[str, int]]:
+        """(host, processes) of every driver host, 'auto' resolved from `cpus` (host -> the
+        fingerprint's core count), for `tasks.stages.driver_slots`."""
+        cpus = cpus or {}
+        return [(h.name, h.procs_for(cpus.get(h.name))) for h in self.driver_hosts()]
+
     def broker_address(self) -> str:
         return self.broker.address or self.host(self.broker.host).address
 
@@ -102,6 +127,8 @@ def load_inventory(path: Path) -> Inventory:
     """Load and validate an inventory; relative key_file paths are relative to its folder."""
     inventory = load_model(Inventory, path)
     for host in inventory.hosts:
+        if host.procs == "auto" and host.transport == "local":
+            host.procs = host.procs_for(os.cpu_count())  # this machine: known at plan time
         if host.key_file is not None and not host.key_file.is_absolute():
             host.key_file = (Path(path).parent / host.key_file).resolve()
     return inventory

@@ -1,10 +1,13 @@
+import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tasks.config_files import ConfigError
 from tasks.scenarios import Scenario, load_suite
-from tasks.stages import driver_slots, expand, expected_delivery_rate, place, receivers
+from tasks.stages import (driver_slots, expand, expected_delivery_rate, place, process_spec,
+                          receivers)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,3 +75,174 @@ def test_unknown_suite_lists_the_known_ones():
 
 def test_shipped_catalog_loads():
     assert [s.name for s in load_suite(REPO / "scenarios", "smoke")]
+
+
+# ---- connection settings: scenario YAML -> stage -> process spec -> driver -------------
+CONNECTED = """
+name: secured
+qos: [0, 1]
+connection:
+  tls: {ca_file: /etc/perfpipe/ca.crt, cert_file: /etc/perfpipe/client.crt,
+        key_file: /etc/perfpipe/client.key, ciphers: AES256-GCM-SHA384, port: 8883}
+  username: perf
+  password_env: PERFPIPE_TEST_MQTT_PASSWORD
+  clean_session: false
+  keepalive_s: 300
+  connect_rate: 900
+  max_pending_connects: 32
+  max_inflight: 20
+publishers:
+  - {group: pub, count: 6, topic: "s/{group}/{i}", aggregate_rate: {0: 60, 1: 30}}
+subscribers:
+  - {group: app, count: 2, topics: ["s/pub/#"], share_group: apps, clean_session: true}
+  - {group: mon, count: 1, topics: ["s/pub/+"]}
+stages: {clients_pct: [50, 100], measure_s: 5}
+"""
+
+
+def write_catalog(tmp_path: Path, text: str, suite: str = "s") -> Path:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir(exist_ok=True)
+    name = next(line.split(":", 1)[1].strip() for line in text.splitlines()
+                if line.startswith("name:"))
+    (catalog / f"{name}.yml").write_text(text)
+    (tmp_path / "suites.yml").write_text(f"suites: {{{suite}: [{name}]}}\n")
+    return tmp_path
+
+
+def test_connection_settings_flow_from_yaml_to_the_driver_spec(tmp_path, monkeypatch):
+    from tasks.driver.spec import parse_spec
+
+    (scenario_,) = load_suite(write_catalog(tmp_path, CONNECTED), "s")
+    stages = expand(scenario_)
+    q1 = next(s for s in stages if s.qos == 1 and s.clients_pct == 100)
+    assert q1.target_publish_rate == pytest.approx(30.0)  # aggregate, per QoS
+    assert {g.rate_per_client for g in q1.groups if g.role == "pub"} == {5.0}
+    half = next(s for s in stages if s.qos == 1 and s.clients_pct == 50)
+    assert half.publishers == 3 and half.target_publish_rate == pytest.approx(30.0)
+    plans = place(q1, driver_slots([("a", 2), ("b", 1)]))
+    assert {p.processes for p in plans} == {3}
+    monkeypatch.setenv("PERFPIPE_TEST_MQTT_PASSWORD", "s3cret")
+    broker = {"host": "10.0.0.1", "port": 1883}
+    docs = [process_spec(q1, p, run_id="r", broker=broker) for p in plans]
+    assert "s3cret" not in json.dumps(docs)  # only the reference is written
+    doc = docs[0]
+    assert doc["broker"] == {
+        "host": "10.0.0.1", "port": 8883, "tls": True, "ca_file": "/etc/perfpipe/ca.crt",
+        "cert_file": "/etc/perfpipe/client.crt", "key_file": "/etc/perfpipe/client.key",
+        "ciphers": "AES256-GCM-SHA384", "username": "perf",
+        "password_env": "PERFPIPE_TEST_MQTT_PASSWORD"}
+    assert doc["connect_rate"] == pytest.approx(300.0)  # 900/s over 3 processes
+    assert (doc["clean_session"], doc["keepalive_s"], doc["max_inflight"],
+            doc["max_pending_connects"]) == (False, 300, 20, 32)
+    specs = [parse_spec(d) for d in docs]
+    assert specs[0].broker.password == "s3cret" and specs[0].broker.tls
+    assert "s3cret" not in json.dumps(specs[0].echo())
+    subscribers = [s for spec in specs for s in spec.subscribers]
+    shared = [s for s in subscribers if s.topics[0].startswith("$share/")]
+    assert [s.topics for s in shared] == [("$share/apps/s/pub/#",)] * 2
+    assert {s.clean_session for s in shared} == {True}  # the group's override
+    assert all(s.rate == 5.0 for spec in specs for s in spec.publishers)
+    # the shared group gets each message once, the monitor once: 2 receivers each
+    assert set(receivers(plans).values()) == {2}
+    assert expected_delivery_rate(plans) == pytest.approx(60.0)
+
+
+def test_an_unset_connection_leaves_the_driver_defaults(tmp_path):
+    stage = expand(scenario())[0]
+    plans = place(stage, driver_slots([("a", 1)]))
+    doc = process_spec(stage, plans[0], run_id="r", broker={"host": "h", "port": 1})
+    assert doc["broker"] == {"host": "h", "port": 1}
+    assert set(doc) - {"clean_session"} == {
+        "run_id", "stage_id", "host", "proc", "broker", "publishers", "subscribers",
+        "warmup_s", "measure_s", "drain_s"}
+
+
+def test_a_password_reference_resolves_on_the_driver_host_only(tmp_path, monkeypatch):
+    from tasks.driver.spec import SpecError, parse_spec
+
+    base = {"run_id": "r", "stage_id": "s", "host": "h", "proc": 0,
+            "publishers": [{"client_id": "p", "topic": "t", "publisher_index": 1}]}
+    secret = tmp_path / "mqtt_password"
+    secret.write_text("from-a-file\n")
+    spec = parse_spec({**base, "broker": {"host": "h", "port": 1, "username": "u",
+                                          "password_file": str(secret)}})
+    assert spec.broker.password == "from-a-file"
+    assert spec.echo()["broker"]["password_file"] == str(secret)
+    monkeypatch.delenv("PERFPIPE_NO_SUCH_VAR", raising=False)
+    with pytest.raises(SpecError, match="broker.password_env: environment variable "
+                                        "PERFPIPE_NO_SUCH_VAR is not set"):
+        parse_spec({**base, "broker": {"host": "h", "port": 1, "username": "u",
+                                       "password_env": "PERFPIPE_NO_SUCH_VAR"}})
+    with pytest.raises(SpecError, match="broker.username: is required"):
+        parse_spec({**base, "broker": {"host": "h", "port": 1, "password_file": str(secret)}})
+
+
+@pytest.mark.parametrize("patch, field, fix", [
+    ("  password: hunter2\n", "connection", "password_env: VAR or password_file"),
+    ("  password_env: A\n  password_file: /b\n", "connection", "give one of them"),
+    ("  password_file: /run/secrets/mqtt\n", "connection", "username"),
+    ("  tls: {key_file: k.pem}\n", "connection.tls", "needs cert_file"),
+    ("  max_inflight: 0\n", "connection.max_inflight", "greater than or equal to 1"),
+])
+def test_bad_connection_settings_name_the_file_the_field_and_the_fix(tmp_path, patch, field,
+                                                                      fix):
+    text = ("name: conn\npublishers:\n  - {group: p, count: 1, topic: t, rate_per_client: 1}\n"
+            "connection:\n" + patch)
+    with pytest.raises(ConfigError) as error:
+        load_suite(write_catalog(tmp_path, text), "s")
+    message = str(error.value)
+    assert f"conn.yml: {field}" in message and fix in message, message
+
+
+def test_per_qos_rates_must_cover_every_qos_of_the_scenario(tmp_path):
+    text = ("name: rates\nqos: [0, 1, 2]\npublishers:\n"
+            "  - {group: p, count: 2, topic: t, rate_per_client: {0: 0.3, 1: 0.25}}\n")
+    with pytest.raises(ConfigError, match=r"rates.yml: .*publishers.0.rate_per_client: no rate "
+                                          r"for QoS \[2\]; add e.g. `2: <msgs/s>`"):
+        load_suite(write_catalog(tmp_path, text), "s")
+    text = text.replace("1: 0.25}", "1: 0.25, 2: 0.2}")
+    stages = expand(load_suite(write_catalog(tmp_path, text), "s")[0])
+    assert [s.target_publish_rate for s in stages] == pytest.approx([0.6, 0.5, 0.4])
+
+
+def test_topic_templates_take_modulo_and_division_and_name_bad_placeholders(tmp_path):
+    stage = expand(scenario(
+        qos=[0], stages={"clients_pct": [100]},
+        publishers=[{"group": "pub", "count": 20, "topic": "t/{i%5}/{i//10}/{client}",
+                     "rate_per_client": 1}],
+        subscribers=[{"group": "sub", "count": 10, "topics": ["t/{i%5}/#"]}]))[0]
+    plans = place(stage, driver_slots([("a", 1)]))
+    topics = [pub["topic"] for pub in plans[0].publishers]
+    assert topics[13] == "t/3/1/pub-a-p0-13"
+    assert set(receivers(plans).values()) == {2}  # subscribers i and i+5 share a filter
+    text = ("name: badtopic\npublishers:\n"
+            "  - {group: p, count: 1, topic: 't/{id}', rate_per_client: 1}\n")
+    with pytest.raises(ConfigError, match=r"badtopic.yml: publishers.0.topic: .*unknown "
+                                          r"placeholder \{id\}.*use \{scenario\}"):
+        load_suite(write_catalog(tmp_path, text), "s")
+
+
+# ---- inventory: driver processes default to one per core ------------------------------
+def test_driver_procs_default_to_one_per_core(tmp_path):
+    from tasks.inventory import Inventory, load_inventory
+
+    path = tmp_path / "inv.yml"
+    path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"
+                    "broker: {host: here}\n")
+    local = load_inventory(path)
+    assert local.host("here").procs == os.cpu_count()  # resolved at plan time
+    remote = Inventory.model_validate({
+        "hosts": [{"name": "d1", "transport": "ssh", "address": "10.0.0.2", "roles": ["driver"]},
+                  {"name": "d2", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],
+                   "procs": 3}],
+        "broker": {"managed": False, "address": "10.0.0.9", "port": 1883}})
+    assert remote.host("d1").procs == "auto"
+    assert remote.driver_procs({"d1": 8, "d2": 2}) == [("d1", 8), ("d2", 3)]
+    with pytest.raises(ValueError, match="d1.procs is auto but the host's core count"):
+        remote.driver_procs({})
+    with pytest.raises(ValueError, match="procs 'auto' is not resolved"):
+        driver_slots([(h.name, h.procs) for h in remote.driver_hosts()])
+    with pytest.raises(ValueError, match="1..256"):
+        Inventory.model_validate({**remote.model_dump(), "hosts": [
+            {"name": "d1", "transport": "ssh", "roles": ["driver"], "procs": 0}]})

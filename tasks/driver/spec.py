@@ -4,7 +4,11 @@ Errors name the field and the fix, e.g. ``publishers[3].qos: must be 0, 1 or 2, 
 
 Optional fields beyond the pipeline's minimum: TLS (``broker.tls``, ``ca_file``,
 ``cert_file``/``key_file`` for a client certificate, ``ciphers`` in OpenSSL syntax,
-``tls_insecure`` to skip the host name check), ``broker.username``/``password``,
+``tls_insecure`` to skip the host name check), ``broker.username`` with its password
+given as ``password`` (a hand-written spec), or by reference as ``password_env`` (an
+environment variable of the driver process) or ``password_file`` (a file on the driver
+host, e.g. a compose secret): the pipeline only ever writes references, so no password is
+in a run file; the reference is resolved when the spec is parsed, on the driver host),
 ``clean_session`` per process or per client (False: a persistent session), shared
 subscriptions as ``$share/<group>/<filter>`` topics, ``aggregate_rate`` (messages/s for
 the whole process, split evenly over its publishers, replacing their ``rate``), and the
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,8 @@ class BrokerEndpoint:
     tls_insecure: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)  # secret: never echoed
+    password_env: str | None = None  # where the password came from (a reference, echoed)
+    password_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,7 @@ def _publisher(doc: dict, where: str) -> PublisherSpec:
     )
 
 
+
 def _client_id(doc: dict, where: str) -> str:
     client_id = _get(doc, "client_id", where, str)
     _require(0 < len(client_id.encode()) <= 65535, f"{where}client_id",
@@ -187,7 +195,10 @@ def parse_spec(doc: dict) -> ProcessSpec:
         tls_insecure=_get(broker_doc, "tls_insecure", "broker.", bool, False),
         username=_get(broker_doc, "username", "broker.", str, None),
         password=_get(broker_doc, "password", "broker.", str, None),
+        password_env=_get(broker_doc, "password_env", "broker.", str, None),
+        password_file=_get(broker_doc, "password_file", "broker.", str, None),
     )
+    broker = _with_password(broker)
     publishers = tuple(_publisher(p, f"publishers[{i}].")
                        for i, p in enumerate(_get(doc, "publishers", "", list, [])))
     subscribers = tuple(_subscriber(s, f"subscribers[{i}].")
@@ -237,6 +248,31 @@ def parse_spec(doc: dict) -> ProcessSpec:
     _require(not (broker.key_file and not broker.cert_file), "broker.cert_file",
              "is required with broker.key_file")
     return spec
+
+
+def _with_password(broker: BrokerEndpoint) -> BrokerEndpoint:
+    """Resolve a password reference on this host (the spec file holds only the reference)."""
+    given = [name for name in ("password", "password_env", "password_file")
+             if getattr(broker, name) is not None]
+    _require(len(given) <= 1, "broker." + given[-1] if given else "broker",
+             f"give one of password, password_env, password_file, not {given}")
+    if not given:
+        return broker
+    _require(bool(broker.username), "broker.username", f"is required with broker.{given[0]}")
+    if broker.password_env is not None:
+        value = os.environ.get(broker.password_env)
+        _require(value is not None, "broker.password_env",
+                 f"environment variable {broker.password_env} is not set for the driver on "
+                 f"this host; set it, or use broker.password_file")
+        return dataclasses.replace(broker, password=value)
+    if broker.password_file is not None:
+        try:
+            value = Path(broker.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise SpecError(f"broker.password_file: cannot read {broker.password_file} on this "
+                            f"host ({exc.strerror}); create it or fix the path") from None
+        return dataclasses.replace(broker, password=value)
+    return broker
 
 
 def load_spec(path: Path) -> ProcessSpec:
