@@ -34,7 +34,7 @@ def _step(name: str, doc: str, **kwargs):
     def step(perf_run: str) -> str:
         from tasks.steps import run_step
 
-        return str(run_step(name, perf_run))
+        return str(run_step(name, perf_run, airflow=True))
 
     return step
 
@@ -95,7 +95,9 @@ def pipeline(perf_run, spark_application: str = SPARK_JOB):
     loaded = load_metrics(perf_run)
     compared = _step("compare", "Verdicts per stage and metric against history.")(perf_run)
     reported = _step("report", "Write the HTML report.")(perf_run)
-    alerted = _step("alert", "Slack message (to a file without a token).")(perf_run)
+    alerted = _step("alert", "Slack: new regressions, thread replies for known ones, a release "
+                    "summary (Connection `perfpipe_slack`, else PERFPIPE_SLACK_TOKEN, else a "
+                    "file in the run folder).")(perf_run)
     closed = _step("teardown", "Stop drivers and broker, restore tuning, close the run.",
                    pool=LAB_POOL)(perf_run)
 

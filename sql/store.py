@@ -161,9 +161,11 @@ class Store:
             run = s.get(Run, run_id)
             return None if run is None else row_dict(run, skip=())
 
-    def latest_runs(self, limit: int = 10) -> list[dict[str, Any]]:
+    def latest_runs(self, limit: int = 10, *, kind: str | None = None) -> list[dict[str, Any]]:
         with self._tx() as s:
             q = select(Run).order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)
+            if kind is not None:
+                q = q.where(Run.kind == kind)
             return [row_dict(r, skip=()) for r in s.scalars(q)]
 
     # -- hosts ------------------------------------------------------------------------
@@ -174,6 +176,20 @@ class Store:
                                         "fingerprint_hash": digest,
                                         "fingerprint": fingerprint}, ("run_id", "host"))
         return digest
+
+    def fingerprints(self, run_id: str) -> list[dict[str, Any]]:
+        """Each host's recorded fingerprint: {"host", "hash", **fingerprint}, by host name."""
+        with self._tx() as s:
+            q = select(HostFingerprint).where(HostFingerprint.run_id == run_id)
+            return [{"host": f.host, "hash": f.fingerprint_hash, **f.fingerprint}
+                    for f in s.scalars(q.order_by(HostFingerprint.host))]
+
+    def tuning(self, run_id: str) -> list[dict[str, Any]]:
+        """Each host's tuning snapshot: {"host", "profile", "entries"}, by host name."""
+        with self._tx() as s:
+            q = select(TuningSnapshot).where(TuningSnapshot.run_id == run_id)
+            return [row_dict(t, skip=("id", "run_id"))
+                    for t in s.scalars(q.order_by(TuningSnapshot.host))]
 
     def record_tuning(self, run_id: str, host: str, profile: str,
                       entries: list[dict[str, Any]]) -> None:

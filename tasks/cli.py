@@ -81,6 +81,21 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .steps import rerender_report
+
+    print(rerender_report(args.run_id, args.out))
+    return 0
+
+
+def _check_nightly(args: argparse.Namespace) -> int:
+    from .watchdog import check_nightly
+
+    verdict = check_nightly(load_settings())
+    print(verdict["text"])
+    return 1 if verdict["missing"] else 0
+
+
 def _step(args: argparse.Namespace) -> int:
     from . import steps
 
@@ -158,6 +173,13 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a stored run's metrics and verdicts")
     show.add_argument("run_id")
     show.set_defaults(func=_show)
+    report = sub.add_parser("report", help="re-render a stored run's HTML report from the store")
+    report.add_argument("run_id")
+    report.add_argument("--out", type=Path, help="file to write (default: the run folder's report.html)")
+    report.set_defaults(func=_report)
+    check = sub.add_parser("check-nightly", help="exit 1 and alert when no nightly ran recently "
+                           "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)")
+    check.set_defaults(func=_check_nightly)
     step = sub.add_parser("step", help="run one step of an existing run (see the list below)")
     step.add_argument("name")
     step.add_argument("run_id")

@@ -70,6 +70,21 @@ def judge_stage(store: Store, run_id: str, stage: dict, policy: Policy,
                          new_history=new_history)
 
 
+def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
+                    stage_keys: dict[str, str]) -> list[int]:
+    """Record a run's verdicts and keep one alert per stage key and metric in step with
+    them; returns the ids of the alerts that are new or changed (undelivered again)."""
+    store.record_comparisons(run_id, rows)
+    changed = []
+    for v in rows:
+        followed = store.follow_verdict(stage_key=alert_key(stage_keys[v["stage_id"]], v["detail"]),
+                                        metric=v["metric"], run_id=run_id, verdict=v["verdict"],
+                                        change_pct=v["change_pct"])
+        if followed is not None and followed[1]:
+            changed.append(followed[0])
+    return changed
+
+
 def compare_run(ctx: RunContext, policy: Policy = Policy()) -> dict[str, Any]:
     store = ctx.store()
     run = store.run(ctx.run_id)
@@ -80,15 +95,7 @@ def compare_run(ctx: RunContext, policy: Policy = Policy()) -> dict[str, Any]:
         keys[stage["stage_id"]] = stage["stage_key"]
         verdicts += judge_stage(store, ctx.run_id, stage, policy, release)
     rows = [v.to_dict() for v in verdicts]
-    store.record_comparisons(ctx.run_id, rows)
-    changed = []
-    for v in verdicts:
-        followed = store.follow_verdict(stage_key=alert_key(keys[v.stage_id], v.detail),
-                                        metric=v.metric,
-                                        run_id=ctx.run_id, verdict=v.verdict,
-                                        change_pct=v.change_pct)
-        if followed is not None and followed[1]:
-            changed.append(followed[0])
+    changed = record_verdicts(store, ctx.run_id, rows, keys)
     ctx.write_json(VERDICTS_FILE, {"verdicts": rows, "changed_alerts": changed,
                                    "release_baseline": release[:2] if release else None})
     return {**Counter(v.verdict for v in verdicts), "changed_alerts": len(changed)}

@@ -1,8 +1,8 @@
-"""The short message for a pipeline failure: which task, which host, the error's first line.
+"""The Airflow `on_failure_callback`: a short Slack message naming the task, the host or
+stage (a mapped task's rendered index) and the error's first line, with the log link.
 
-`failure_message` is pure; `notify_failure` is the Airflow `on_failure_callback`. The
-message is written to the run folder (or the state folder before a run exists) and posted
-to Slack when a token is configured.
+The message (built by `slack_messages.failure_message`) is written to the run folder, or
+to the state folder before a run exists, and posted when Slack is configured.
 """
 
 from __future__ import annotations
@@ -14,20 +14,6 @@ from pathlib import Path
 FAILURES_DIR = "failures"
 
 
-def failure_message(*, dag_id: str, task_id: str, item: str | None, error: str,
-                    log_url: str | None, run_id: str | None) -> dict:
-    """`item` is the mapped task's host or stage (the map index's rendered name)."""
-    first = (error.strip().splitlines() or ["(no message)"])[0][:300]
-    where = f"{task_id}[{item}]" if item else task_id
-    text = f"perfpipe {dag_id}: {where} failed: {first}"
-    fields = [f"*task* {where}", f"*run* {run_id or '-'}"]
-    blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": f":x: {text}"}},
-              {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(fields)}]}]
-    if log_url:
-        blocks[1]["elements"].append({"type": "mrkdwn", "text": f"<{log_url}|log>"})
-    return {"text": text, "blocks": blocks, "needs_attention": True}
-
-
 def write_message(directory: Path, task_id: str, message: dict) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -37,9 +23,10 @@ def write_message(directory: Path, task_id: str, message: dict) -> Path:
 
 
 def notify_failure(context) -> None:
-    """Airflow on_failure_callback: never raises (a failing callback would hide the failure)."""
-    from .alert import SlackNotifier
+    """Never raises: a failing callback would hide the task's own failure."""
     from .settings import load_settings
+    from .slack import notifier_for
+    from .slack_messages import failure_message
 
     try:
         ti = context["ti"]
@@ -52,10 +39,8 @@ def notify_failure(context) -> None:
         directory = (settings.run_dir(run_id) if run_id else settings.state_dir) / FAILURES_DIR
         path = write_message(directory, ti.task_id, message)
         print(f"failure alert: {message['text']} ({path})")
-        token = settings.slack_token.get_secret_value() if settings.slack_token else None
-        notifier = SlackNotifier.from_token(token, settings.slack_channel, settings.slack_base_url)
-        if notifier.client is not None:
-            notifier.client.chat_postMessage(channel=settings.slack_channel, text=message["text"],
-                                             blocks=message["blocks"])
+        notifier = notifier_for(settings, airflow=True)
+        if notifier.enabled:
+            notifier.post(message)
     except Exception as exc:  # report, never mask the task's own failure
         print(f"failure alert could not be sent: {type(exc).__name__}: {exc}")

@@ -13,7 +13,12 @@ import json
 from collections import defaultdict
 from html import escape
 
+from pathlib import Path
+
+from sql import Store
+
 from .charts import line_chart, time_series
+from .provision import HOSTS_DIR
 from .run_context import RunContext
 
 REPORT_FILE = "report.html"
@@ -182,11 +187,26 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
             f"<h2>Hosts</h2>{hosts_section(hosts, list(tuning))}</body></html>")
 
 
+def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
+    """The hosts as the store has them, with what provisioning wrote beside them (roles,
+    clock offset) when the run folder still has it."""
+    files = {}
+    if run_dir is not None:
+        files = {p.stem: json.loads(p.read_text()) for p in (run_dir / HOSTS_DIR).glob("*.json")}
+    return [{**files.get(h["host"], {}), **h} for h in store.fingerprints(run_id)]
+
+
+def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str:
+    """The report of a stored run: everything comes from the results store."""
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"unknown run {run_id!r} in {store.url_for_display} "
+                       "(see `perfpipe show` for recent runs)")
+    return render(run, store.stages(run_id), stored_hosts(store, run_id, run_dir),
+                  store.tuning(run_id))
+
+
 def write_report(ctx: RunContext) -> str:
-    store = ctx.store()
-    hosts = [json.loads(p.read_text()) for p in sorted((ctx.run_dir / "hosts").glob("*.json"))]
-    tuning = [json.loads(p.read_text()) for p in sorted((ctx.run_dir / "tuning").glob("*.json"))]
-    html = render(store.run(ctx.run_id), store.stages(ctx.run_id), hosts, tuning)
     path = ctx.run_dir / REPORT_FILE
-    path.write_text(html)
+    path.write_text(render_stored(ctx.store(), ctx.run_id, ctx.run_dir))
     return str(path)

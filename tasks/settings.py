@@ -28,7 +28,10 @@ class Settings(BaseSettings):
     slack_token: SecretStr | None = None
     slack_channel: str = "#perf-alerts"
     slack_base_url: str | None = None  # a Slack-compatible API root, e.g. for tests
+    slack_conn_id: str = "perfpipe_slack"  # under Airflow: the Slack Connection, if defined
     airflow_base_url: str | None = None  # for links from alerts to the Airflow run
+    report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
+    nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
 
     @property
     def runs_dir(self) -> Path:

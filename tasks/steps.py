@@ -11,9 +11,10 @@ from .collect import collect
 from .comparison import compare_run
 from .plan import plan_run
 from .provision import provision_host
-from .report import REPORT_FILE, write_report
+from .report import REPORT_FILE, render_stored, write_report
 from .run_context import RunContext
 from .settings import load_settings
+from .slack import notifier_for
 from .teardown import teardown
 from .tune import tune_host
 from .workload import run_stage_by_id, run_stages
@@ -83,7 +84,30 @@ def promote_release(run_id: str, label: str) -> str:
     return f"{run_id} is now the {label!r} release baseline"
 
 
-def run_step(name: str, run_id: str, *, host: str | None = None, failed: bool | None = None):
+def rerender_report(run_id: str, out: Path | None = None) -> str:
+    """`perfpipe report RUN_ID`: the report of a stored run, from the results store."""
+    from sql import Store
+
+    settings = load_settings()
+    run_dir = settings.run_dir(run_id)
+    path = out or run_dir / REPORT_FILE
+    html = render_stored(Store(settings.database_url()), run_id,
+                         run_dir if run_dir.exists() else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html)
+    return str(path)
+
+
+def check_nightly() -> str:
+    """The watchdog DAG's task: alert when no nightly ran recently."""
+    from .watchdog import check_nightly as check
+
+    return check(load_settings(), airflow=True)["text"]
+
+
+def run_step(name: str, run_id: str, *, host: str | None = None, failed: bool | None = None,
+             airflow: bool = False):
+    """One step of a run; `airflow`: called from a DAG task (Slack from its Connection)."""
     ctx = context(run_id)
     per_host = {"provision": provision_host, "tune": tune_host}
     if name in per_host:
@@ -93,7 +117,8 @@ def run_step(name: str, run_id: str, *, host: str | None = None, failed: bool | 
     steps = {
         "broker": start_broker, "stages": run_stages, "collect": collect,
         "aggregate": aggregate, "compare": compare_run, "report": write_report,
-        "alert": lambda c: alert(c, str(c.run_dir / REPORT_FILE)),
+        "alert": lambda c: alert(c, str(c.run_dir / REPORT_FILE),
+                                 notifier_for(c.settings, airflow=airflow)),
         "teardown": lambda c: teardown(c, failed=failed),
     }
     if name not in steps:

@@ -69,7 +69,8 @@ def _handler(slack: FakeSlack):
                     self.send_header("Retry-After", str(retry_after))
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                self.wfile.write(json.dumps({"ok": False, "error": "ratelimited"}).encode())
+                error = "ratelimited" if status == 429 else "internal_error"
+                self.wfile.write(json.dumps({"ok": False, "error": error}).encode())
                 return
             payload = json.dumps(slack.answer(method, body)).encode()
             self.send_response(200)

@@ -25,7 +25,8 @@ def dagbag():
 
 def test_every_dag_file_imports_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert {"mqtt_perf_nightly", "mqtt_perf_release", "mqtt_perf_maintenance"} <= set(dagbag.dag_ids)
+    assert {"mqtt_perf_nightly", "mqtt_perf_release", "mqtt_perf_maintenance",
+            "mqtt_perf_watchdog"} <= set(dagbag.dag_ids)
 
 
 def test_dags_have_no_cycles_owners_tags_and_docs(dagbag):

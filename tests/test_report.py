@@ -79,3 +79,31 @@ def test_report_renders_in_chromium_with_charts_and_score_card(report, tmp_path)
                            report.as_uri()], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and shot.exists()
     assert shot.stat().st_size > 40_000  # a blank page of this size is a few KB
+
+
+def test_perfpipe_report_rerenders_a_stored_run_from_the_store(perfpipe_env: Path, capsys) -> None:
+    from sql import Store
+    from tasks.cli import main
+    from tasks.settings import load_settings
+
+    store = Store(load_settings().database_url())
+    store.migrate()
+    store.create_run("r-stored", kind="nightly", suite="smoke", broker_kind="mosquitto",
+                     artifact_dir="/gone")
+    demo = stage(0, 1, 100, 990.0)
+    store.record_stage("r-stored", demo["stage_id"], scenario="fanin", stage_key="k",
+                       params=demo["params"], fingerprint_hash="fp")
+    store.record_results("r-stored", demo["stage_id"], metrics=demo["metrics"],
+                         series=demo["series"], validity="valid", reason=None)
+    store.record_fingerprint("r-stored", "driver1", {"cpu_model": "EPYC<x>", "cpus": 2})
+    store.record_tuning("r-stored", "driver1", "lab", [{"kind": "sysctl", "key": "net.core.somaxconn",
+                                                        "wanted": "4096", "before": "128", "after": "4096",
+                                                        "ok": True, "action": "applied"}])
+    store.finish_run("r-stored", "ok")
+    out = perfpipe_env / "again.html"
+    assert main(["report", "r-stored", "--out", str(out)]) == 0  # no run folder: all from SQL
+    html = out.read_text()
+    assert "fanin.q1.c100" in html and "EPYC&lt;x&gt;" in html and "net.core.somaxconn" in html
+    assert capsys.readouterr().out.strip() == str(out)
+    assert main(["report", "nope"]) == 2
+    assert "unknown run 'nope'" in capsys.readouterr().err

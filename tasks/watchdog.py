@@ -1,0 +1,40 @@
+"""The nightly watchdog: a nightly that did not run is news too.
+
+Run by the `mqtt_perf_watchdog` DAG each morning (and `perfpipe check-nightly`): when no
+nightly run started within `nightly_max_age_h` hours, a short message goes to Slack (and
+to `<state>/watchdog/` as a file). `nightly_missing` is the pure rule.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from sql import Store
+
+from .failure import write_message
+from .settings import Settings
+from .slack import notifier_for
+from .slack_messages import missing_nightly_message
+
+WATCHDOG_DIR = "watchdog"
+
+
+def nightly_missing(last: dict | None, now: datetime, max_age_h: float) -> bool:
+    return last is None or now - last["started_at"] > timedelta(hours=max_age_h)
+
+
+def check_nightly(settings: Settings, *, airflow: bool = False,
+                  now: datetime | None = None) -> dict:
+    store = Store(settings.database_url())
+    store.migrate()
+    last = next(iter(store.latest_runs(1, kind="nightly")), None)
+    now = now or datetime.now(timezone.utc)
+    if not nightly_missing(last, now, settings.nightly_max_age_h):
+        return {"missing": False, "text": f"nightly ok: {last['run_id']} started "
+                                          f"{last['started_at']:%Y-%m-%d %H:%M} UTC"}
+    message = missing_nightly_message(last, settings.nightly_max_age_h)
+    write_message(settings.state_dir / WATCHDOG_DIR, "nightly", message)
+    notifier = notifier_for(settings, airflow=airflow)
+    if notifier.enabled:
+        notifier.post(message)
+    return {"missing": True, "text": message["text"]}

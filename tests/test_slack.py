@@ -1,0 +1,243 @@
+"""Slack delivery against a local server that speaks the Slack Web API (tests/slack_server.py):
+the exact requests for a known set of verdicts, threading, quiet nights, 429 retries, kept
+alerts, release summaries, mostly-invalid runs, the nightly watchdog, the Airflow
+Connection, and a token that never reaches a log or a file."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from sql import Store
+from tasks.alert import deliver, links_for
+from tasks.comparison import record_verdicts
+from tasks.settings import load_settings
+from tasks.slack import SlackNotifier, notifier_for, token_client
+from tasks.watchdog import check_nightly
+from tests import slack_server
+
+TOKEN = "xoxb-perfpipe-test-0123456789-SECRET"
+T0 = datetime.now(timezone.utc) - timedelta(days=20)
+FANIN = {"qos": 1, "groups": [{"group": "pub", "role": "pub", "count": 100, "rate_per_client": 10},
+                              {"group": "sub", "role": "sub", "count": 1, "rate_per_client": 0}]}
+
+
+@pytest.fixture
+def slack():
+    server = slack_server.start()
+    yield server
+    slack_server.stop(server)
+
+
+class Nights:
+    """Runs with known verdicts in a real SQLite store, and the alert step after each."""
+
+    def __init__(self, state: Path, slack: slack_server.FakeSlack) -> None:
+        self.settings = load_settings()
+        self.store = Store(self.settings.database_url())
+        self.store.migrate()
+        self.slack = slack
+        self.day = 0
+
+    def notifier(self) -> SlackNotifier:
+        return SlackNotifier(token_client(TOKEN, self.slack.base_url), "#perf")
+
+    def run(self, verdicts: dict[str, list[tuple]], *, kind: str = "nightly",
+            invalid: dict[str, str] | None = None, label: str | None = None) -> str:
+        """verdicts: stage id -> [(metric, verdict, baseline, value, nights)]."""
+        self.day += 1
+        run_id = f"{kind}-{self.day:02d}"
+        self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
+                              broker_version="2.0.11", artifact_dir="/x", release_label=label,
+                              started_at=T0 + timedelta(days=self.day))
+        rows, keys = [], {}
+        for stage_id in sorted({*verdicts, *(invalid or {})}):
+            keys[stage_id] = f"mosquitto|{stage_id}"
+            self.store.record_stage(run_id, stage_id, scenario="ibm_fanin", stage_key=keys[stage_id],
+                                    params=FANIN, fingerprint_hash="fp0123")
+            reason = (invalid or {}).get(stage_id)
+            self.store.record_results(run_id, stage_id, metrics={}, series={},
+                                      validity="invalid" if reason else "valid", reason=reason)
+            for metric, verdict, base, value, nights in verdicts.get(stage_id, []):
+                rows.append({"stage_id": stage_id, "metric": metric, "verdict": verdict,
+                             "baseline_value": base, "value": value,
+                             "change_pct": round(100 * (value / base - 1), 3),
+                             "confidence": 0.999, "detail": {"nights": nights}})
+        record_verdicts(self.store, run_id, rows, keys)
+        self.store.finish_run(run_id, "ok")
+        return run_id
+
+    def alert(self, run_id: str, notifier: SlackNotifier | None = None) -> dict:
+        run_dir = self.settings.run_dir(run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        links = links_for(self.settings, self.store.run(run_id), str(run_dir / "report.html"))
+        return deliver(self.store, run_id, notifier or self.notifier(), links, run_dir)
+
+
+@pytest.fixture
+def nights(perfpipe_env: Path, slack, monkeypatch) -> Nights:
+    monkeypatch.setenv("PERFPIPE_REPORT_BASE_URL", "https://perf.example/runs")
+    return Nights(perfpipe_env, slack)
+
+
+RATE_DROP = ("delivered_rate", "regression", 2000.0, 1600.0, 1)
+
+
+def blocks_text(call) -> str:
+    return json.dumps(json.loads(call.body["blocks"]) if isinstance(call.body["blocks"], str)
+                      else call.body["blocks"], ensure_ascii=False)
+
+
+def test_a_confirmed_regression_is_posted_with_its_evidence(nights: Nights) -> None:
+    run_id = nights.run({"fanin.q1.c100": [RATE_DROP,
+                                           ("e2e_latency_p99", "suspected", 1200.0, 1500.0, 1)],
+                         "fanin.q1.c200": [("delivered_rate", "unchanged", 2000.0, 1998.0, 1)]})
+    outcome = nights.alert(run_id)
+    assert (outcome["posted"], outcome["alerts_told"], outcome["kept"]) == (True, 1, 0)
+    (post,) = nights.slack.calls
+    assert post.method == "chat.postMessage" and post.body["channel"] == "#perf"
+    assert "thread_ts" not in post.body
+    assert post.headers["Authorization"] == f"Bearer {TOKEN}"
+    blocks = json.loads(blocks_text(post))
+    assert blocks[0]["text"]["text"] == (f"perfpipe nightly run {run_id}: 1 regression(s) "
+                                         "(mosquitto 2.0.11, suite smoke)")
+    assert blocks[1]["text"]["text"] == "verdicts: 1 regression, 1 suspected, 1 unchanged"
+    assert blocks[2]["text"]["text"] == (
+        "*ibm_fanin*\nfanin.q1.c100 (100 pubs, 1 subs, QoS 1, 1,000 msg/s)\n"
+        "• `delivered_rate` 2,000 msg/s → *1,600 msg/s* (-20.0%) · confidence 99.9% · "
+        "1 night · confirmed")
+    context = [e["text"] for e in blocks[3]["elements"]]
+    assert context == [f"<https://perf.example/runs/{run_id}/report.html|report>",
+                       "fingerprint fp0123"]
+    # the suspicion is not posted, and not re-posted later either
+    assert {a["status"]: a["delivered"] for a in nights.store.alerts()} == \
+        {"confirmed": True, "suspected": True}
+
+
+def test_later_nights_thread_quiet_when_unchanged_and_recovery_said(nights: Nights) -> None:
+    first = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.alert(first)
+    parent_ts = nights.store.alerts()[0]["slack_ts"]
+    assert parent_ts  # the ts Slack gave the first post
+
+    same = nights.run({"fanin.q1.c100": [("delivered_rate", "regression", 2000.0, 1610.0, 2)]})
+    assert nights.alert(same)["alerts_told"] == 0
+    assert len(nights.slack.calls) == 1  # an unchanged alert: no message at all
+
+    worse = nights.run({"fanin.q1.c100": [("delivered_rate", "regression", 2000.0, 1300.0, 3)]})
+    outcome = nights.alert(worse)
+    reply = nights.slack.calls[-1]
+    assert (len(nights.slack.calls), outcome["replies"]) == (2, 1)
+    assert reply.body["thread_ts"] == parent_ts
+    assert "fanin.q1.c100 `delivered_rate` 2,000 msg/s → *1,300 msg/s* (-35.0%)" in reply.body["text"]
+
+    back = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 1995.0, 1)]})
+    nights.alert(back)
+    recovered = nights.slack.calls[-1]
+    assert len(nights.slack.calls) == 3 and recovered.body["thread_ts"] == parent_ts
+    assert "fanin.q1.c100 `delivered_rate` recovered: 1,995 msg/s against the baseline " \
+           "2,000 msg/s" in recovered.body["text"]
+    assert [a["status"] for a in nights.store.alerts()] == ["recovered"]
+
+
+def test_a_429_is_retried_after_its_retry_after(nights: Nights) -> None:
+    run_id = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.slack.fail_next(429, retry_after=1)
+    outcome = nights.alert(run_id)
+    posts = nights.slack.posts()
+    assert len(posts) == 2 and outcome["posted"] and outcome["alerts_told"] == 1
+    assert posts[0].body == posts[1].body
+    assert nights.store.alerts()[0]["delivered"] is True
+
+
+def test_an_alert_slack_refused_is_kept_and_sent_with_the_next_run(nights: Nights) -> None:
+    first = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    for _ in range(3):  # the first try and both server-error retries
+        nights.slack.fail_next(503)
+    outcome = nights.alert(first)
+    assert (outcome["posted"], outcome["kept"], outcome["alerts_told"]) == (False, 1, 0)
+    written = json.loads((nights.settings.run_dir(first) / "slack_message.json").read_text())
+    assert "HTTP 503" in written["error"] and written["kept"] == 1
+    assert nights.store.alerts()[0]["delivered"] is False
+
+    # the next night cannot judge that stage (invalid): the kept alert still goes out
+    second = nights.run({}, invalid={"fanin.q1.c100": "rate 60% of target"})
+    outcome = nights.alert(second)
+    assert outcome["alerts_told"] == 1 and outcome["kept"] == 0
+    run_post, invalid_post = nights.slack.posts()[-2:]
+    assert invalid_post.body["text"].startswith(":warning:")
+    text = blocks_text(run_post)
+    assert f"from run {first}, not told then" in text and "-20.0%" in text
+    assert nights.store.alerts()[0]["delivered"] is True
+
+
+def test_release_runs_always_post_a_summary_and_a_retried_step_updates_it(nights: Nights) -> None:
+    run_id = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
+                        kind="release", label="2.0.12")
+    first = nights.alert(run_id)
+    (post,) = nights.slack.calls
+    assert first["posted"] and post.body["text"] == (
+        f"perfpipe release 2.0.12 run {run_id}: no regressions (mosquitto 2.0.11, suite smoke)")
+    again = nights.alert(run_id)  # the Airflow task retried: the summary is updated, not reposted
+    update = nights.slack.calls[-1]
+    assert again["posted"] and update.method == "chat.update" and len(nights.slack.posts()) == 1
+    written = json.loads((nights.settings.run_dir(run_id) / "slack_message.json").read_text())
+    assert update.body["ts"] == written["ts"] and written["ts"]
+
+
+def test_a_mostly_invalid_run_gets_its_own_short_message(nights: Nights) -> None:
+    run_id = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
+                        invalid={"fanin.q1.c200": "errors 12", "fanin.q0.c200": "rate 70% of target"})
+    nights.alert(run_id)
+    (post,) = nights.slack.calls
+    assert post.body["text"] == (f":warning: perfpipe nightly run {run_id}: 2 of 3 stages invalid, "
+                                 "so they were not compared")
+    assert "fanin.q0.c200: rate 70% of target" in blocks_text(post)
+
+
+def test_the_token_never_reaches_logs_or_files(nights: Nights, caplog, capsys) -> None:
+    caplog.set_level(logging.DEBUG)
+    run_id = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.slack.fail_next(429, retry_after=0)
+    nights.alert(run_id)
+    for _ in range(3):
+        nights.slack.fail_next(500)
+    nights.alert(nights.run({"fanin.q1.c100": [("delivered_rate", "regression", 2000.0, 1000.0, 2)]}))
+    assert any("chat.postMessage" in r.getMessage() for r in caplog.records)  # debug logs were on
+    logged = "\n".join(r.getMessage() for r in caplog.records) + "".join(capsys.readouterr())
+    assert TOKEN not in logged
+    for path in nights.settings.state_dir.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_the_watchdog_alerts_when_no_nightly_ran(nights: Nights, monkeypatch) -> None:
+    monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", TOKEN)
+    monkeypatch.setenv("PERFPIPE_SLACK_BASE_URL", nights.slack.base_url)
+    settings = load_settings()
+    assert check_nightly(settings)["missing"] is True  # none ever
+    assert nights.slack.posts()[-1].body["text"] == \
+        ":warning: perfpipe: no nightly run has ever been recorded"
+    run_id = nights.run({})
+    now = T0 + timedelta(days=nights.day, hours=30)
+    verdict = check_nightly(settings, now=now)
+    assert verdict["missing"] and f"the last one, {run_id}" in verdict["text"]
+    assert check_nightly(settings, now=now - timedelta(hours=8))["missing"] is False
+    assert len(nights.slack.posts()) == 2
+
+
+def test_under_airflow_the_slack_connection_is_used(nights: Nights, monkeypatch) -> None:
+    conn = {"conn_type": "slack", "password": TOKEN,
+            "extra": {"base_url": nights.slack.base_url}}
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_SLACK", json.dumps(conn))
+    notifier = notifier_for(load_settings(), airflow=True)
+    assert notifier.enabled
+    run_id = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    assert nights.alert(run_id, notifier)["posted"]
+    assert nights.slack.posts()[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    monkeypatch.delenv("AIRFLOW_CONN_PERFPIPE_SLACK")
+    assert not notifier_for(load_settings(), airflow=True).enabled  # no Connection, no token
