@@ -25,7 +25,7 @@ from collections import deque
 from pathlib import Path
 
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
-from .fastpath import Reader, Scheduler
+from .fastpath import Reader, Scheduler, stream_last_seqs
 from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
 from .session import CONNECTED, DEAD, READY, Sessions
@@ -189,7 +189,8 @@ class Engine:
             "windows": self.windows, "totals": totals,
             "unique_received": totals["received"] - totals["duplicated"],
             "missing_at_end": sum(len(t.missing or ()) for ts in acct.tracks for t in ts.values()),
-            "last_seq": {str(c.spec.publisher_index): c.seq for c in publishers},
+            "last_seq": {index: seq for c in publishers
+                         for index, seq in stream_last_seqs(c.spec, c.seq).items()},
             "unacked_at_end": sum(len(c.inflight or ()) for c in publishers),
             "qos_judgement": acct.judgement(),
             "connect_phase": {

@@ -281,8 +281,13 @@ class Scheduler:
             conn.interval = 1e9 / spec.rate
             conn.first = start_ns + int(conn.interval * ((spec.publisher_index * _GOLDEN) % 1.0))
             conn.total = _messages_before(conn.first, conn.interval, end_ns)
-            conn.tmpl = Template(spec.topic, spec.qos, spec.payload_bytes, acct.tag,
-                                 spec.publisher_index)
+            if spec.topic_cycle:  # one template (and stream index) per topic: `fill_cycle`
+                conn.tmpl = [Template(topic, spec.qos, spec.payload_bytes, acct.tag,
+                                      spec.publisher_index + k)
+                             for k, topic in enumerate(spec.topic_cycle)]
+            else:
+                conn.tmpl = Template(spec.topic, spec.qos, spec.payload_bytes, acct.tag,
+                                     spec.publisher_index)
             conn.out = conn.out if conn.out is not None else bytearray()
             if spec.qos:
                 conn.inflight = {}
@@ -332,6 +337,8 @@ class Scheduler:
 
     def fill(self, conn: Conn, now: int) -> int:
         """Append the messages of `conn` due by `now`; returns how many."""
+        if conn.tmpl.__class__ is list:
+            return self.fill_cycle(conn, now)
         out = conn.out
         limit = self.out_limit
         if conn.paho_pending or len(out) >= limit:
@@ -401,6 +408,78 @@ class Scheduler:
         row[C_PUBLISHED] += n
         row[C_DELAY_OVERRUNS] += overruns
         return n
+
+
+    def fill_cycle(self, conn: Conn, now: int) -> int:
+        """`fill` for a publisher cycling over topics (``topic_cycle``): message s goes to
+        stream (s-1) % N with sequence number (s-1) // N + 1 in that stream. A plain loop:
+        topic cycling is for fan-out patterns, where the subscribers, not this, are many.
+        """
+        out = conn.out
+        limit = self.out_limit
+        if conn.paho_pending or len(out) >= limit:
+            conn.parked = True
+            return 0
+        first, interval, seq = conn.first, conn.interval, conn.seq
+        n = min(int((now - first) / interval) + 1, conn.total) - seq
+        if n <= 0:
+            return 0
+        tmpls = conn.tmpl
+        cycle = len(tmpls)
+        if n > 1:
+            n = min(n, BATCH, (limit - len(out)) // len(tmpls[seq % cycle].packet) + 1)
+        inflight = conn.inflight
+        if inflight is not None:
+            room = self.max_inflight - len(inflight)
+            if room < n:
+                if seq + room + 1 > conn.held:
+                    conn.held = seq + room + 1
+                    self.row[C_INFLIGHT_FULL] += 1
+                if room <= 0:
+                    conn.parked = True
+                    return 0
+                n = room
+        delays = self.delays
+        sent_us = now // 1000
+        overruns = 0
+        pid = conn.next_pid
+        for s in range(seq + 1, seq + n + 1):
+            tmpl = tmpls[(s - 1) % cycle]
+            stream_seq = (s - 1) // cycle + 1
+            at = len(out) + tmpl.patch_at
+            out += tmpl.packet
+            due = first + int((s - 1) * interval)
+            if inflight is None:
+                tmpl.patch(out, at, stream_seq, due // 1000, sent_us)
+            else:
+                while pid in inflight:
+                    pid = pid + 1 if pid < 65535 else 1
+                inflight[pid] = now
+                tmpl.patch(out, at, pid, tmpl.tag, tmpl.publisher, stream_seq, due // 1000,
+                           sent_us)
+                pid = pid + 1 if pid < 65535 else 1
+            v = (now - due) // 1000
+            if v < 128:
+                delays[v if v > 0 else 0] += 1
+            else:
+                overruns += v > DELAY_OVERRUN_US
+                b = v.bit_length() - 7
+                delays[(b << 6) + (v >> b) if b < 34 else -1] += 1
+        if inflight is not None:
+            conn.next_pid = pid
+        conn.seq = seq + n
+        row = self.row
+        row[C_PUBLISHED] += n
+        row[C_DELAY_OVERRUNS] += overruns
+        return n
+
+
+def stream_last_seqs(spec, seq: int) -> dict[str, int]:
+    """The last sequence number of each stream of a publisher that sent `seq` messages."""
+    cycle = len(spec.topic_cycle)
+    if not cycle:
+        return {str(spec.publisher_index): seq}
+    return {str(spec.publisher_index + k): (seq - k + cycle - 1) // cycle for k in range(cycle)}
 
 
 def _long_length(buf: bytearray, j: int, end: int, rl: int) -> tuple[int, int]:

@@ -33,7 +33,8 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   no_start, stopped (SIGTERM), driver_error (with ``trace``), close_error.
 ``summary.json``  written last (its presence marks a complete process): the stage window in
                   Unix seconds, the config echo without secrets, library versions, the clock
-                  source, totals and the last sequence number of every publisher, and:
+                  source, totals and the last sequence number of every publisher stream
+                  (``last_seq``, keyed like ``receivers`` below), and:
                   connect_phase  {clients, connected, first_connect_at, last_connack_at,
                               duration_s}: Unix seconds (floats) from the first CONNECT this
                               process sent to the last CONNACK it accepted, so a connection
@@ -60,7 +61,10 @@ starts the stage, and tells the aggregation what was intended:
   target_publish_rate: msg/s summed over all publishers,
   expected_delivery_rate: msg/s that subscribers together should receive,
   receivers: {publisher_index (as a string): subscribers that should get each message};
-             publisher indexes are unique across every process and host of a stage,
+             publisher indexes are unique across every process and host of a stage; a
+             publisher with a ``topic_cycle`` of N topics is N streams with indexes
+             publisher_index .. publisher_index + N - 1, each a key here and in
+             ``last_seq``,
   processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
   broker_host: the host whose ``sampler/`` holds broker.csv, or null.
 """

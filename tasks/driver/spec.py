@@ -10,7 +10,10 @@ environment variable of the driver process) or ``password_file`` (a file on the 
 host, e.g. a compose secret): the pipeline only ever writes references, so no password is
 in a run file; the reference is resolved when the spec is parsed, on the driver host),
 ``clean_session`` per process or per client (False: a persistent session), shared
-subscriptions as ``$share/<group>/<filter>`` topics, ``aggregate_rate`` (messages/s for
+subscriptions as ``$share/<group>/<filter>`` topics, a publisher ``topic_cycle`` (message
+k goes to ``topic_cycle[(k-1) % N]``; each position is its own stream with publisher index
+``publisher_index + position`` and its own sequence numbers, so subscribers of one topic
+see no gaps), ``aggregate_rate`` (messages/s for
 the whole process, split evenly over its publishers, replacing their ``rate``), and the
 connect pacing ``connect_rate``/``max_pending_connects`` for connection-burst stages.
 The pipeline builds these specs from the scenario catalog (`tasks.stages`); a person can
@@ -56,6 +59,7 @@ class PublisherSpec:
     rate: float = 1.0  # messages per second from this client
     payload_bytes: int = 256
     clean_session: bool | None = None  # None: the process's clean_session
+    topic_cycle: tuple[str, ...] = ()  # topics cycled over, one stream each (empty: topic)
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class ProcessSpec:
         """The spec as recorded in the summary: everything but secrets."""
         doc = dataclasses.asdict(self)
         doc["broker"].pop("password", None)
+        for reference in ("password_env", "password_file"):  # names, not secrets: kept if set
+            if doc["broker"][reference] is None:
+                del doc["broker"][reference]
         return doc
 
 
@@ -131,18 +138,31 @@ def _publisher(doc: dict, where: str) -> PublisherSpec:
              f"must be >= {HEADER_BYTES} (the latency header), got {size}")
     _require(size <= MAX_PAYLOAD_BYTES, f"{where}payload_bytes",
              f"must be <= {MAX_PAYLOAD_BYTES} (MQTT's packet size limit), got {size}")
-    topic = _get(doc, "topic", where, str)
-    _require(topic and not set("+#") & set(topic) and not topic.startswith("$"),
-             f"{where}topic", f"must be a topic name without wildcards or '$', got {topic!r}")
+    cycle = _get(doc, "topic_cycle", where, list, [])
+    for i, name in enumerate(cycle):
+        _require(_topic_name_ok(name), f"{where}topic_cycle[{i}]",
+                 f"must be a topic name without wildcards or '$', got {name!r}")
+    topic = _get(doc, "topic", where, str, cycle[0] if cycle else ...)
+    _require(_topic_name_ok(topic), f"{where}topic",
+             f"must be a topic name without wildcards or '$', got {topic!r}")
+    _require(not cycle or topic == cycle[0], f"{where}topic",
+             "must be topic_cycle[0] when topic_cycle is given (or leave it out)")
     index = _get(doc, "publisher_index", where, int)
-    _require(0 < index < 2**32, f"{where}publisher_index", f"must be 1..2**32-1, got {index}")
+    last = index + max(len(cycle), 1) - 1
+    _require(0 < index and last < 2**32, f"{where}publisher_index",
+             f"must be 1..2**32-1 for every stream, got {index}..{last}")
     return PublisherSpec(
         client_id=_client_id(doc, where), topic=topic,
         publisher_index=index, qos=_qos(doc, where),
         rate=rate, payload_bytes=size,
         clean_session=_get(doc, "clean_session", where, bool, None),
+        topic_cycle=tuple(cycle),
     )
 
+
+def _topic_name_ok(topic: object) -> bool:
+    return (isinstance(topic, str) and bool(topic) and not set("+#") & set(topic)
+            and not topic.startswith("$"))
 
 
 def _client_id(doc: dict, where: str) -> str:

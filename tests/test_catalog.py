@@ -1,0 +1,191 @@
+"""The shipped catalog and suites, and the fan-out machinery they need (topic cycling).
+
+Pure tests, except the last one: one short driver run against a real Mosquitto.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.driver.fastpath import stream_last_seqs
+from tasks.driver.output import READY_FILE, START_FILE, SUMMARY_FILE
+from tasks.driver.spec import SpecError, parse_spec
+from tasks.scenarios import Scenario, load_catalog, load_suite, load_suites
+from tasks.stages import (driver_slots, expand, expected_delivery_rate, place, process_spec,
+                          receivers)
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "scenarios"
+SLOTS = driver_slots([("driver1", 2), ("driver2", 2)])
+
+
+def test_every_catalog_file_validates_and_names_its_source():
+    catalog = load_catalog(SCENARIOS)
+    assert len(catalog) >= 11
+    for scenario in catalog.values():
+        assert scenario.source and scenario.full_scale, scenario.name
+
+
+def test_smoke_stays_as_it_was():
+    (smoke,) = load_suite(SCENARIOS, "smoke")
+    assert [(s.stage_id, s.publishers, s.subscribers, s.target_publish_rate, s.duration_s)
+            for s in expand(smoke)] == [
+        ("ibm_fanin_smoke.q0.c50.r100", 100, 1, 1000.0, 14),
+        ("ibm_fanin_smoke.q0.c100.r100", 200, 1, 2000.0, 14),
+        ("ibm_fanin_smoke.q1.c50.r100", 100, 1, 1000.0, 14),
+        ("ibm_fanin_smoke.q1.c100.r100", 200, 1, 2000.0, 14)]
+
+
+@pytest.mark.parametrize("suite", ["smoke", "nightly", "release"])
+def test_every_suite_plans_and_every_process_spec_is_accepted_by_the_driver(suite, capsys,
+                                                                            monkeypatch):
+    from tasks.cli import main
+
+    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(SCENARIOS))
+    assert main(["plan", "--suite", suite]) == 0
+    assert f"{load_suite(SCENARIOS, suite)[0].name}." in capsys.readouterr().out
+    for scenario in load_suite(SCENARIOS, suite):
+        for stage in expand(scenario):
+            plans = place(stage, SLOTS)
+            for plan in plans:
+                parse_spec(process_spec(stage, plan, run_id="r",
+                                        broker={"host": "10.0.0.1", "port": 1883}))
+            counts = receivers(plans)
+            assert counts and all(n >= 0 for n in counts.values())
+
+
+def test_release_is_the_whole_catalog_and_nightly_is_short_and_covers_the_patterns():
+    suites = load_suites(SCENARIOS).suites
+    release = load_suite(SCENARIOS, "release")
+    assert sorted(s.name for s in release) == sorted(load_catalog(SCENARIOS))
+    nightly = [stage for scenario in load_suite(SCENARIOS, "nightly")
+               for stage in expand(scenario)]
+    assert sum(stage.duration_s for stage in nightly) < 300 - 8 * len(nightly)  # + overhead
+    assert {stage.qos for stage in nightly} == {0, 1, 2}
+    assert {"ibm_fanin", "ibm_fanout", "messagesight_broadcast",
+            "messagesight_connburst"} <= {stage.scenario for stage in nightly}
+    assert "smoke" in suites
+
+
+def stage_of(name: str, qos: int = 0, clients_pct: int = 100) -> tuple:
+    scenario = load_catalog(SCENARIOS)[name]
+    stage = next(s for s in expand(scenario) if s.qos == qos and s.clients_pct == clients_pct)
+    plans = place(stage, SLOTS)
+    return stage, plans, receivers(plans)
+
+
+@pytest.mark.parametrize("name, qos, pct, per_message, streams", [
+    ("ibm_fanin", 0, 100, 1, 1000),
+    ("ibm_fanin_multitopic", 1, 100, 1, 1000),
+    ("ibm_fanout", 2, 100, 1, 1000),  # one topic per subscriber, cycled by one publisher
+    ("ibm_fanout", 0, 10, 1, 100),  # topics follow the subscribers down
+    ("ibm_fanout_50k", 1, 100, 2, 500),  # two subscribers per topic
+    ("ibm_fanout_50k", 1, 50, 1, 500),
+    ("messagesight_fanin_partitions", 0, 100, 1, 1000),  # one partition consumer each
+    ("messagesight_broadcast", 0, 100, 1000, 1),
+    ("messagesight_broadcast", 0, 25, 250, 1),
+    ("messagesight_connburst", 0, 100, 1, 1),  # the probe; devices only connect
+    ("emqx_broadcast", 1, 100, 10, 5),  # idle subscribers receive nothing
+    ("emqx_one_to_one", 0, 100, 1, 100),
+    ("tbmq_groups", 1, 100, 1, 500),
+])
+def test_receivers_are_right_for_every_pattern(name, qos, pct, per_message, streams):
+    stage, plans, counts = stage_of(name, qos, pct)
+    assert len(counts) == streams
+    assert set(counts.values()) == {per_message}
+    assert expected_delivery_rate(plans) == pytest.approx(stage.target_publish_rate * per_message)
+
+
+def test_a_cycling_publisher_is_one_stream_per_topic_with_its_own_index():
+    stage, plans, counts = stage_of("ibm_fanout_50k", 0)
+    publishers = sorted((p for plan in plans for p in plan.publishers),
+                        key=lambda p: p["publisher_index"])
+    assert [p["publisher_index"] for p in publishers] == [1, 101, 201, 301, 401]
+    assert publishers[1]["topic_cycle"][0] == "perfpipe/ibm_fanout_50k/100"  # partitioned
+    assert publishers[1]["topic_cycle"][-1] == "perfpipe/ibm_fanout_50k/199"
+    assert sorted(map(int, counts)) == list(range(1, 501))
+    spec = parse_spec(process_spec(stage, next(p for p in plans if p.publishers), run_id="r",
+                                   broker={"host": "h", "port": 1}))
+    assert len(spec.publishers[0].topic_cycle) == 100
+
+
+def test_stream_sequence_numbers_split_a_publishers_count_over_its_topics():
+    spec = parse_spec({"run_id": "r", "stage_id": "s", "host": "h", "proc": 0,
+                       "broker": {"host": "h", "port": 1},
+                       "publishers": [{"client_id": "p", "publisher_index": 7,
+                                       "topic_cycle": ["a", "b", "c"]}]}).publishers[0]
+    assert spec.topic == "a"
+    assert stream_last_seqs(spec, 0) == {"7": 0, "8": 0, "9": 0}
+    assert stream_last_seqs(spec, 7) == {"7": 3, "8": 2, "9": 2}  # a b c a b c a
+    for bad, message in [({"topic_cycle": ["a", "b/+"]}, "topic_cycle[1]"),
+                         ({"topic_cycle": ["a", "b"], "topic": "b"}, "must be topic_cycle[0]"),
+                         ({"topic_cycle": ["a", "b"], "publisher_index": 2**32 - 1},
+                          "every stream")]:
+        doc = {"client_id": "p", "publisher_index": 1, **bad}
+        with pytest.raises(SpecError, match=re.escape(message)):
+            parse_spec({"run_id": "r", "stage_id": "s", "host": "h", "proc": 0,
+                        "broker": {"host": "h", "port": 1}, "publishers": [doc]})
+
+
+def test_pattern_errors_name_the_field_and_the_fix():
+    base = {"name": "x", "publishers": [{"group": "p", "count": 4, "topic": "t/{n}",
+                                         "rate_per_client": 1}]}
+    with pytest.raises(ValueError, match="needs topic_count"):
+        Scenario.model_validate(base)
+    with pytest.raises(ValueError, match="topic_count: 2 topics cannot be partitioned over 4"):
+        Scenario.model_validate({**base, "publishers": [
+            {**base["publishers"][0], "topic_count": 2, "topic_split": "partitioned"}]})
+    with pytest.raises(ValueError, match=r"subscribers.0.expected_publisher_groups: the topics "
+                                         r"\['u/#'\] receive from no group, not \['p'\]"):
+        Scenario.model_validate({**base, "publishers": [
+            {**base["publishers"][0], "topic_count": 8}], "subscribers": [
+            {"group": "s", "count": 1, "topics": ["u/#"], "expected_publisher_groups": ["p"]}]})
+
+
+def test_warmup_iterations_stretch_the_warmup_to_that_many_messages_per_publisher():
+    stage, _, _ = stage_of("tbmq_groups", 1)
+    assert stage.warmup_s == 6  # 6 messages at 100 msg/s over 100 publishers = 1 msg/s each
+
+
+def test_a_topic_cycle_delivers_every_stream_without_gaps(broker, tmp_path):
+    """One process, QoS 0 and QoS 2 publishers each cycling three topics; a subscriber per
+    topic and one on the wildcard: no loss, no duplicates, every stream's count right."""
+    doc = {"run_id": "cycle", "stage_id": "s", "host": "localhost", "proc": 0,
+           "broker": {"host": "127.0.0.1", "port": broker.port},
+           "publishers": [
+               {"client_id": "p0", "publisher_index": 1, "qos": 0, "rate": 150,
+                "topic_cycle": ["cy/0/a", "cy/0/b", "cy/0/c"]},
+               {"client_id": "p2", "publisher_index": 4, "qos": 2, "rate": 150,
+                "topic_cycle": ["cy/2/a", "cy/2/b", "cy/2/c"]}],
+           "subscribers": [{"client_id": f"s{q}{t}", "topics": [f"cy/{q}/{t}"], "qos": 2}
+                           for q in (0, 2) for t in "abc"]
+           + [{"client_id": "all", "topics": ["cy/#"], "qos": 2}],
+           "warmup_s": 0, "measure_s": 2, "drain_s": 1}
+    out = tmp_path / "out"
+    (tmp_path / "spec.json").write_text(json.dumps(doc))
+    process = subprocess.Popen([sys.executable, "-m", "tasks.driver", "--spec",
+                                str(tmp_path / "spec.json"), "--out", str(out)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (out / READY_FILE).exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    (out / START_FILE).write_text(json.dumps({"start_at": int(time.time()) + 1}))
+    assert process.wait(30) == 0, process.stderr.read()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    last = summary["last_seq"]
+    assert sorted(last, key=int) == ["1", "2", "3", "4", "5", "6"]
+    assert sum(last[k] for k in "123") == sum(last[k] for k in "456") == 300
+    assert max(last.values()) - min(last.values()) <= 1
+    assert summary["unique_received"] == 2 * 600  # its topic's subscriber + the wildcard
+    judgement = summary["qos_judgement"]
+    assert judgement["violations"] == 0 and not judgement["publishers_with_anomalies"]
+    assert summary["totals"]["lost"] == summary["totals"]["duplicated"] == 0
+    assert summary["totals"]["acked"] == 300
