@@ -145,6 +145,12 @@ def host_pythonpath(ctx: RunContext, host_name: str) -> str:
     return json.loads(path.read_text())["pythonpath"]
 
 
+def host_cpus(ctx: RunContext) -> dict[str, int]:
+    """host -> core count, from the fingerprints provisioning recorded (resolves procs: auto)."""
+    return {path.stem: json.loads(path.read_text())["cpus"]
+            for path in (ctx.run_dir / HOSTS_DIR).glob("*.json")}
+
+
 def run_fingerprint(ctx: RunContext) -> str:
     """One hash over every host's fingerprint and the tuning read back.
 

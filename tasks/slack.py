@@ -71,14 +71,18 @@ def token_client(token: str, base_url: str | None = None) -> WebClient:
 
 
 def connection_client(conn_id: str) -> WebClient | None:
-    """The WebClient of an Airflow Slack Connection, or None when it is not defined."""
+    """The WebClient of an Airflow Slack Connection, or None when it is not defined or has
+    no token (a deployment may define it with an empty token to mean "files only")."""
     from airflow.exceptions import AirflowNotFoundException
     from airflow.providers.slack.hooks.slack import SlackHook
+    from airflow.sdk import BaseHook
 
     try:
-        return SlackHook(slack_conn_id=conn_id, retry_handlers=retry_handlers()).client
+        if not BaseHook.get_connection(conn_id).password:
+            return None
     except AirflowNotFoundException:
         return None
+    return SlackHook(slack_conn_id=conn_id, retry_handlers=retry_handlers()).client
 
 
 def notifier_for(settings: Settings, *, airflow: bool = False) -> SlackNotifier:

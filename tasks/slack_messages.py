@@ -116,7 +116,10 @@ def _link(url: str | None, label: str) -> str:
 def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links) -> dict:
     """The run's message: its new regressions (`rows`) and the verdict counts."""
     label = f" {run['release_label']}" if run.get("release_label") else ""
-    what = f"{len(rows)} regression(s)" if rows else "no regressions"
+    suspected = sum(r.status == "suspected" for r in rows)
+    parts = [f"{len(rows) - suspected} regression(s)" if len(rows) > suspected else "",
+             f"{suspected} suspected" if suspected else ""]
+    what = ", ".join(p for p in parts if p) or "no regressions"
     head = (f"perfpipe {run['kind']}{label} run {run['run_id']}: {what} "
             f"({run['broker_kind']} {run.get('broker_version') or ''}, suite {run['suite']})")
     summary = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)

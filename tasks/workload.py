@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .driver.output import READY_FILE, STAGE_FILE, START_FILE
 from .hosts import Host
-from .provision import host_pythonpath
+from .provision import host_cpus, host_pythonpath
 from .run_context import RunContext
 from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, place,
                      process_spec, receivers)
@@ -104,7 +104,7 @@ def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> N
 
 def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
     inventory = ctx.inventory
-    plans = place(stage, driver_slots([(h.name, h.procs) for h in inventory.driver_hosts()]))
+    plans = place(stage, driver_slots(inventory.driver_procs(host_cpus(ctx))))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
     ctx.write_json(f"{PROCESSES_DIR}/{stage.stage_id}.json",
                    {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})

@@ -81,6 +81,16 @@ def perfpipe_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
+@pytest.fixture
+def slack():
+    """A local server speaking the Slack Web API (tests/slack_server.py), for one test."""
+    from tests import slack_server
+
+    server = slack_server.start()
+    yield server
+    slack_server.stop(server)
+
+
 @pytest.fixture(scope="session")
 def lab():
     """Three SSH hosts in network namespaces (infra/lab): broker1, driver1, driver2."""

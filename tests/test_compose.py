@@ -60,11 +60,13 @@ def test_every_mounted_or_built_path_exists():
 @pytest.mark.parametrize("service", AIRFLOW)
 def test_airflow_services_get_every_setting_the_pipeline_reads(service):
     provided = env(service)
-    for field in ("state_dir", "db_url", "inventory", "spark_master", "slack_token",
+    for field in ("state_dir", "db_conn_id", "inventory", "spark_master", "slack_conn_id",
                   "slack_channel"):
         assert f"PERFPIPE_{field.upper()}" in provided, f"{service}: PERFPIPE_{field.upper()}"
     assert set(Settings.model_fields) >= {f[9:].lower() for f in provided if f.startswith("PERFPIPE_")}
-    assert "AIRFLOW_CONN_SPARK_DEFAULT" in provided
+    for conn in ("SPARK_DEFAULT", provided["PERFPIPE_DB_CONN_ID"].upper(),
+                 provided["PERFPIPE_SLACK_CONN_ID"].upper()):
+        assert f"AIRFLOW_CONN_{conn}" in provided, conn
     assert provided["PYTHONPATH"] == MOUNT_ROOT
     assert provided["AIRFLOW__CORE__DAGS_FOLDER"] == f"{MOUNT_ROOT}/dags"
 
@@ -76,11 +78,12 @@ def test_connection_strings_agree_with_the_services():
     assert (meta.hostname, meta.username, meta.path.strip("/")) == (
         "airflow-db", db["POSTGRES_USER"], db["POSTGRES_DB"])
     assert meta.password == expand(db["POSTGRES_PASSWORD"])
-    results = urlsplit(expand(airflow["PERFPIPE_DB_URL"]))
+    results = json.loads(expand(airflow["AIRFLOW_CONN_PERFPIPE_RESULTS"]))
     rdb = env("results-db")
-    assert (results.hostname, results.username, results.path.strip("/")) == (
-        "results-db", rdb["POSTGRES_USER"], rdb["POSTGRES_DB"])
-    assert results.password == expand(rdb["POSTGRES_PASSWORD"])
+    assert (results["conn_type"], results["host"], results["login"], results["schema"]) == (
+        "postgres", "results-db", rdb["POSTGRES_USER"], rdb["POSTGRES_DB"])
+    assert results["password"] == expand(rdb["POSTGRES_PASSWORD"])
+    assert json.loads(expand(airflow["AIRFLOW_CONN_PERFPIPE_SLACK"]))["conn_type"] == "slack"
     assert urlsplit(airflow["AIRFLOW__CELERY__BROKER_URL"]).hostname in SERVICES
     spark = json.loads(airflow["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert f"{spark['host']}:{spark['port']}" == airflow["PERFPIPE_SPARK_MASTER"]

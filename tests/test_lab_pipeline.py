@@ -1,35 +1,69 @@
-"""The whole pipeline over SSH on the lab: broker on broker1, drivers on driver1 and driver2."""
+"""The nightly and release DAGs through Airflow's dag.test() on the lab: the broker on
+broker1 and the drivers on driver1 and driver2, all over SSH; Slack through the Airflow
+Connection `perfpipe_slack`, pointed at a local server that speaks the Slack Web API."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from sql import Store
-from tests.lab import INVENTORY
 from tests.checks import assert_plausible
+from tests.lab import INVENTORY
+
+TOKEN = "xoxb-lab-token-never-logged"
 
 
-def test_pipeline_runs_over_ssh_on_the_lab(lab, tiny_suite, tmp_path):
-    from tasks.pipeline import run_pipeline
-    from tasks.settings import load_settings
+@pytest.fixture
+def slack_connection(slack, monkeypatch):
+    conn = {"conn_type": "slack", "password": TOKEN, "extra": {"base_url": slack.base_url}}
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_SLACK", json.dumps(conn))
+    return slack
 
-    settings = load_settings()
-    outcome = run_pipeline(settings, suite="tiny", inventory=INVENTORY, say=lambda _: None)
-    assert outcome.status == "ok"
-    store = Store(settings.database_url())
-    stages = assert_plausible(store, outcome.run_id)
-    assert all(s["metrics"]["broker_cpu_avg"] is not None for s in stages)  # sampled on broker1
-    run_dir = settings.run_dir(outcome.run_id)
+
+def run_dag(dag_id: str, kind: str, conf: dict) -> tuple[str, str]:
+    from tasks.airflow_run import test_dag
+    from tasks.plan import new_run_id
+
+    airflow_run, state = test_dag(dag_id, conf)
+    return new_run_id(kind, f"{dag_id}/{airflow_run}"), state
+
+
+def assert_spread_over_the_lab(run_dir: Path, stages: list[dict]) -> None:
+    cpus = json.loads((run_dir / "hosts" / "driver2.json").read_text())["cpus"]
     for stage in stages:
         plan = json.loads((run_dir / "raw" / stage["stage_id"] / "stage.json").read_text())
-        assert {p["host"] for p in plan["processes"]} == {"driver1", "driver2"}
+        hosts = Counter(p["host"] for p in plan["processes"])
+        assert hosts == {"driver1": 1, "driver2": cpus}  # driver2 has procs: auto
         counts = []
         for proc in plan["processes"]:
-            spec = json.loads((run_dir / "raw" / stage["stage_id"] / proc["host"] / str(proc["proc"])
-                               / "summary.json").read_text())
-            counts.append(spec["clients"]["publishers"] + spec["clients"]["subscribers"])
+            summary = json.loads((run_dir / "raw" / stage["stage_id"] / proc["host"]
+                                  / str(proc["proc"]) / "summary.json").read_text())
+            counts.append(summary["clients"]["publishers"] + summary["clients"]["subscribers"])
         assert max(counts) - min(counts) <= 1  # clients spread within one of even
+
+
+def test_nightly_then_release_dags_run_over_ssh_on_the_lab(lab, tiny_suite, slack_connection,
+                                                            capfd, caplog):
+    import os
+
+    from tasks.settings import load_settings
+
+    caplog.set_level("DEBUG", logger="slack_sdk")
+
+    settings = load_settings()
+    store = Store(settings.database_url())
+    nightly, state = run_dag("mqtt_perf_nightly", "nightly",
+                             {"suite": "tiny", "inventory": str(INVENTORY)})
+    assert state == "success"
+    stages = assert_plausible(store, nightly)
+    assert all(s["metrics"]["broker_cpu_avg"] is not None for s in stages)  # sampled on broker1
+    run_dir = settings.run_dir(nightly)
+    assert (run_dir / "report.html").exists()
+    assert_spread_over_the_lab(run_dir, stages)
     hosts = {p.stem: json.loads(p.read_text()) for p in (run_dir / "hosts").glob("*.json")}
     assert set(hosts) == {"broker1", "driver1", "driver2"}
     assert all(h["pythonpath"].startswith("/opt/perfpipe/perfpipe-driver-") for h in hosts.values())
@@ -38,3 +72,31 @@ def test_pipeline_runs_over_ssh_on_the_lab(lab, tiny_suite, tmp_path):
     tuning = json.loads((run_dir / "tuning" / "driver1.json").read_text())
     assert tuning["mode"] == "apply" and any(e["action"] == "applied" for e in tuning["entries"])
     assert not (Path(settings.state_dir) / "tuning" / "driver1.json").exists()  # restored
+    assert slack_connection.calls == []  # a first night has no regressions: nobody is pinged
+
+    release, state = run_dag("mqtt_perf_release", "release",
+                             {"release_label": "lab-rc1", "suite": "tiny", "promote": True,
+                              "inventory": str(INVENTORY), "broker_version": "2.0.11"})
+    assert state == "success"
+    assert_plausible(store, release)
+    assert store.release_baseline("lab-rc1") == release
+    assert (settings.run_dir(release) / "report.html").exists()
+    (summary,) = slack_connection.posts()  # a release run always posts its summary
+    assert summary.headers["Authorization"] == f"Bearer {TOKEN}"
+    # compared with the nightly (no release was pinned before): whatever it judged, it says
+    verdicts = [c["verdict"] for s in store.stages(release) for c in s["comparisons"]]
+    told = ", ".join(f"{n} {what}" for n, what in (
+        (verdicts.count("regression"), "regression(s)"), (verdicts.count("suspected"), "suspected"))
+        if n) or "no regressions"
+    assert summary.body["text"] == (f"perfpipe release lab-rc1 run {release}: {told} "
+                                    "(mosquitto 2.0.11, suite tiny)")
+    counts = Counter(verdicts)
+    assert summary.body["blocks"][1]["text"]["text"] == "verdicts: " + ", ".join(
+        f"{n} {verdict.replace('_', ' ')}" for verdict, n in counts.items())
+    # the token is in no log line, no file of the run, and not in Airflow's DB (XCom)
+    out, err = capfd.readouterr()
+    assert f"alert: perfpipe release lab-rc1 run {release}" in out  # the task output was captured
+    assert TOKEN not in caplog.text + out + err
+    files = [p for p in Path(settings.state_dir).rglob("*") if p.is_file()]
+    for path in files + [Path(os.environ["AIRFLOW_HOME"]) / "airflow.db"]:
+        assert TOKEN.encode() not in path.read_bytes(), path

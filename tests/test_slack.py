@@ -26,13 +26,6 @@ FANIN = {"qos": 1, "groups": [{"group": "pub", "role": "pub", "count": 100, "rat
                               {"group": "sub", "role": "sub", "count": 1, "rate_per_client": 0}]}
 
 
-@pytest.fixture
-def slack():
-    server = slack_server.start()
-    yield server
-    slack_server.stop(server)
-
-
 class Nights:
     """Runs with known verdicts in a real SQLite store, and the alert step after each."""
 

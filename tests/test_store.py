@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -462,3 +463,23 @@ def test_fingerprint_hash_is_stable() -> None:
     assert fingerprint_hash({"b": 1, "a": [1, 2]}) == fingerprint_hash({"a": [1, 2], "b": 1})
     assert fingerprint_hash({"a": 1}) != fingerprint_hash({"a": 2})
     assert fingerprint_hash({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()[:16]
+
+
+def test_the_results_db_can_come_from_an_airflow_connection(pg_server, monkeypatch, perfpipe_env) -> None:
+    from sqlalchemy.engine import make_url
+
+    from tasks.settings import load_settings
+
+    url = make_url(create_database(pg_server, f"t_{uuid.uuid4().hex[:12]}"))
+    conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
+            "password": url.password, "schema": url.database}
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps(conn))
+    monkeypatch.setenv("PERFPIPE_DB_CONN_ID", "perfpipe_results")
+    store = Store(load_settings().database_url())
+    store.migrate()
+    store.create_run("r1", kind="manual", suite="smoke", broker_kind="mosquitto", artifact_dir="/x")
+    assert Store(url.render_as_string(hide_password=False)).run("r1")["suite"] == "smoke"
+    assert url.password is None or url.password not in repr(store)
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps({"conn_type": "http", "host": "x"}))
+    with pytest.raises(ValueError, match="make it a postgres Connection"):
+        load_settings().database_url()
