@@ -52,7 +52,7 @@ def submit(run_dir: Path, out_dir: Path, master: str) -> str:
 def load_results(ctx: RunContext) -> list[dict]:
     """Record every stage's metrics and validity in the store; returns one row per stage."""
     document = json.loads((ctx.run_dir / METRICS_DIR / "stage_metrics.json").read_text())
-    stages = {stage.stage_id: stage for stage in ctx.stages}
+    stages = {stage.stage_id: stage for stage in ctx.measured_stages}
     fingerprint = run_fingerprint(ctx)
     broker_kind = ctx.inventory.broker.kind
     store = ctx.store()
@@ -68,6 +68,25 @@ def load_results(ctx: RunContext) -> list[dict]:
                              series=result.get("series", {}), validity=validity,
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
+    return rows + record_searches(ctx, store, fingerprint)
+
+
+def record_searches(ctx: RunContext, store, fingerprint: str) -> list[dict]:
+    """Each max-rate search as a stage of its own whose one metric is `max_rate`: valid
+    only when the search converged (its probes are stages too, never compared)."""
+    templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
+    rows = []
+    for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
+        template = templates[template_id]
+        store.record_stage(ctx.run_id, template_id, scenario=template.scenario,
+                           stage_key=f"{ctx.inventory.broker.kind}|{template_id}",
+                           params={**template.to_dict(), "search_outcome": outcome},
+                           fingerprint_hash=fingerprint)
+        validity = "valid" if outcome["converged"] else "invalid"
+        store.record_results(ctx.run_id, template_id, metrics={"max_rate": outcome["max_rate"]},
+                             series={}, validity=validity, reason=outcome["reason"])
+        rows.append({"stage_id": template_id, "validity": validity,
+                     "reasons": [outcome["reason"]] if outcome["reason"] else []})
     return rows
 
 

@@ -34,14 +34,21 @@ _DEFS: list[MetricDef] = [
     MetricDef("delay_overruns", "count", "none"),
     MetricDef("connects_ok", "count", "none"),
     MetricDef("connects_failed", "count", "lower"),
-    # Not judged until the driver times the connect phase itself: per-second counts of a
-    # sub-second burst swing by 2x between runs.
+    # Connections per second over the stage's connect phase: summed ``connected`` of every
+    # process's summary ``connect_phase`` over max(last_connack_at) - min(first_connect_at)
+    # across processes and hosts (tasks/driver/output.py); null, with a problem line, when
+    # a process lacks connect_phase. Higher is better. Recorded but not judged yet: the
+    # driver paces its connects (spec connect_rate), so the figure is capped by the
+    # scenario, and its night-to-night noise has not been measured.
     MetricDef("connect_rate", "conn/s", "higher"),
     MetricDef("broker_cpu_avg", "%", "lower", 0.10),
     MetricDef("broker_cpu_max", "%", "none"),
     MetricDef("broker_rss_avg", "bytes", "lower", 0.10),
     MetricDef("broker_rss_max", "bytes", "none"),
     MetricDef("broker_cpu_per_10k", "%/(10K msg/s)", "lower", 0.10),
+    # A max-rate search's answer (tasks/ratesearch.py): the highest offered rate the broker
+    # kept up with; recorded on the search's own stage, whose probes are never compared.
+    MetricDef("max_rate", "msg/s", "higher", 0.05),
 ]
 for _kind in LATENCY_KINDS:
     for _stat in LATENCY_STATS:

@@ -78,4 +78,8 @@ def stage_table(settings: Settings, suite: str) -> list[dict]:
                 "msgs in window": round(stage.target_publish_rate * stage.measure_s),
                 "duration s": stage.duration_s,
             })
+            if stage.search:  # the probes' rates are chosen while the run goes
+                rows[-1]["target msg/s"] = f"search from {stage.target_publish_rate:g}"
+                rows[-1]["duration s"] = (f"{stage.duration_s} per probe, at most "
+                                          f"{stage.search['max_probes']} probes")
     return rows

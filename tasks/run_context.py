@@ -19,6 +19,7 @@ from .stages import Stage
 
 PLAN_FILE = "plan.json"
 BROKER_FILE = "broker.json"
+SEARCH_FILE = "search.json"  # max-rate searches: probe stages and outcomes (tasks/workload.py)
 
 
 @dataclass
@@ -42,7 +43,19 @@ class RunContext:
 
     @property
     def stages(self) -> list[Stage]:
+        """The planned stages, in run order (a search template stands for its probes)."""
         return [Stage.from_dict(doc) for doc in self.plan["stages"]]
+
+    def searches(self) -> dict:
+        """{"probes": [stage docs], "outcomes": {template id: outcome}} of this run so far."""
+        path = self.run_dir / SEARCH_FILE
+        return json.loads(path.read_text()) if path.exists() else {"probes": [], "outcomes": {}}
+
+    @property
+    def measured_stages(self) -> list[Stage]:
+        """The stages that ran or run: planned ones, search templates replaced by their probes."""
+        probes = [Stage.from_dict(doc) for doc in self.searches()["probes"]]
+        return [s for s in self.stages if s.search is None] + probes
 
     def host(self, name: str) -> Host:
         """The host, over one connection reused for the rest of this step."""

@@ -168,6 +168,20 @@ class SubscriberGroup(BaseModel):
         return topics
 
 
+class SearchSettings(BaseModel):
+    """Max-rate search (tasks/ratesearch.py): the scenario's rate is where it starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    growth: float = Field(2.0, gt=1.0, le=10.0, description="rate factor between probes "
+                          "until the broker first falls behind")
+    precision: float = Field(0.10, gt=0.0, le=0.5, description="stop when the highest rate "
+                             "kept up and the lowest that was not are this close")
+    max_probes: int = Field(8, ge=2, le=30)
+    tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
+                             "and received within this of what was asked")
+
+
 class StagePlan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -179,6 +193,16 @@ class StagePlan(BaseModel):
                                 "publisher to send this many messages")
     measure_s: int = Field(10, ge=1)
     cooldown_s: int = Field(2, ge=0)
+    search: SearchSettings | None = Field(
+        None, description="search the highest rate the broker keeps up with, starting at the "
+                          "scenario's rate (one probe stage per rate tried)")
+
+    @model_validator(mode="after")
+    def _search_starts_at_one_rate(self) -> StagePlan:
+        if self.search is not None and len(self.rate_pct) != 1:
+            raise ValueError("rate_pct: a search starts from one rate; give one step (e.g. "
+                             "[100]) or drop `search`")
+        return self
 
     @field_validator("clients_pct", "rate_pct")
     @classmethod

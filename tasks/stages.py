@@ -15,7 +15,7 @@ receivers are exactly the subscribers of its topic.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from paho.mqtt.client import topic_matches_sub
 
@@ -49,6 +49,8 @@ class Stage:
     measure_s: int
     cooldown_s: int
     connection: dict = field(default_factory=dict)  # ConnectionSettings, unset fields left out
+    search: dict | None = None  # a max-rate search template: its SearchSettings (not run)
+    probe_of: str | None = None  # a probe stage: the search template it belongs to
 
     @property
     def publishers(self) -> int:
@@ -110,11 +112,24 @@ def expand(scenario: Scenario) -> list[Stage]:
                         tuple(g.topics), clean_session=g.clean_session,
                         share_group=g.share_group))
                 min_rate = min(g.rate_per_client for g in groups if g.role == "pub")
-                stage_id = f"{scenario.name}.q{qos}.c{clients_pct}.r{rate_pct}"
+                search = plan.search.model_dump() if plan.search else None
+                stage_id = (f"{scenario.name}.q{qos}.c{clients_pct}."
+                            + ("search" if search else f"r{rate_pct}"))
                 stages.append(Stage(stage_id, scenario.name, len(stages), qos, clients_pct,
                                     rate_pct, tuple(groups), warmup_for(plan, min_rate),
-                                    plan.measure_s, plan.cooldown_s, connection))
+                                    plan.measure_s, plan.cooldown_s, connection, search))
     return stages
+
+
+def probe(template: Stage, rate: float, number: int) -> Stage:
+    """Probe `number` of a search template: the same clients, all publishers scaled so
+    they offer `rate` msg/s together."""
+    factor = rate / template.target_publish_rate
+    groups = tuple(replace(g, rate_per_client=g.rate_per_client * factor) if g.role == "pub"
+                   else g for g in template.groups)
+    return replace(template, stage_id=f"{template.stage_id}.p{number}", groups=groups,
+                   rate_pct=max(1, round(template.rate_pct * factor)), search=None,
+                   probe_of=template.stage_id)
 
 
 def render_topic(template: str, *, scenario: str, group: str, i: int, n: int | None = None,

@@ -7,17 +7,20 @@ the broker over the same window, and wait for every process to finish within a b
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .driver.output import READY_FILE, STAGE_FILE, START_FILE
+from .driver.output import COUNTERS_FILE, READY_FILE, STAGE_FILE, START_FILE
 from .hosts import Host
 from .provision import host_cpus, host_pythonpath
-from .run_context import RunContext
-from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, place,
+from .ratesearch import ProbeResult, RateSearch, SearchPolicy
+from .run_context import SEARCH_FILE, RunContext
+from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, place, probe,
                      process_spec, receivers)
 
 READY_TIMEOUT_S = 60.0
@@ -130,7 +133,51 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes = _wait_done(launched, windows["end"] + 30)
-    return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes}
+    return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes,
+            "windows": windows, "expected_delivery_rate": expected_delivery_rate(plans),
+            "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
+
+
+def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
+    """How a probe stage went, from its processes' per-second counters over the measure
+    window (read straight from the hosts: the search decides before the next probe)."""
+    first, last = ran["windows"]["measure_start"], ran["windows"]["measure_end"]
+    totals = dict.fromkeys(("published", "received", "duplicated", "errors"), 0)
+    for host_name, out_dir in ran["out_dirs"]:
+        text = ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
+        for row in csv.DictReader(io.StringIO(text)):
+            if first <= int(row["second"]) < last:
+                for name in totals:
+                    totals[name] += int(row[name])
+    seconds = last - first
+    offered = stage.target_publish_rate * seconds
+    expected = ran["expected_delivery_rate"] * seconds
+    return ProbeResult(rate=stage.target_publish_rate,
+                       sent_ratio=totals["published"] / offered if offered else 0.0,
+                       received_ratio=(totals["received"] - totals["duplicated"]) / expected
+                       if expected else 0.0, errors=totals["errors"])
+
+
+def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -> dict:
+    """A max-rate search: probe stages at rates chosen by `tasks.ratesearch` from how the
+    previous probes went. Each probe is recorded in search.json before it runs, so the
+    later steps collect, aggregate and report it like any stage."""
+    search = RateSearch(template.target_publish_rate, SearchPolicy(**template.search))
+    record = ctx.searches()
+    while (rate := search.next_rate()) is not None:
+        stage = probe(template, rate, len(search.probes) + 1)
+        record["probes"].append(stage.to_dict())
+        ctx.write_json(SEARCH_FILE, record)
+        result = probe_result(ctx, stage, run_stage(ctx, stage, broker))
+        kept = search.record(result)
+        progress(f"  probe {stage.stage_id}: {rate:,.0f} msg/s "
+                 f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}")
+    record["outcomes"][template.stage_id] = search.outcome()
+    ctx.write_json(SEARCH_FILE, record)
+    outcome = record["outcomes"][template.stage_id]
+    progress(f"  {template.stage_id}: max rate {outcome['max_rate'] or 0:,.0f} msg/s"
+             + (f" ({outcome['reason']})" if outcome["reason"] else ""))
+    return {"stage_id": template.stage_id, "search": outcome}
 
 
 def run_stage_by_id(ctx: RunContext, stage_id: str) -> dict:
@@ -148,5 +195,8 @@ def run_stages(ctx: RunContext, progress=print) -> list[dict]:
         progress(f"stage {number}/{len(ctx.stages)} {stage.stage_id}: {stage.publishers} pubs, "
                  f"{stage.subscribers} subs, {stage.target_publish_rate:g} msg/s, "
                  f"{stage.duration_s} s")
-        results.append(run_stage(ctx, stage, broker))
+        if stage.search is not None:
+            results.append(run_search(ctx, stage, broker, progress))
+        else:
+            results.append(run_stage(ctx, stage, broker))
     return results
