@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .driver.output import FAILFAST_FILE
 from .provision import run_fingerprint
 from .run_context import RunContext
 from .settings import REPO_ROOT
@@ -61,6 +62,10 @@ def load_results(ctx: RunContext) -> list[dict]:
         stage = stages[result["stage_id"]]
         validity, reasons = judge(result["metrics"], qos=stage.qos,
                                   aggregation_status=result["status"], problems=result["problems"])
+        stopped = ctx.run_dir / "raw" / stage.stage_id / FAILFAST_FILE
+        if stopped.exists():
+            validity = "invalid"
+            reasons.insert(0, "stopped early: " + json.loads(stopped.read_text())["reason"])
         store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
                            stage_key=f"{broker_kind}|{stage.stage_id}", params=stage.to_dict(),
                            fingerprint_hash=fingerprint)

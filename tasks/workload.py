@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .driver.output import COUNTERS_FILE, READY_FILE, STAGE_FILE, START_FILE
+from .driver.output import (COUNTERS_FILE, FAILFAST_FILE, PROGRESS_FILE, READY_FILE, STAGE_FILE,
+                            START_FILE)
+from .failfast import FailFast, breach, progress_line
 from .hosts import Host
 from .provision import host_cpus, host_pythonpath
 from .ratesearch import ProbeResult, RateSearch, SearchPolicy
@@ -26,6 +28,7 @@ from .stages import (ProcessPlan, Stage, driver_slots, expected_delivery_rate, p
 READY_TIMEOUT_S = 60.0
 START_LEAD_S = 2  # seconds between the barrier and the common start
 PROCESSES_DIR = "processes"  # launched process groups, for teardown
+PROGRESS_EVERY_S = 5.0  # live progress lines while a stage runs
 
 
 class StageError(RuntimeError):
@@ -78,20 +81,44 @@ def _wait_ready(launched: list[Launched], timeout_s: float) -> None:
         raise StageError(f"drivers not ready after {timeout_s:.0f} s: {names}")
 
 
-def _wait_done(launched: list[Launched], until: float) -> dict[str, int | None]:
+def _progress(launched: list[Launched]) -> list[dict]:
+    docs = []
+    for proc in launched:
+        text = proc.host.read_file(f"{proc.out_dir}/{PROGRESS_FILE}")
+        try:
+            docs.append(json.loads(text) if text else {})
+        except ValueError:
+            docs.append({})  # being replaced right now: next time
+    return docs
+
+
+def _wait_done(launched: list[Launched], until: float, *, started: float,
+               progress=print, rule: FailFast = FailFast()) -> tuple[dict, str | None]:
+    """Wait for every process to exit; meanwhile say how the stage goes every few seconds
+    and stop it early when a fail-fast rule is broken. (exit codes, fail-fast reason)."""
     codes: dict[str, int | None] = {}
     pending = list(launched)
+    stopped, said_at = None, time.monotonic()
     while pending and time.time() < until:
         for proc in list(pending):
             code = proc.host.exit_code(f"{proc.out_dir}/driver.log")
             if code is not None:
                 codes[f"{proc.plan.host}/{proc.plan.proc}"] = code
                 pending.remove(proc)
+        if pending and time.monotonic() - said_at >= PROGRESS_EVERY_S:
+            said_at = time.monotonic()
+            snapshot = _progress(launched)
+            progress(progress_line(snapshot, max(0.0, time.time() - started)))
+            if stopped is None and (stopped := breach(snapshot, rule)) is not None:
+                progress(f"    stopping the stage: {stopped}")
+                for proc in pending:
+                    proc.host.kill_group(proc.group_pid)  # SIGTERM: partial files are written
+                until = min(until, time.time() + 15)
         time.sleep(0.2)
     for proc in pending:  # overran its bound: stop it, the partial files say the rest
         proc.host.kill_group(proc.group_pid)
         codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
-    return codes
+    return codes, stopped
 
 
 def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> None:
@@ -105,7 +132,7 @@ def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> N
                  "--out", out_dir], f"{out_dir}/sampler.log")
 
 
-def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
+def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
     inventory = ctx.inventory
     plans = place(stage, driver_slots(inventory.driver_procs(host_cpus(ctx))))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
@@ -117,6 +144,12 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
         for proc in launched:
             proc.host.kill_group(proc.group_pid)
         raise
+    refused = breach(_progress(launched))  # connection failures show at the barrier
+    if refused:
+        progress(f"    not starting the stage: {refused}")
+        for proc in launched:
+            proc.host.kill_group(proc.group_pid)
+        ctx.write_json(f"raw/{stage.stage_id}/{FAILFAST_FILE}", {"reason": refused})
     start_at = int(time.time()) + START_LEAD_S
     windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
                "measure_end": start_at + stage.warmup_s + stage.measure_s,
@@ -132,8 +165,13 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict) -> dict:
     _start_sampler(ctx, broker, stage, windows["end"])
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
-    codes = _wait_done(launched, windows["end"] + 30)
+    codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
+                                progress=progress)
+    stopped = refused or stopped
+    if stopped:
+        ctx.write_json(f"raw/{stage.stage_id}/{FAILFAST_FILE}", {"reason": stopped})
     return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes,
+            "stopped": stopped,
             "windows": windows, "expected_delivery_rate": expected_delivery_rate(plans),
             "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
 
@@ -168,7 +206,7 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         stage = probe(template, rate, len(search.probes) + 1)
         record["probes"].append(stage.to_dict())
         ctx.write_json(SEARCH_FILE, record)
-        result = probe_result(ctx, stage, run_stage(ctx, stage, broker))
+        result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
         kept = search.record(result)
         progress(f"  probe {stage.stage_id}: {rate:,.0f} msg/s "
                  f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}")
@@ -198,5 +236,5 @@ def run_stages(ctx: RunContext, progress=print) -> list[dict]:
         if stage.search is not None:
             results.append(run_search(ctx, stage, broker, progress))
         else:
-            results.append(run_stage(ctx, stage, broker))
+            results.append(run_stage(ctx, stage, broker, progress))
     return results

@@ -38,12 +38,12 @@ def mosquitto_binary() -> str:
 
 
 class Broker:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra_conf: str = "") -> None:
         self.port = free_port()
         conf = workdir / "mosquitto.conf"
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
                         "persistence false\nmax_queued_messages 1000000\n"
-                        "max_inflight_messages 0\nlog_dest stderr\n")
+                        "max_inflight_messages 0\nlog_dest stderr\n" + extra_conf)
         self.log = open(workdir / "mosquitto.log", "w")
         self.process = subprocess.Popen([mosquitto_binary(), "-c", str(conf)],
                                         stdout=self.log, stderr=subprocess.STDOUT)

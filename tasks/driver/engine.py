@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
 from .fastpath import Reader, Scheduler, stream_last_seqs
-from .output import READY_FILE, START_FILE, RawWriter, write_json
+from .output import PROGRESS_FILE, READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
 from .session import CONNECTED, DEAD, READY, Sessions
 from .spec import ProcessSpec
@@ -34,6 +34,7 @@ from .wire import HEADER, run_tag
 
 __all__ = ["Engine", "HEADER", "raise_fd_limit", "run_tag"]
 HOUSEKEEPING_SLICES = 10  # paho keepalive for 1/10 of the clients every 100 ms
+PROGRESS_EVERY_S = 1.0
 
 
 class Engine:
@@ -50,6 +51,8 @@ class Engine:
         self.stop_requested = False
         self._slice = 0
         self._misc_at = time.monotonic()
+        self._progress_at = 0.0
+        self.phase = "connect"
 
     # ---- phases -------------------------------------------------------------------------
     def connect_all(self) -> None:
@@ -81,6 +84,8 @@ class Engine:
 
     def wait_for_start(self) -> int | None:
         """Report readiness, then wait for the orchestrator's common start time."""
+        self.phase = "wait"
+        self.write_progress()
         conns = self.sessions.conns
         ready = sum(1 for c in conns if c.state == READY)
         write_json(self.out_dir / READY_FILE, {"ready": ready, "clients": len(conns)})
@@ -106,6 +111,7 @@ class Engine:
         while time.time() < start_at and not self.stop_requested:
             sessions.poll(min(0.05, max(0.0, start_at - time.time())))
             self._housekeeping()
+        self.phase = "publish"
         publishers = [c for c in sessions.conns if c.role == "pub" and c.state == READY]
         end_ns = pub_end * 1_000_000_000
         scheduler = Scheduler(sessions, self.acct, publishers, start_at * 1_000_000_000,
@@ -127,6 +133,7 @@ class Engine:
                 sessions.poll(min(max(wait, 0.0), 0.01, (end_ns - now) / 1e9), precise=True)
             self._housekeeping()
         drain_end = self.windows["end"]
+        self.phase = "drain"
         while time.time() < drain_end and not self.stop_requested:
             sessions.poll(min(0.02, max(0.0, drain_end - time.time())))
             self._housekeeping()
@@ -142,6 +149,17 @@ class Engine:
         start = self._slice * size
         self.sessions.housekeeping(start, start + size)
         self._slice = (self._slice + 1) % HOUSEKEEPING_SLICES
+        if now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            self.write_progress()
+
+    def write_progress(self) -> None:
+        """Cumulative counters for the orchestrator's fail-fast rules and live progress."""
+        totals = self.acct.totals()
+        write_json(self.out_dir / PROGRESS_FILE, {
+            "t": round(time.time(), 3), "phase": self.phase, "clients": len(self.sessions.conns),
+            **{k: totals[k] for k in ("published", "received", "errors", "connects_ok",
+                                      "connects_failed")}})
 
     # ---- whole stage --------------------------------------------------------------------
     def run(self) -> dict:

@@ -31,6 +31,11 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   code in paho's MQTT 5 numbering, e.g. 135 not authorized, with ``reason``), connection_lost (``code``: errno, or paho's MQTT_ERR_* when
                   the broker closed or the keepalive expired), subscribe_refused, not_ready,
                   no_start, stopped (SIGTERM), driver_error (with ``trace``), close_error.
+``progress.json`` rewritten about once a second while the process runs: {t (Unix
+                  seconds), phase (connect, wait, publish, drain), clients, and the
+                  cumulative counters published, received, errors, connects_ok,
+                  connects_failed}; the orchestrator's fail-fast rules and live progress
+                  read it (`tasks.failfast`), the aggregation does not.
 ``summary.json``  written last (its presence marks a complete process): the stage window in
                   Unix seconds, the config echo without secrets, library versions, the clock
                   source, totals and the last sequence number of every publisher stream
@@ -67,6 +72,8 @@ starts the stage, and tells the aggregation what was intended:
              ``last_seq``,
   processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
   broker_host: the host whose ``sampler/`` holds broker.csv, or null.
+``raw/<stage_id>/failfast.json`` ({reason}) is written by the orchestrator when it stopped
+the stage early on a fail-fast rule (`tasks.failfast`); the stage is then invalid.
 """
 
 from __future__ import annotations
@@ -93,7 +100,9 @@ SUMMARY_FILE = "summary.json"
 SAMPLER_FILE = "broker.csv"
 READY_FILE = "ready.json"
 START_FILE = "start.json"
+PROGRESS_FILE = "progress.json"
 STAGE_FILE = "stage.json"
+FAILFAST_FILE = "failfast.json"
 
 
 def _atomic_write(path: Path, write) -> None:

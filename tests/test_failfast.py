@@ -1,0 +1,57 @@
+"""Fail-fast: a stage whose clients the broker turns away is stopped at the barrier and
+reported invalid with the rule, instead of measuring for its whole window."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tasks.failfast import FailFast, breach
+from tests.conftest import Broker
+
+
+def test_rules_judge_the_sum_of_every_process():
+    ok = [{"clients": 50, "connects_failed": 1, "errors": 0, "published": 10, "received": 0}] * 2
+    assert breach(ok) is None
+    refused = ok + [{"clients": 50, "connects_failed": 10}]
+    assert breach(refused) == "12 of 150 connections failed (fail-fast above 5%)"
+    errors = [{"clients": 10, "published": 500, "received": 480, "errors": 11}]
+    assert breach(errors) == "11 client errors for 980 messages (fail-fast above 1%)"
+    assert breach(errors, FailFast(max_error_ratio=0.02)) is None
+    assert breach([{"clients": 10, "published": 50, "errors": 5}]) is None  # too few yet
+
+
+def test_a_broker_refusing_most_clients_stops_the_stage_at_the_barrier(tmp_path: Path, tiny_suite):
+    from tasks.broker import start_broker
+    from tasks.plan import plan_run
+    from tasks.provision import provision_host
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.workload import run_stages
+
+    (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
+        "suites: {tiny0: [{scenario: tiny_fanin, qos: [0]}]}\n")  # one stage is enough
+    broker = Broker(tmp_path, extra_conf="max_connections 4\n")  # the stage has 21 clients
+    try:
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(
+            "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+            f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {broker.port}}}\n")
+        settings = load_settings()
+        ctx = RunContext.load(settings, plan_run(settings, suite="tiny0", inventory=inventory))
+        provision_host(ctx, "localhost")
+        start_broker(ctx)
+        said: list[str] = []
+        started = time.monotonic()
+        results = run_stages(ctx, progress=said.append)
+        took = time.monotonic() - started
+    finally:
+        broker.kill()
+    assert len(results) == 1
+    for result in results:
+        assert "connections failed (fail-fast above 5%)" in result["stopped"], said
+        reason = json.loads((ctx.run_dir / "raw" / result["stage_id"] / "failfast.json").read_text())
+        assert reason == {"reason": result["stopped"]}
+    assert any(line.startswith("    not starting the stage:") for line in said)
+    assert took < 30  # far less than the stage's bound
