@@ -8,7 +8,7 @@ VENV := $(STATE)/venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
-APT_PACKAGES := mosquitto mosquitto-clients openssh-server openssh-client iproute2 postgresql openjdk-17-jdk-headless procps util-linux activemq libmqtt-client-java chromium
+APT_PACKAGES := mosquitto mosquitto-clients openssh-server openssh-client iproute2 postgresql openjdk-17-jdk-headless procps util-linux activemq libmqtt-client-java chromium rabbitmq-server
 
 export AIRFLOW_HOME := $(STATE)/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -53,6 +53,7 @@ $(STATE)/.os-deps: Makefile
 	  command -v ssh-keygen >/dev/null || missing="$$missing ssh-keygen"; \
 	  command -v java >/dev/null && command -v jcmd >/dev/null || missing="$$missing java"; \
 	  [ -e /usr/share/java/activemq-mqtt.jar ] && [ -e /usr/share/java/mqtt-client.jar ] || missing="$$missing activemq"; \
+	  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing="$$missing rabbitmq-server"; \
 	  command -v setsid >/dev/null || missing="$$missing setsid"; \
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \

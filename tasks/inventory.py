@@ -65,7 +65,7 @@ class HostConfig(BaseModel):
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["mosquitto", "activemq"] = "mosquitto"
+    kind: Literal["mosquitto", "activemq", "rabbitmq", "ibmmq", "emqx", "tbmq"] = "mosquitto"
     host: str | None = Field(None, description="inventory host that runs the broker; may be "
                              "left out for an unmanaged broker perfpipe only connects to")
     managed: bool = Field(True, description="false: the broker already runs; never start or stop it")

@@ -1,0 +1,115 @@
+"""What configuration-only adapters share: brokers perfpipe cannot start on a host.
+
+IBM MQ, EMQX and TBMQ do not install from this machine's OS packages, so perfpipe never
+pretends to run them. Such an adapter
+
+- renders the broker's configuration and the commands that set it up (``render``;
+  ``python -m tasks.brokers.render KIND`` prints them) for a human or an existing
+  installation;
+- with ``managed: false`` (the broker already runs), checks it with a real MQTT CONNECT
+  (``health``), reads its version where the broker tells it (``probe_version``: its HTTP
+  status API or a ``$SYS`` version topic) and takes a ``$SYS`` snapshot (``stats``);
+- with ``managed: true``, refuses in ``start`` with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import paho.mqtt.client as mqtt
+
+from ..hosts import Host
+from .mosquitto import BrokerError, health_check
+
+# Where brokers announce their version: EMQX ($SYS/brokers/<node>/version), Mosquitto and
+# others ($SYS/broker/version).
+SYS_VERSION_TOPICS = ("$SYS/brokers/+/version", "$SYS/broker/version")
+
+
+def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float = 3.0,
+                 first_only: bool = False) -> dict[str, str]:
+    """topic -> payload of the $SYS messages seen within wait_s ({} when none or unreachable)."""
+    seen: dict[str, str] = {}
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-sys",
+                         protocol=mqtt.MQTTv311)
+    client.on_connect = lambda c, *_: [c.subscribe(t) for t in topics]
+    client.on_message = lambda c, u, m: seen.setdefault(m.topic, m.payload.decode(errors="replace"))
+    try:
+        client.connect(address, port, keepalive=10)
+        client.loop_start()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not (first_only and seen):
+            time.sleep(0.05)
+    except OSError:
+        return {}
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    return seen
+
+
+def version_number(text: str) -> str | None:
+    match = re.search(r"(\d+\.\d+[\w.-]*)", text or "")
+    return match.group(1) if match else None
+
+
+def http_json(url: str, timeout_s: float = 3.0) -> dict | None:
+    """A JSON object from an HTTP GET, or None when unreachable or not JSON."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (http only)
+            body = json.loads(response.read().decode())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+class ConfigOnlyBroker:
+    """Base of the configuration-only adapters (see the module docstring)."""
+
+    kind = ""
+    title = ""
+    managed_fix = ""  # what to do instead of managed: true
+    sys_stats_topics: tuple[str, ...] = ("$SYS/#",)
+
+    def __init__(self, host: Host | None = None) -> None:
+        self.host = host
+
+    @classmethod
+    def managed_error(cls) -> str:
+        return f"broker.managed: {cls.title} cannot be started by perfpipe on a host; {cls.managed_fix}"
+
+    def start(self, run_dir: str, address: str, port: int) -> dict:
+        raise BrokerError(self.managed_error())
+
+    def stop(self, group_pid: int, timeout_s: float = 0.0) -> None:
+        raise BrokerError(f"{self.title} is never started by perfpipe, so it never stops it")
+
+    def version(self) -> str:
+        """The version as the broker host reports it (called by the broker step when
+        ``broker.host`` is set); "unknown" when it cannot be told from there."""
+        return "unknown"
+
+    def health(self, address: str, port: int, timeout_s: float = 10.0) -> float:
+        """A real MQTT CONNECT/CONNACK to the running broker; seconds, or BrokerError."""
+        return health_check(address, port, timeout_s)
+
+    def probe_version(self, address: str, port: int) -> str:
+        """The running broker's version over the network, or "unknown"."""
+        seen = sys_messages(address, port, SYS_VERSION_TOPICS, first_only=True)
+        found = [v for v in map(version_number, seen.values()) if v]
+        return found[0] if found else "unknown"
+
+    def stats(self, address: str, port: int, wait_s: float = 3.0) -> dict[str, str]:
+        """A snapshot of the broker's $SYS topics ({} when it publishes none to this client)."""
+        return sys_messages(address, port, self.sys_stats_topics, wait_s=wait_s)
+
+    def render(self, **settings) -> dict[str, str]:
+        """file name -> text of the configuration and setup commands."""
+        raise NotImplementedError

@@ -1,0 +1,99 @@
+"""RabbitMQ's MQTT plugin, for real: the whole pipeline with ``broker.kind: rabbitmq``.
+
+perfpipe starts a private RabbitMQ node on this machine (Debian's rabbitmq-server 3.10,
+installed by `make deps`), the tiny suite drives QoS 0 and QoS 1 stages through it, and
+teardown stops it. The node takes 5-15 s to start (more on a busy machine): the test
+reads the measured start time from broker.json, prints it and bounds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sql import Store
+from tests.checks import assert_plausible
+
+START_BOUND_S = 60.0
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def epmd_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-x", "epmd"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+@pytest.fixture
+def bystander_epmd():
+    """An epmd perfpipe did not start (as a system one would be): it must survive the run."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(["epmd", "-port", str(port)])
+    yield process
+    process.kill()
+    process.wait(5)
+
+
+def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_path: Path,
+                                                                 bystander_epmd, capsys):
+    from tasks.brokers.rabbitmq import RabbitMQ
+    from tasks.hosts import LocalHost
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    installed = RabbitMQ(LocalHost()).version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", installed)
+    epmd_before = epmd_pids()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "hosts: [{name: localhost, transport: local, roles: [broker, driver], procs: 1}]\n"
+        "broker: {kind: rabbitmq, host: localhost, managed: true, address: 127.0.0.1}\n")
+
+    started = time.monotonic()
+    outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory, say=lambda _: None)
+    took = time.monotonic() - started
+    assert outcome.status == "ok"
+
+    store = Store(load_settings().database_url())
+    stages = assert_plausible(store, outcome.run_id)  # QoS 0 and QoS 1, 500 msg/s delivered
+    assert sorted(s["params"]["qos"] for s in stages) == [0, 1]
+    assert all(s["metrics"]["broker_cpu_avg"] is not None for s in stages)  # the VM sampled
+    assert store.run(outcome.run_id)["broker_version"] == installed
+
+    run_dir = Path(store.run(outcome.run_id)["artifact_dir"])
+    state = json.loads((run_dir / "broker.json").read_text())
+    assert state["kind"] == "rabbitmq" and state["stopped"] is True
+    assert state["version"] == state["running_version"] == installed
+    assert state["connect_s"] < 5
+    assert state["base"].startswith(str(run_dir))  # config, Mnesia, logs in the run folder
+    assert (run_dir / "broker" / "enabled_plugins").read_text() == "[rabbitmq_mqtt].\n"
+    assert (run_dir / "broker" / "mnesia" / state["node"]).is_dir()
+    with capsys.disabled():
+        print(f"\nRabbitMQ start (launch to first CONNACK): {state['start_s']:.1f} s; "
+              f"whole pipeline run: {took:.1f} s")
+    assert state["start_s"] < START_BOUND_S
+
+    # nothing left: no process of the session or the node, no listener, no own epmd
+    leftovers = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(state["group_pid"])],
+                               capture_output=True, text=True).stdout.strip()
+    assert leftovers == ""
+    by_node = subprocess.run(["pgrep", "-f", state["node"]], capture_output=True, text=True)
+    assert by_node.stdout.strip() == ""
+    for name, port in state["ports"].items():
+        assert not listening(port), f"{name} port {port} still listens"
+    assert bystander_epmd.poll() is None, "perfpipe stopped an epmd it did not start"
+    assert epmd_pids() == epmd_before  # its own epmd is gone, every other one still runs
