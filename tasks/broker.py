@@ -3,13 +3,52 @@
 A managed broker is started on its host with a benchmark config and stopped at teardown;
 an unmanaged one (``managed: false`` in the inventory) is only health-checked, never
 started or stopped.
+
+TLS: when a planned stage connects over TLS (a scenario's ``connection.tls``), a managed
+broker also gets a TLS listener on that block's ``port``, with a CA and server certificate
+generated for the run (`tasks.brokers.mosquitto.make_certificates`; the CA and the
+certificate are kept in the run's ``broker/tls/``). The CA is installed on every driver
+host at each ``tls.ca_file`` named ``perfpipe-ca.pem`` (any other ca_file is the user's
+own and left alone).
 """
 
 from __future__ import annotations
 
+import posixpath
+from pathlib import Path
+
 from .brokers import ADAPTERS, BrokerError
-from .brokers.mosquitto import health_check, sys_version
+from .brokers.mosquitto import TLS_DIR, health_check, sys_version
 from .run_context import BROKER_FILE, RunContext
+
+GENERATED_CA = "perfpipe-ca.pem"  # a tls.ca_file with this name gets the run's generated CA
+
+
+def tls_wanted(ctx: RunContext) -> dict | None:
+    """{port, ca_files} of the TLS listener the planned stages connect to, or None."""
+    ports, ca_files = set(), set()
+    for stage in ctx.stages:
+        tls = (stage.connection or {}).get("tls")
+        if tls is None:
+            continue
+        if not tls.get("port"):
+            raise BrokerError(f"stage {stage.stage_id}: connection.tls needs port: (the broker's "
+                              f"TLS listener, e.g. 8883); the default is the plain port")
+        ports.add(tls["port"])
+        if tls.get("ca_file") and posixpath.basename(tls["ca_file"]) == GENERATED_CA:
+            ca_files.add(tls["ca_file"])
+    if len(ports) > 1:
+        raise BrokerError(f"the planned TLS stages use ports {sorted(ports)}; perfpipe opens one "
+                          f"TLS listener, so give every connection.tls the same port")
+    return {"port": ports.pop(), "ca_files": sorted(ca_files)} if ports else None
+
+
+def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
+    for host_config in ctx.inventory.driver_hosts():
+        host = ctx.host(host_config.name)
+        for path in ca_files:
+            host.mkdir(posixpath.dirname(path))
+            host.put(Path(local_ca), path)
 
 
 def start_broker(ctx: RunContext) -> dict:
@@ -30,7 +69,19 @@ def start_broker(ctx: RunContext) -> dict:
         if existing.exists():  # a retried task: stop what the first try started
             stop_broker(ctx)
         port = config.port or host.free_port()
-        state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port))
+        tls = tls_wanted(ctx)
+        options = {}
+        if tls:
+            if config.kind != "mosquitto":
+                raise BrokerError(f"{config.kind}: perfpipe cannot give it a TLS listener; leave "
+                                  f"the TLS scenarios out of the suite")
+            options = {"tls_port": tls["port"], "local_dir": ctx.run_dir / TLS_DIR,
+                       "tls_names": [address, config.host, "localhost", "127.0.0.1"]}
+        state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
+                                                 **options))
+        if tls:
+            install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
+            state["tls"]["installed_ca_files"] = tls["ca_files"]
     else:
         state.update(port=config.port, pid=None)
         state["connect_s"] = health_check(address, config.port)

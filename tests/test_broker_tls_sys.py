@@ -1,0 +1,147 @@
+"""Mosquitto's TLS listener with a generated CA, and the sampler's $SYS samples, on this
+machine (the lab test tests/test_lab_nightly_suite.py runs both over SSH)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import pwd
+import shutil
+import ssl
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tasks.broker import GENERATED_CA, tls_wanted
+from tasks.brokers import BrokerError
+from tasks.brokers.mosquitto import Mosquitto, health_check, make_certificates
+from tasks.driver import sampler
+from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
+from tasks.hosts import LocalHost
+from tests.conftest import free_port
+
+
+@pytest.fixture(params=["traversable", "private"])
+def run_dir(request, tmp_path):
+    """A run directory Mosquitto's own user can reach (as under /var/tmp/perfpipe on a
+    broker host), or one under a 0700 directory (pytest's tmp_path, when run as root)."""
+    if request.param == "private":
+        yield tmp_path / "run"
+        return
+    base = Path(tempfile.mkdtemp(prefix="perfpipe-tls-test-", dir="/var/tmp"))
+    base.chmod(0o755)
+    yield base / "run"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def tls_broker(run_dir, tmp_path):
+    host = LocalHost(work_root=str(run_dir))
+    adapter = Mosquitto(host)
+    port, tls_port = free_port(), free_port()
+    state = adapter.start(str(run_dir), "127.0.0.1", port, tls_port=tls_port,
+                          tls_names=["127.0.0.1", "localhost"], local_dir=tmp_path / "local")
+    yield SimpleNamespace(state=state, port=port, tls_port=tls_port, run_dir=run_dir,
+                          local=tmp_path / "local", private=run_dir.parent == tmp_path)
+    adapter.stop(state["group_pid"])
+
+
+def test_tls_listener_with_a_generated_ca_and_a_private_key(tls_broker):
+    state = tls_broker.state
+    key = Path(state["tls"]["key_file"])
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    if os.geteuid() == 0:  # Mosquitto reads its key after dropping root to its own user
+        assert state["tls"].get("runs_as") == ("root" if tls_broker.private else None)
+        owner = "root" if tls_broker.private else "mosquitto"
+        assert key.stat().st_uid == pwd.getpwnam(owner).pw_uid
+    assert not (tls_broker.local / "server.key").exists()  # the key only on the broker host
+    assert not list(tls_broker.local.glob("*key*"))  # and the CA key nowhere
+    config = Path(state["config"]).read_text()
+    assert "sys_interval 1" in config
+    assert f"listener {tls_broker.tls_port} 127.0.0.1" in config
+    # a verified TLS CONNECT (host name checked) on the TLS port, plain on the plain port
+    assert health_check("127.0.0.1", tls_broker.tls_port, ca_file=state["tls"]["local_ca_file"]) > 0
+    assert health_check("127.0.0.1", tls_broker.port) > 0
+    # without the generated CA the certificate is not trusted
+    other = make_certificates(tls_broker.local / "other", ["127.0.0.1"])
+    with pytest.raises(BrokerError, match="CERTIFICATE_VERIFY_FAILED|certificate verify"):
+        health_check("127.0.0.1", tls_broker.tls_port, timeout_s=1, ca_file=str(other["ca"]))
+
+
+@pytest.mark.parametrize("run_dir", ["traversable"], indirect=True)
+def test_the_sampler_records_sys_next_to_cpu_and_rss(tls_broker, tmp_path):
+    out = tmp_path / "sampler"
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="sys-test-pub")
+    publisher.tls_set(ca_certs=tls_broker.state["tls"]["local_ca_file"],
+                      cert_reqs=ssl.CERT_REQUIRED)
+    publisher.connect("127.0.0.1", tls_broker.tls_port)
+    publisher.loop_start()
+    for _ in range(20):
+        publisher.publish("perfpipe/test/sys", b"x" * 40, qos=1)
+    until = time.time() + 3.5
+    assert sampler.main(["--pid", str(tls_broker.state["pid"]), "--until", str(until),
+                         "--out", str(out)]) == 0
+    publisher.loop_stop()
+    publisher.disconnect()
+    with open(out / SAMPLER_FILE) as handle:
+        rows = list(csv.reader(handle))
+    assert tuple(rows[0]) == SAMPLER_COLUMNS  # the Spark contract, unchanged
+    with open(out / sampler.SYS_FILE) as handle:
+        sys_rows = list(csv.DictReader(handle))
+    assert tuple(sys_rows[0]) == sampler.SYS_COLUMNS
+    assert [r["second"] for r in sys_rows] == [r[0] for r in rows[1:]]  # the same seconds
+    last = sys_rows[-1]
+    assert int(last["clients_connected"]) >= 2  # the publisher and the sampler itself
+    assert int(last["pub_received"]) >= 20
+    assert int(last["store_messages"]) >= int(last["retained_messages"]) > 0
+    assert int(last["queued_messages"]) >= 0 and int(last["heap_current"]) > 0
+
+
+def test_the_sampler_finds_the_plain_listener_in_the_broker_config():
+    config = ("user mosquitto\nlistener 8883 10.0.0.1\ncafile /x/ca.pem\ncertfile /x/s.pem\n"
+              "keyfile /x/s.key\nlistener 1883 10.0.0.1\nallow_anonymous true\n"
+              "listener 9001\nprotocol websockets\n")
+    assert sampler.plain_listener(config) == ("10.0.0.1", 1883)
+    assert sampler.plain_listener("listener 1884\n") == ("127.0.0.1", 1884)
+    assert sampler.plain_listener("port 1885\n") == ("127.0.0.1", 1885)
+    assert sampler.plain_listener("listener 8883\ncertfile /s.pem\n") is None
+
+
+def test_sys_rows_derive_rates_and_backlog():
+    first = sampler.sys_row(10, {"$SYS/broker/publish/messages/received": "100",
+                                 "$SYS/broker/store/messages/count": "60",
+                                 "$SYS/broker/retained messages/count": "52"}, None)
+    second = sampler.sys_row(11, {"$SYS/broker/publish/messages/received": "350",
+                                  "$SYS/broker/store/messages/count": "52",
+                                  "$SYS/broker/retained messages/count": "52"}, first)
+    assert first["pub_received_per_s"] is None and first["queued_messages"] == 8
+    assert second["pub_received_per_s"] == 250 and second["queued_messages"] == 0
+    assert second["heap_current"] is None  # never published: an empty cell
+
+
+def stage(stage_id: str, tls: dict | None) -> SimpleNamespace:
+    return SimpleNamespace(stage_id=stage_id, connection={"tls": tls} if tls else {})
+
+
+def test_the_tls_listener_follows_the_planned_scenarios():
+    ca = f"/var/tmp/perfpipe/tls/{GENERATED_CA}"
+    plain = stage("a", None)
+    assert tls_wanted(SimpleNamespace(stages=[plain])) is None
+    wanted = tls_wanted(SimpleNamespace(stages=[plain, stage("b", {"port": 8883, "ca_file": ca}),
+                                                stage("c", {"port": 8883, "ca_file": "/etc/x.pem"})]))
+    assert wanted == {"port": 8883, "ca_files": [ca]}  # only the generated CA's path is written
+    with pytest.raises(BrokerError, match="needs port"):
+        tls_wanted(SimpleNamespace(stages=[stage("d", {"ca_file": ca})]))
+    with pytest.raises(BrokerError, match="same port"):
+        tls_wanted(SimpleNamespace(stages=[stage("e", {"port": 8883}), stage("f", {"port": 8884})]))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
