@@ -51,13 +51,22 @@ def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
             host.put(Path(local_ca), path)
 
 
+def network_version(kind: str, address: str, port: int) -> str:
+    """A broker with no host in the inventory: its version as it tells over the network
+    (the adapter's own probe when it has one, e.g. EMQX's status page; else $SYS)."""
+    adapter = ADAPTERS[kind]
+    if hasattr(adapter, "probe_version"):
+        return adapter(None).probe_version(address, port)
+    return sys_version(address, port)
+
+
 def start_broker(ctx: RunContext) -> dict:
     inventory = ctx.inventory
     config = inventory.broker
     address = inventory.broker_address()
     host = ctx.host(config.host) if config.host else None
     adapter = ADAPTERS[config.kind](host) if host else None
-    version = adapter.version() if adapter else sys_version(address, config.port)
+    version = adapter.version() if adapter else network_version(config.kind, address, config.port)
     state = {"kind": config.kind, "host": config.host, "address": address,
              "managed": config.managed, "version": version}
     expected = ctx.plan.get("options", {}).get("broker_version")

@@ -240,6 +240,13 @@ def test_broker_step_with_unmanaged_emqx_health_checks_and_leaves_it_running(tin
     assert stop_broker(ctx) == "broker not managed by perfpipe: left running"
     assert broker.process.poll() is None
 
+    # no broker host: the version is what the adapter's probe gets over the network
+    # (EMQX's status page is not there, so its $SYS fallback: the stand-in's own version)
+    inventory.write_text(inventory.read_text().replace("host: localhost, ", ""))
+    ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
+    assert re.fullmatch(r"\d+\.\d+\.\d+", start_broker(ctx)["version"])
+
+    inventory.write_text(inventory.read_text().replace("kind: emqx, ", "kind: emqx, host: localhost, "))
     inventory.write_text(inventory.read_text().replace("managed: false", "managed: true"))
     ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
     with pytest.raises(BrokerError, match=re.escape("broker.managed: EMQX cannot be started")):
