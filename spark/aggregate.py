@@ -1,18 +1,21 @@
 """Aggregate one run's raw driver output into per-stage metrics (a spark-submit entry point).
 
     spark-submit spark/aggregate.py --run-dir RUN_DIR --out OUT_DIR [--stage ID ...]
-                                    [--master local[*]]
+                                    [--master local[*]] [--timings FILE]
 
 Input is the raw-output contract of `tasks.driver.output`: ``RUN_DIR/raw/<stage>/stage.json``
 (what the orchestrator intended), ``RUN_DIR/raw/<stage>/<host>/<proc>/{counters.csv,
 histograms.csv,summary.json}`` for every driver process and
 ``RUN_DIR/raw/<stage>/<broker_host>/sampler/broker.csv``.
 
-The heavy part runs on Spark: every CSV of every process is read with an explicit schema,
+The heavy part runs on Spark: the CSVs of one kind, of every stage and process, are one
+text scan whose lines are split and cast to the contract's typed columns (`parse_lines`);
 malformed rows are counted (and named per file when there are any) and dropped, rows are
 kept or dropped by their ``second`` column against the stage's measure window
 [measure_start, measure_end), counters are summed per (stage, second) and histogram bucket
-counts per (stage, kind, bucket).
+counts per (stage, kind, bucket) (first per file and window segment, then joined to the
+stage: `aggregate_histograms`). ``--timings FILE`` writes the phases' durations
+(bench/bench_spark.py times the job on a generated hour of driver output).
 Only those small sums reach the driver, where percentiles are read from the summed buckets
 with `tasks.driver.histogram` (per-process percentiles are never averaged).
 
@@ -20,6 +23,9 @@ Small files (stage.json, summary.json) are read on the driver; they also drive t
 a listed process without summary.json, a missing/empty/truncated/malformed CSV or a driver
 that reported an error makes the stage "incomplete"; a stage without any traffic in its
 measure window is "no_data" with null metrics (never 0). Every reason is a "problems" line.
+The connection rate comes from the summaries' ``connect_phase`` (summed ``connected`` over
+the span from the earliest first CONNECT to the latest last CONNACK of all processes); a
+summary without it leaves connect_rate null with a problem line, never a zero.
 
 Output: ``OUT_DIR/stage_metrics.json`` (deterministic: sorted keys, floats rounded to
 ``SIGNIFICANT_DIGITS`` significant digits, no timestamps) and
@@ -29,14 +35,17 @@ Metric names are those of `tasks.metrics.METRICS`.
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
-import statistics
-import sys
 import time
-import warnings
+
+PYTHON_STARTED_AT = time.time()  # before pyspark is imported: for --timings
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -64,7 +73,6 @@ CLOCK_OFFSET_LIMIT_S = 0.01
 JSON_FILE = "stage_metrics.json"
 PARQUET_DIR = "stage_metrics.parquet"
 SAMPLER_DIR = "sampler"
-_CORRUPT = "_corrupt_record"
 _COLUMN_TYPES = {"kind": T.StringType(), "cpu_pct": T.DoubleType()}  # others are integers
 _TOTAL_COLUMNS = ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
                   "connects_ok", "connects_failed")
@@ -72,6 +80,8 @@ _BAD_DRIVER_STATUS = ("error", "no_start")
 SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+    # list the input files on the driver: a listing job for >32 paths costs more locally
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
     "spark.log.level": "WARN", "spark.sql.session.timeZone": "UTC",
 }
 
@@ -220,38 +230,112 @@ def discover(run_dir: Path, wanted: list[str] | None) -> list[Stage]:
 
 
 # ---- Spark: reading every CSV and summing --------------------------------------------------
-def csv_schema(columns: tuple[str, ...]) -> T.StructType:
-    fields = [T.StructField(c, _COLUMN_TYPES.get(c, T.LongType())) for c in columns]
-    return T.StructType(fields + [T.StructField(_CORRUPT, T.StringType())])
+def parse_lines(lines: DataFrame, columns: tuple[str, ...]) -> DataFrame:
+    """Lines of contract CSVs (``value``) as typed columns plus ``valid``; the frame's other
+    columns are kept.
 
-
-def _valid(columns: tuple[str, ...]) -> Column:
-    """A row that parsed completely: every column present, no corrupt record."""
-    return reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in columns],
-                  F.col(_CORRUPT).isNull())
+    The files hold plain comma-separated numbers and kind names (csv.writer never quotes
+    them), so a line is split on commas and every field cast to its type
+    (``_COLUMN_TYPES``, else a long): about twice as fast as Spark's CSV reader on these
+    narrow rows. The header line and empty lines are skipped; a line is valid when it has
+    exactly the contract's fields and each one parses (an empty string is not a kind).
+    Nothing downstream filters rows before the sums (conditions sit inside the
+    aggregates): a filter would be pushed below this projection and split every line
+    once per reference.
+    """
+    header = ",".join(columns)
+    others = [c for c in lines.columns if c != "value"]
+    tokens = lines.filter((F.col("value") != header) & (F.col("value") != "")).select(
+        *others, F.split("value", ",").alias("_tokens"))
+    typed = [F.get("_tokens", i).try_cast(_COLUMN_TYPES.get(c, T.LongType())).alias(c)
+             for i, c in enumerate(columns)]
+    checks = [F.col(c).isNotNull() & (F.col(c) != "") if _COLUMN_TYPES.get(c) == T.StringType()
+              else F.col(c).isNotNull() for c in columns]
+    width = (F.size("_tokens") == len(columns)).alias("_width")
+    return (tokens.select(*others, *typed, width)
+            .select(*others, *columns,
+                    reduce(lambda a, b: a & b, checks, F.col("_width")).alias("valid")))
 
 
 def _in_window() -> Column:
     return (F.col("second") >= F.col("measure_start")) & (F.col("second") < F.col("measure_end"))
 
 
+def _file_key(uri: str) -> str:
+    """The last four parts of a file URI as Spark spells it (``<stage>/<host>/<proc>/<file>``
+    in the contract layout): the join key between ``_metadata.file_path`` and the stage
+    table, cut the same way on both sides so Spark's URI escaping never matters."""
+    return "/".join(uri.rsplit("/", 4)[-4:])
+
+
+def _spark_file_key(column: str = "file_path") -> Column:
+    return F.substring_index(column, "/", -4)
+
+
+def _local_path(uri: str) -> str:
+    return str(Path(unquote(urlparse(uri).path)).resolve())
+
+
+def _segment(second: Column, bounds: list[int]) -> Column:
+    """How many of the sorted `bounds` are <= second (a balanced CASE tree, null for null)."""
+    def node(lo: int, hi: int) -> Column:
+        if lo == hi:
+            return F.lit(lo)
+        mid = (lo + hi) // 2
+        return F.when(second < bounds[mid], node(lo, mid)).otherwise(node(mid + 1, hi))
+    return F.when(second.isNotNull(), node(0, len(bounds)))
+
+
+@dataclass
+class Dataset:
+    """The parsed lines of every CSV of one kind, and which stage each file belongs to.
+
+    ``rows``: file_path, the contract columns and ``valid``, one row per line.
+    ``files``: one row per file: file_key, stage_id, measure_start, measure_end and
+    seg_lo, seg_hi: its measure window as a range of `_segment` values over ``bounds``
+    (every stage's window edges), so second in [measure_start, measure_end) exactly when
+    seg_lo <= _segment(second) < seg_hi, even where windows of stages overlap.
+    """
+
+    rows: DataFrame
+    files: DataFrame
+    bounds: list[int]
+
+    def tagged(self) -> DataFrame:
+        """Every row with its stage_id and window: a broadcast join per row (small data)."""
+        return (self.rows.withColumn("file_key", _spark_file_key())
+                .join(F.broadcast(self.files), "file_key"))
+
+
 def read_csvs(spark: SparkSession, stages: list[Stage], kind: str,
-              columns: tuple[str, ...]) -> DataFrame | None:
-    """All `kind` CSVs of all stages with stage_id, window bounds, file path and `valid`."""
-    parts = []
+              columns: tuple[str, ...]) -> Dataset | None:
+    """One text scan over every `kind` CSV of all stages (one plan and one generated parser,
+    however many stages there are), and the table of their stages."""
+    owner: dict[str, Stage] = {}
     for stage in stages:
-        files = stage.files.get(kind)
-        if not files or stage.window is None:
-            continue
-        frame = (spark.read.schema(csv_schema(columns)).option("header", True)
-                 .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
-                 .csv([str(p) for p in files]))
-        parts.append(frame.select(
-            F.lit(stage.stage_id).alias("stage_id"), *columns,
-            _valid(columns).alias("valid"), F.col("_metadata.file_path").alias("file_path"),
-            F.lit(stage.window[0]).alias("measure_start"),
-            F.lit(stage.window[1]).alias("measure_end")))
-    return reduce(DataFrame.unionByName, parts) if parts else None
+        if stage.window is not None:
+            owner.update((str(p.resolve()), stage) for p in stage.files.get(kind, []))
+    if not owner:
+        return None
+    lines = spark.read.text(sorted(owner))
+    bounds = sorted({edge for stage in owner.values() for edge in stage.window})
+    table = {}
+    for uri in lines.inputFiles():  # Spark's own spelling of each file, as in _metadata
+        stage = owner[_local_path(uri)]
+        start, end = stage.window
+        table[_file_key(uri)] = {
+            "file_key": _file_key(uri), "stage_id": stage.stage_id, "measure_start": start,
+            "measure_end": end, "seg_lo": bounds.index(start) + 1, "seg_hi": bounds.index(end) + 1}
+    if len(table) != len(owner):
+        raise ValueError(f"{kind} files are not told apart by their last four path parts")
+    # one JSON literal (one py4j call, folded once by the optimizer), not a struct per file
+    files = spark.range(1).select(F.inline(F.from_json(
+        F.lit(json.dumps(sorted(table.values(), key=lambda r: r["file_key"]))),
+        "array<struct<file_key: string, stage_id: string, measure_start: bigint, "
+        "measure_end: bigint, seg_lo: int, seg_hi: int>>")))
+    rows = parse_lines(lines.select("value", F.col("_metadata.file_path").alias("file_path")),
+                       columns)
+    return Dataset(rows, files, bounds)
 
 
 def _if(condition: str, column: str) -> Column:
@@ -262,24 +346,36 @@ def _malformed() -> Column:
     return F.count_if(~F.col("valid")).alias("malformed")
 
 
-def aggregate_counters(frame: DataFrame) -> list[Row]:
+def aggregate_counters(data: Dataset) -> list[Row]:
     """Counter sums per (stage, second), each flagged in or out of the measure window."""
     sums = [F.sum(_if("valid", c)).alias(c) for c in COUNTER_COLUMNS[1:]]
-    return (frame.groupBy("stage_id", "second", _in_window().alias("in_window"))
+    return (data.tagged().groupBy("stage_id", "second", _in_window().alias("in_window"))
             .agg(*sums, _malformed()).collect())
 
 
-def aggregate_histograms(frame: DataFrame) -> list[Row]:
-    """Summed bucket counts per (stage, kind, bucket): window only, or all of the stage."""
-    keep = (F.col("valid") & (_in_window() | F.col("kind").isin(*WHOLE_STAGE_KINDS))
-            & F.col("kind").isin(*HISTOGRAM_KINDS) & (F.col("count") > 0))
-    return (frame.filter(keep | ~F.col("valid")).groupBy("stage_id", "kind", "bucket")
-            .agg(F.sum(_if("valid", "count")).alias("count"), _malformed()).collect())
+def aggregate_histograms(data: Dataset) -> list[Row]:
+    """Summed bucket counts per (stage, kind, bucket): window only, or all of the stage.
+
+    The big dataset, so no per-row join: lines are summed per (file, kind, bucket, window
+    segment of their second) first, which needs nothing of the stage, and only those sums
+    are joined to their stage and kept when the segment lies in its window (connect and
+    subscribe: every segment). Out-of-window sums stay in the group as null, not 0."""
+    keep = F.col("valid") & F.col("kind").isin(*HISTOGRAM_KINDS) & (F.col("count") > 0)
+    per_file = (data.rows.groupBy("file_path", "kind", "bucket",
+                                  _segment(F.col("second"), data.bounds).alias("segment"))
+                .agg(F.sum(F.when(keep, F.col("count"))).alias("count"), _malformed()))
+    inside = (((F.col("segment") >= F.col("seg_lo")) & (F.col("segment") < F.col("seg_hi")))
+              | F.col("kind").isin(*WHOLE_STAGE_KINDS))
+    return (per_file.withColumn("file_key", _spark_file_key())
+            .join(F.broadcast(data.files), "file_key")
+            .groupBy("stage_id", "kind", "bucket")
+            .agg(F.sum(F.when(inside, F.col("count"))).alias("count"),
+                 F.sum("malformed").alias("malformed")).collect())
 
 
-def aggregate_broker(frame: DataFrame) -> list[Row]:
+def aggregate_broker(data: Dataset) -> list[Row]:
     """Broker CPU and RSS over the samples inside the measure window, per stage."""
-    frame = frame.withColumn("inside", F.col("valid") & _in_window())
+    frame = data.tagged().withColumn("inside", F.col("valid") & _in_window())
     return frame.groupBy("stage_id").agg(
         F.count(_if("inside", "second")).alias("samples"),
         F.avg(_if("inside", "cpu_pct")).alias("cpu_avg"),
@@ -289,11 +385,11 @@ def aggregate_broker(frame: DataFrame) -> list[Row]:
     ).collect()
 
 
-def count_malformed(frame: DataFrame, stage_ids: list[str]) -> list[tuple[str, str, int]]:
+def count_malformed(data: Dataset, stage_ids: list[str]) -> list[tuple[str, str, int]]:
     """(stage_id, file URI, rows) of rows that did not parse; run only when some did not."""
-    bad = (frame.filter(F.col("stage_id").isin(*stage_ids) & ~F.col("valid"))
-           .groupBy("stage_id", "file_path").count())
-    return sorted((r["stage_id"], r["file_path"], r["count"]) for r in bad.collect())
+    bad = (data.tagged().filter(F.col("stage_id").isin(*stage_ids))
+           .groupBy("stage_id", "file_path").agg(_malformed()).filter(F.col("malformed") > 0))
+    return sorted((r["stage_id"], r["file_path"], r["malformed"]) for r in bad.collect())
 
 
 # ---- the small sums on the driver --------------------------------------------------------
@@ -304,7 +400,6 @@ class Sums:
     series: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
     whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
     totals: dict[str, dict[str, int]] = field(default_factory=dict)
-    connect_seconds: dict[str, list[int]] = field(default_factory=dict)
     histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     broker: dict[str, dict] = field(default_factory=dict)
     malformed: dict[str, set[str]] = field(default_factory=dict)  # dataset -> stage ids
@@ -323,8 +418,6 @@ def collect_counters(sums: Sums, rows: list[Row]) -> None:
         totals = sums.totals.setdefault(stage_id, dict.fromkeys(COUNTER_COLUMNS[1:], 0))
         for name in COUNTER_COLUMNS[1:]:
             totals[name] += row[name] or 0
-        if row["connects_ok"]:
-            sums.connect_seconds.setdefault(stage_id, []).append(row["second"])
         delivered = (row["received"] or 0) - (row["duplicated"] or 0)  # unique deliveries
         whole = sums.whole.setdefault(stage_id, {})
         whole[row["second"]] = whole.get(row["second"], 0) + delivered
@@ -365,14 +458,14 @@ _DATASETS = (
 )
 
 
-def read(spark: SparkSession, stages: list[Stage]) -> dict[str, DataFrame]:
+def read(spark: SparkSession, stages: list[Stage]) -> dict[str, Dataset]:
     """Lazy DataFrames over every counters/histograms/broker CSV of the stages."""
     frames = {name: read_csvs(spark, stages, name, columns)
               for name, columns, _, _ in _DATASETS}
     return {name: frame for name, frame in frames.items() if frame is not None}
 
 
-def aggregate(stages: list[Stage], frames: dict[str, DataFrame]) -> Sums:
+def aggregate(stages: list[Stage], frames: dict[str, Dataset]) -> Sums:
     """One Spark job per dataset, plus a per-file job only where rows were malformed."""
     sums = Sums()
     for name, _, spark_part, driver_part in _DATASETS:
@@ -442,15 +535,48 @@ def loss_metrics(stage: Stage) -> dict:
     return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
 
 
-def counter_metrics(totals: dict[str, int] | None, connect_seconds: list[int]) -> dict:
-    """Whole-stage counter sums; connect rate over the seconds that saw CONNACKs."""
+def counter_metrics(totals: dict[str, int] | None) -> dict:
+    """Whole-stage counter sums."""
     if not totals:
         return {}
-    metrics = {name: totals[name] for name in _TOTAL_COLUMNS}
-    if connect_seconds:
-        span = max(connect_seconds) - min(connect_seconds) + 1
-        metrics["connect_rate"] = totals["connects_ok"] / span
-    return metrics
+    return {name: totals[name] for name in _TOTAL_COLUMNS}
+
+
+def connect_metrics(stage: Stage) -> dict:
+    """Connection rate from every process's ``connect_phase`` (tasks.driver.output).
+
+    connect_rate = summed ``connected`` / (latest ``last_connack_at`` - earliest
+    ``first_connect_at``) over all processes and hosts, each time as its host's clock has
+    it (an offset host is flagged by _check_summary). Null, with the reason in the
+    problems, when a process has no summary or no connect_phase, or nothing connected.
+    """
+    if stage.missing:
+        stage.problem("connect_rate not computed: processes without summary: "
+                      + ", ".join(stage.missing))
+        return {}
+    connected, firsts, lasts, without = 0, [], [], []
+    for summary in stage.summaries:
+        phase = summary.get("connect_phase")
+        label = f"{summary.get('host')}/{summary.get('proc')}"
+        try:
+            connected += int(phase["connected"] or 0)
+            first, last = phase["first_connect_at"], phase["last_connack_at"]
+        except (KeyError, TypeError, ValueError):
+            without.append(label)
+            continue
+        if first is not None and last is not None:
+            firsts.append(float(first))
+            lasts.append(float(last))
+    if without:
+        stage.problem(f"connect_rate not computed: no connect_phase in {SUMMARY_FILE} of "
+                      + ", ".join(without))
+        return {}
+    span = max(lasts) - min(firsts) if firsts else None
+    if not connected or not span or span <= 0:
+        stage.problem(f"connect_rate not computed: {connected} clients connected "
+                      f"over a connect phase of {span} s")
+        return {}
+    return {"connect_rate": connected / span}
 
 
 def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
@@ -488,8 +614,8 @@ def stage_result(stage: Stage, sums: Sums) -> dict:
     else:
         metrics.update(traffic)
         metrics.update(loss_metrics(stage))
-        metrics.update(counter_metrics(sums.totals.get(stage.stage_id),
-                                       sums.connect_seconds.get(stage.stage_id, [])))
+        metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
+        metrics.update(connect_metrics(stage))
         metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
         metrics.update(broker_metrics(stage, sums.broker.get(stage.stage_id),
                                       metrics["delivered_rate"]))
@@ -562,27 +688,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stage", action="append", metavar="STAGE_ID",
                         help="aggregate only this stage (repeatable); default: all of raw/")
     parser.add_argument("--master", help="Spark master, e.g. local[*] (default: spark-submit's)")
+    parser.add_argument("--timings", type=Path, metavar="FILE",
+                        help="write the phases' Unix timestamps and durations here as JSON "
+                             "(bench/bench_spark.py)")
     return parser.parse_args(argv)
+
+
+def write_timings(path: Path, ends: dict[str, float]) -> None:
+    """``ends``: the Unix time at which each phase ended, in order (the first entry is the
+    start of this Python process's job code). Written with the phases' durations:
+    imports (pyspark), session (SparkContext and session up), read (discover the files,
+    plan the scans), spark_jobs (scan every CSV and sum: Spark reads lazily, so parsing is
+    timed here), metrics (percentiles etc. on the driver), write (JSON + Parquet), stop."""
+    names = list(ends)
+    phases = {b: round(ends[b] - ends[a], 3) for a, b in zip(names, names[1:])}
+    path.write_text(json.dumps({"ends_at": ends, "phases_s": phases}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    t0 = time.monotonic()
+    ends = {"python_started": PYTHON_STARTED_AT, "imports": time.time()}
     spark = build_session(args.master)
-    t1 = time.monotonic()
+    ends["session"] = time.time()
     stages = discover(args.run_dir, args.stage)
     frames = read(spark, stages)
-    t2 = time.monotonic()
+    ends["read"] = time.time()
     sums = aggregate(stages, frames)
+    ends["spark_jobs"] = time.time()
     document = {"run_id": run_id_of(args.run_dir, stages),
                 "stages": [stage_result(s, sums) for s in stages]}
-    t3 = time.monotonic()
+    ends["metrics"] = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out, document)
     write_parquet(spark, args.out, document)
-    t4 = time.monotonic()
+    ends["write"] = time.time()
     master = spark.sparkContext.master
     spark.stop()
+    ends["stop"] = time.time()
+    if args.timings:
+        write_timings(args.timings, ends)
+    t0, t1, t2, t3, t4 = (ends[k] for k in ("imports", "session", "read", "metrics", "write"))
     statuses = ", ".join(f"{s['stage_id']}={s['status']}" for s in document["stages"])
     print(f"aggregate: {len(stages)} stages ({statuses}) on {master}; session {t1 - t0:.1f}s, "
           f"read {t2 - t1:.1f}s, aggregate {t3 - t2:.1f}s, write {t4 - t3:.1f}s")

@@ -27,8 +27,8 @@ if str(ROOT) not in sys.path:
 
 from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
-    COUNTER_COLUMNS, COUNTERS_FILE, SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, RawWriter,
-    write_csv, write_json,
+    COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAMS_FILE, SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE,
+    RawWriter, write_csv, write_json,
 )
 from tasks.metrics import LATENCY_STATS, METRICS  # noqa: E402
 
@@ -50,6 +50,15 @@ RECEIVERS = 2  # subscribers that get each message
 SHUFFLED = ("h2", 1)  # this process's counters.csv rows are written out of order
 OFFSET = ("h1", 1)  # this process reports a clock offset
 OFFSET_S = 0.05
+CONNECTED = 10  # per process, in connect_phase (2 x 5 CONNACKs in the counters)
+# connect_phase times per (host, proc), after CONNECT_SECONDS[0]: exact binary fractions.
+# The stage's connect phase runs from the earliest first CONNECT (h1/0) to the latest last
+# CONNACK (h2/0), 1.25 s, across hosts: 4 x 10 / 1.25 = 32 conn/s (the per-second
+# CONNACK counters would say 40 / 2 s = 20).
+FIRST_AT = {("h1", 0): 0.25, ("h1", 1): 0.375, ("h2", 0): 0.5, ("h2", 1): 0.625}
+LAST_AT = {("h1", 0): 1.0, ("h1", 1): 1.125, ("h2", 0): 1.5, ("h2", 1): 1.25}
+CONNECT_RATE = 32.0
+NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase
 
 
 @dataclass
@@ -63,6 +72,7 @@ class Expect:
     unique: int = 0
     cpu: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)
+    connect_phases: list[dict] = field(default_factory=list)
 
 
 # ---- building raw run directories from known samples -------------------------------------
@@ -111,6 +121,15 @@ def fill(proc: Proc, rng: np.random.Generator, traffic: bool) -> None:
         proc.observe(second, "pub_ack", rng.lognormal(6.5, 0.5, 120).astype(int) + 1, True)
 
 
+def connect_phase(proc: Proc) -> dict:
+    first = CONNECT_SECONDS[0] + FIRST_AT[(proc.host, proc.proc)]
+    last = CONNECT_SECONDS[0] + LAST_AT[(proc.host, proc.proc)]
+    phase = {"clients": CONNECTED + 2, "connected": CONNECTED, "first_connect_at": first,
+             "last_connack_at": last, "duration_s": round(last - first, 6)}
+    proc.expect.connect_phases.append(phase)
+    return phase
+
+
 def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
     last_seq = {str(2 * proc.proc + 10 * HOSTS.index(proc.host) + i): int(rng.integers(4000, 6000))
                 for i in range(2)}
@@ -121,7 +140,8 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
     offset = OFFSET_S if (proc.host, proc.proc) == OFFSET else None
     return {"run_id": RUN_ID, "stage_id": stage_id, "host": proc.host, "proc": proc.proc,
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
-            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset}}
+            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset},
+            "connect_phase": connect_phase(proc)}
 
 
 def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
@@ -148,8 +168,10 @@ def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect) -> N
 
 
 def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
-                skip: tuple[str, int] | None = None) -> Expect:
-    """2 hosts x 2 processes; `skip` is listed in stage.json but writes nothing."""
+                skip: tuple[str, int] | None = None,
+                no_phase: tuple[str, int] | None = None) -> Expect:
+    """2 hosts x 2 processes; `skip` is listed in stage.json but writes nothing; the
+    summary of `no_phase` has no connect_phase."""
     rng, expect = np.random.default_rng(seed), Expect()
     stage_dir = raw / stage_id
     publishers = []
@@ -159,6 +181,8 @@ def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
             fill(proc, rng, traffic)
             document = summary(proc, stage_id, rng)
             publishers += list(document["last_seq"])
+            if (host, number) == no_phase:
+                del document["connect_phase"]
             if (host, number) != skip:
                 write_process(stage_dir / host / str(number), proc, document)
     write_broker(stage_dir, rng, expect)
@@ -217,9 +241,14 @@ def run(tmp_path_factory) -> Run:
         "s2_missing": build_stage(raw, "s2_missing", 2, skip=("h2", 1)),
         "s3_zero": build_stage(raw, "s3_zero", 3, traffic=False),
         "s4_truncated": build_stage(raw, "s4_truncated", 4),
+        "s5_no_phase": build_stage(raw, "s5_no_phase", 5, no_phase=NO_PHASE),
     }
     # cut the last row (a drain second) of one file mid-way: two columns and the newline
     truncate(raw / "s4_truncated" / "h1" / "0" / COUNTERS_FILE, 5)
+    # two bad lines in a histogram file: a field that is no number, a row one field short
+    hist = raw / "s4_truncated" / "h2" / "0" / HISTOGRAMS_FILE
+    header, rest = hist.read_text().split("\n", 1)
+    hist.write_text(f"{header}\n{MEASURE[0]},e2e,x7,3\n{MEASURE[0]},e2e,100\n{rest}")
     outs = [run_dir / "out1", run_dir / "out2"]
     # two independent submits at once (one with PYTHONPATH as the pipeline sets it, one
     # without): their outputs must be byte-identical
@@ -315,11 +344,54 @@ def test_whole_stage_counters_connects_and_loss(run: Run):
     for name in ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
                  "connects_ok", "connects_failed"):
         assert metrics[name] == expect.totals[name], name
-    span = CONNECT_SECONDS[-1] - CONNECT_SECONDS[0] + 1
-    assert metrics["connect_rate"] == expect.totals["connects_ok"] / span
     expected = expect.last_seq_total * RECEIVERS
     assert metrics["lost"] == expected - expect.unique > 0
     assert metrics["loss_ratio"] == pytest.approx((expected - expect.unique) / expected)
+
+
+def test_connect_rate_from_connect_phase_of_every_process(run: Run):
+    phases = run.expect["s1_ok"].connect_phases
+    span = (max(p["last_connack_at"] for p in phases)
+            - min(p["first_connect_at"] for p in phases))
+    assert sum(p["connected"] for p in phases) / span == CONNECT_RATE  # the test's own sums
+    assert run.stages["s1_ok"]["metrics"]["connect_rate"] == CONNECT_RATE
+    assert not [p for p in run.stages["s1_ok"]["problems"] if "connect" in p]
+    assert METRICS["connect_rate"].unit == "conn/s"
+    assert METRICS["connect_rate"].better == "higher"
+
+
+def test_missing_connect_phase_is_null_with_a_problem(run: Run):
+    stage = run.stages["s5_no_phase"]
+    assert stage["status"] == "ok", stage["problems"]  # a notice: the traffic is all there
+    assert stage["metrics"]["connect_rate"] is None
+    assert stage["metrics"]["connects_ok"] == run.expect["s5_no_phase"].totals["connects_ok"]
+    label = "/".join(map(str, NO_PHASE))
+    assert any("connect_phase" in p and label in p for p in stage["problems"]), stage["problems"]
+    missing = run.stages["s2_missing"]  # no summary at all: no rate either, said so
+    assert missing["metrics"]["connect_rate"] is None
+    assert any("connect_rate not computed" in p for p in missing["problems"])
+
+
+def test_connect_rate_lands_in_sql(run: Run, tmp_path):
+    """The job's metrics go to the store as they are (tasks.aggregate.load_results hands
+    each stage's ``metrics`` to record_results): connect_rate with its unit, null as NULL."""
+    from sql.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'results.db'}")
+    store.migrate()
+    store.create_run(RUN_ID, kind="manual", suite="test", broker_kind="mosquitto",
+                     artifact_dir=str(tmp_path))
+    for stage in run.doc["stages"]:
+        store.record_stage(RUN_ID, stage["stage_id"], scenario=stage["scenario"],
+                           stage_key=f"mosquitto|{stage['stage_id']}", params={},
+                           fingerprint_hash=None)
+        store.record_results(RUN_ID, stage["stage_id"], metrics=stage["metrics"],
+                             series=stage["series"], validity="valid", reason=None)
+    stored = {s["stage_id"]: s for s in store.stages(RUN_ID)}
+    store.close()
+    assert stored["s1_ok"]["metrics"]["connect_rate"] == CONNECT_RATE
+    assert stored["s1_ok"]["units"]["connect_rate"] == "conn/s"
+    assert stored["s5_no_phase"]["metrics"]["connect_rate"] is None
 
 
 def test_broker_metrics_from_window_samples(run: Run):
@@ -362,6 +434,12 @@ def test_truncated_file_makes_stage_incomplete(run: Run):
     assert stage["status"] == "incomplete"
     named = [p for p in stage["problems"] if COUNTERS_FILE in p and "h1/0" in p]
     assert named, stage["problems"]
+    # the cut row is counted as malformed, in the file it came from; so are bad lines
+    assert f"1 malformed rows skipped in {COUNTERS_FILE} of h1/0" in stage["problems"]
+    assert f"2 malformed rows skipped in {HISTOGRAMS_FILE} of h2/0" in stage["problems"]
+    samples = expect.samples["e2e"]  # the bad lines added nothing to the percentiles
+    assert stage["metrics"]["e2e_latency_max"] == pytest.approx(max(samples),
+                                                                 abs=_tolerance(max(samples)))
     delivered = sum(v[0] for v in expect.per_second.values())
     assert stage["metrics"]["messages_delivered"] == delivered  # the cut row was outside
 
