@@ -100,6 +100,10 @@ def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     assert sum(kinds["pub_delay"].values()) == summary["totals"]["published"]
     assert sum(kinds["connect"].values()) == 21 and sum(kinds["subscribe"].values()) == 1
     assert percentile(kinds["pub_delay"], 50) < 1000  # open-loop sends on time, unloaded
+    cpu = summary["publish_cpu"]  # warm-up + window: 5 s, at 1,000 msg/s far from a core
+    assert cpu["wall_s"] == pytest.approx(5, abs=0.5) and 0 < cpu["cpu_s"] < 0.5 * cpu["wall_s"]
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["phase"] in ("publish", "drain") and progress["clients"] == 21
 
 
 @pytest.mark.parametrize("qos", [1, 2])

@@ -53,6 +53,7 @@ class Engine:
         self._misc_at = time.monotonic()
         self._progress_at = 0.0
         self.phase = "connect"
+        self.publish_cpu: dict | None = None  # this process's CPU over the publish phase
 
     # ---- phases -------------------------------------------------------------------------
     def connect_all(self) -> None:
@@ -112,6 +113,7 @@ class Engine:
             sessions.poll(min(0.05, max(0.0, start_at - time.time())))
             self._housekeeping()
         self.phase = "publish"
+        self._cpu_from = (time.monotonic(), _cpu_seconds())
         publishers = [c for c in sessions.conns if c.role == "pub" and c.state == READY]
         end_ns = pub_end * 1_000_000_000
         scheduler = Scheduler(sessions, self.acct, publishers, start_at * 1_000_000_000,
@@ -132,6 +134,9 @@ class Engine:
                 wait = (due - time.time_ns()) / 1e9
                 sessions.poll(min(max(wait, 0.0), 0.01, (end_ns - now) / 1e9), precise=True)
             self._housekeeping()
+        wall, cpu = self._cpu_from
+        self.publish_cpu = {"cpu_s": round(_cpu_seconds() - cpu, 3),
+                            "wall_s": round(time.monotonic() - wall, 3)}
         drain_end = self.windows["end"]
         self.phase = "drain"
         while time.time() < drain_end and not self.stop_requested:
@@ -221,11 +226,17 @@ class Engine:
             "versions": {"paho_mqtt": _paho_version(), "python": platform.python_version()},
             "clock": {"source": "time.time_ns", "offset_s": None},
             "fd_limit": fd_limit,
+            "publish_cpu": self.publish_cpu,
             "elapsed_s": round(time.time() - started, 3),
             "config": self.spec.echo(),
         }
         acct.writer.summary(summary)
         return summary
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _paho_version() -> str:

@@ -54,6 +54,11 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                               QoS 0 loss and QoS 1 duplicates are allowed), and up to 100
                               (subscriber, publisher) pairs with a gap, duplicate or reorder
                   fd_limit    the open-file limit the driver raised itself to
+                  publish_cpu  {cpu_s, wall_s}: this process's CPU seconds (user + system)
+                              over the publish phase (warm-up and measure window) and its
+                              wall-clock length; cpu_s / wall_s near 1.0 means the driver
+                              process, not the broker, was the bottleneck; null when the
+                              stage never started publishing
 
 Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
 ``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).
