@@ -114,16 +114,22 @@ def test_the_sampler_finds_the_plain_listener_in_the_broker_config():
     assert sampler.plain_listener("listener 8883\ncertfile /s.pem\n") is None
 
 
-def test_sys_rows_derive_rates_and_backlog():
-    first = sampler.sys_row(10, {"$SYS/broker/publish/messages/received": "100",
-                                 "$SYS/broker/store/messages/count": "60",
-                                 "$SYS/broker/retained messages/count": "52"}, None)
-    second = sampler.sys_row(11, {"$SYS/broker/publish/messages/received": "350",
-                                  "$SYS/broker/store/messages/count": "52",
-                                  "$SYS/broker/retained messages/count": "52"}, first)
-    assert first["pub_received_per_s"] is None and first["queued_messages"] == 8
-    assert second["pub_received_per_s"] == 250 and second["queued_messages"] == 0
-    assert second["heap_current"] is None  # never published: an empty cell
+def test_sys_rows_derive_rates_from_updates_and_backlog():
+    def values(uptime: int, received: int, store: int) -> dict:
+        return {"$SYS/broker/uptime": f"{uptime} seconds",
+                "$SYS/broker/publish/messages/received": str(received),
+                "$SYS/broker/store/messages/count": str(store),
+                "$SYS/broker/retained messages/count": "52"}
+
+    rows = [sampler.sys_row(10, values(100, 100, 60), None)]
+    # Mosquitto updates $SYS every other second with sys_interval 1
+    for second, (uptime, received, store) in enumerate(
+            [(100, 100, 60), (102, 600, 52), (102, 600, 52), (104, 1100, 53)], start=11):
+        rows.append(sampler.sys_row(second, values(uptime, received, store), rows[-1]))
+    assert [r["pub_received_per_s"] for r in rows] == [None, None, 250, 250, 250]
+    assert [r["queued_messages"] for r in rows] == [8, 8, 0, 0, 1]
+    assert rows[-1]["broker_uptime_s"] == 104
+    assert rows[-1]["heap_current"] is None  # never published: an empty cell
 
 
 def stage(stage_id: str, tls: dict | None) -> SimpleNamespace:

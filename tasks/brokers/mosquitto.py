@@ -11,8 +11,9 @@ when it is started as root (it reads its certificates after dropping privileges)
 that user cannot reach the directory (a run directory under a 0700 home), the key stays
 root's and the config says ``user root``.
 
-The generated config sets ``sys_interval 1``: Mosquitto publishes ``$SYS/broker/#`` every
-second, which the broker-side sampler (`tasks.driver.sampler`) records per second.
+The generated config sets ``sys_interval 1``, the shortest: Mosquitto 2.0 then publishes
+``$SYS/broker/#`` every 2 s (its check is strict on whole seconds), which the broker-side
+sampler (`tasks.driver.sampler`) records per second.
 """
 
 from __future__ import annotations

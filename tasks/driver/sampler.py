@@ -9,10 +9,11 @@
 ``broker_sys.csv``  ``SYS_COLUMNS``: what the broker published under ``$SYS/broker/#``,
                     one row per second, for the same seconds as broker.csv (a row's
                     ``second`` is the whole Unix second that just ended; each value is the
-                    latest the broker had published by then, empty when it never did).
-                    Written only when the broker published any $SYS value (Mosquitto does,
-                    every ``sys_interval`` seconds: perfpipe's config sets 1 s; ActiveMQ
-                    does not). Columns:
+                    latest the broker had published by then, empty when it has not
+                    published it since the sampler subscribed: Mosquitto sends some values
+                    only when they change, e.g. pub_dropped while nothing was dropped).
+                    Written only when the broker published any $SYS value (Mosquitto
+                    does; ActiveMQ does not). Columns:
     clients_connected    $SYS/broker/clients/connected (includes this sampler's client)
     clients_total        $SYS/broker/clients/total (connected + disconnected persistent)
     subscriptions        $SYS/broker/subscriptions/count
@@ -24,10 +25,12 @@
     pub_dropped          $SYS/broker/publish/messages/dropped: PUBLISHes the broker discarded
                          (queue limits), cumulative
     pub_received_per_s, pub_sent_per_s, msgs_received_per_s, msgs_sent_per_s
-                         the cumulative counter's increase since the previous row. The broker
-                         publishes on its own 1 s timer, not on our second boundaries, so a
-                         single second can read 0 and the next twice the rate; over a window,
-                         (last - first) of the cumulative column / seconds is exact
+                         the cumulative counter's increase between the broker's last two
+                         $SYS updates over the uptime between them, repeated until the next
+                         update. Mosquitto 2.0 updates $SYS every sys_interval + 1 seconds
+                         (its check is strict on whole seconds: every 2 s with
+                         sys_interval 1), so the cumulative columns step every other row;
+                         over a window, (last - first) of a cumulative column is exact
     bytes_received, bytes_sent   $SYS/broker/bytes/received|sent, cumulative
     store_messages       $SYS/broker/store/messages/count: messages held in the broker's
                          store (queued for subscribers, in flight, and retained)
@@ -37,6 +40,9 @@
                          for or in flight to subscribers)
     heap_current, heap_maximum   $SYS/broker/heap/current|maximum, bytes (builds with
                          memory tracking only)
+    broker_uptime_s      $SYS/broker/uptime: it moves on with every $SYS update
+The first row can be partial: the broker sends its retained $SYS values as the sampler
+subscribes, and the first second may end before all arrived.
 
 The $SYS client is paho (the driver's one dependency). It connects to the broker's first
 plain listener, read from the broker's own config (``-c FILE`` on its command line), or to
@@ -78,6 +84,7 @@ SYS_TOPICS = {
     "heap_current": "$SYS/broker/heap/current",
     "heap_maximum": "$SYS/broker/heap/maximum",
 }
+UPTIME_TOPIC = "$SYS/broker/uptime"  # "N seconds"
 RATES = {"pub_received_per_s": "pub_received", "pub_sent_per_s": "pub_sent",
          "msgs_received_per_s": "msgs_received", "msgs_sent_per_s": "msgs_sent"}
 SYS_COLUMNS = ("second", "clients_connected", "clients_total", "subscriptions",
@@ -85,7 +92,7 @@ SYS_COLUMNS = ("second", "clients_connected", "clients_total", "subscriptions",
                "pub_received_per_s", "pub_sent_per_s", "msgs_received_per_s",
                "msgs_sent_per_s", "bytes_received", "bytes_sent", "store_messages",
                "store_bytes", "retained_messages", "queued_messages", "heap_current",
-               "heap_maximum")
+               "heap_maximum", "broker_uptime_s")
 
 
 def read_proc(pid: int) -> tuple[int, int] | None:
@@ -185,14 +192,30 @@ def _number(text: str | None) -> int | float | None:
 
 
 def sys_row(second: int, values: dict[str, str], previous: dict | None) -> dict:
-    """One broker_sys.csv row (column -> number or None) from the $SYS values seen."""
+    """One broker_sys.csv row (column -> number or None) from the $SYS values seen.
+
+    Rates: the broker publishes a new $SYS set every update (its uptime moves on); on a row
+    with a new update, a counter's rate is its increase since the previous update over the
+    uptime between them; rows without a new update repeat the last rates."""
     row: dict = {"second": second}
     for column, topic in SYS_TOPICS.items():
         row[column] = _number(values.get(topic))
-    for column, counter in RATES.items():
-        before = previous.get(counter) if previous else None
-        now = row[counter]
-        row[column] = now - before if now is not None and before is not None else None
+    row["broker_uptime_s"] = uptime = _number(values.get(UPTIME_TOPIC))
+    last = (previous or {}).get("_update")  # the row of the previous update
+    if previous is None or uptime is None or last is None or last["broker_uptime_s"] is None:
+        row["_update"] = row
+        for column in RATES:
+            row[column] = None
+    elif uptime > last["broker_uptime_s"]:
+        row["_update"] = row
+        for column, counter in RATES.items():
+            now, before = row[counter], last[counter]
+            row[column] = (round((now - before) / (uptime - last["broker_uptime_s"]), 1)
+                           if now is not None and before is not None else None)
+    else:
+        row["_update"] = last
+        for column in RATES:
+            row[column] = previous[column]
     store, retained = row["store_messages"], row["retained_messages"]
     row["queued_messages"] = (max(0, store - retained)
                               if store is not None and retained is not None else None)
