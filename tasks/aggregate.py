@@ -60,7 +60,7 @@ def load_results(ctx: RunContext) -> list[dict]:
     rows = []
     for result in document["stages"]:
         stage = stages[result["stage_id"]]
-        validity, reasons = judge(result["metrics"], qos=stage.qos,
+        validity, reasons = judge(result["metrics"], qos=stage.qos, series=result.get("series"),
                                   aggregation_status=result["status"], problems=result["problems"])
         stopped = ctx.run_dir / "raw" / stage.stage_id / FAILFAST_FILE
         if stopped.exists():

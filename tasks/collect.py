@@ -11,6 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from .driver.sampler import SYS_FILE
 from .driver.output import COUNTERS_FILE, EVENTS_FILE, HISTOGRAMS_FILE, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE
 from .run_context import RunContext
 
@@ -48,7 +49,7 @@ def collect(ctx: RunContext) -> dict:
                 missing.append(rel)
         if stage.get("broker_host"):
             rel = f"raw/{stage['stage_id']}/{stage['broker_host']}/sampler"
-            _fetch(ctx, stage["broker_host"], rel, (SAMPLER_FILE,))
+            _fetch(ctx, stage["broker_host"], rel, (SAMPLER_FILE, SYS_FILE))
     files = {
         str(path.relative_to(ctx.run_dir)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
         for path in sorted((ctx.run_dir / "raw").rglob("*"))

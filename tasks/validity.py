@@ -13,10 +13,31 @@ class Gates:
     rate_tolerance: float = 0.05  # delivered within 5% of target ("follows the theoretical max")
     max_throughput_cv: float = 0.25  # per-second delivered rate stable over the window
     max_errors: int = 0
+    # backlog (published x receivers - delivered, cumulative) may not rise in most seconds
+    # of the window and grow by more than this share of the window's expected deliveries
+    max_backlog_growth: float = 0.02
+    rising_share: float = 0.8
+
+
+def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str | None:
+    """Why the subscription backlog kept rising over the window, or None. `fan_out`:
+    deliveries expected per message published (expected delivery rate / target rate)."""
+    published, delivered = series.get("published_per_s") or [], series.get("delivered_per_s") or []
+    if len(published) < 2 or len(published) != len(delivered) or fan_out <= 0:
+        return None
+    steps = [p * fan_out - d for p, d in zip(published, delivered)]  # backlog change per second
+    expected = sum(published) * fan_out
+    growth = sum(steps)
+    rising = sum(1 for step in steps if step > 0)
+    if expected and growth > gates.max_backlog_growth * expected \
+            and rising >= gates.rising_share * len(steps):
+        return (f"backlog rose in {rising} of {len(steps)} seconds, by {growth:,.0f} messages "
+                f"({growth / expected:.1%} of the window's deliveries): the broker fell behind")
+    return None
 
 
 def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[str],
-          gates: Gates = Gates()) -> tuple[str, list[str]]:
+          series: dict | None = None, gates: Gates = Gates()) -> tuple[str, list[str]]:
     reasons = []
     if aggregation_status != "ok":
         reasons.append(f"aggregation {aggregation_status}: " + "; ".join(problems[:3]))
@@ -29,6 +50,11 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
     cv = metrics.get("throughput_cv")
     if cv is not None and cv > gates.max_throughput_cv:
         reasons.append(f"throughput unstable over the window (CV {cv:.2f} > {gates.max_throughput_cv})")
+    if ratio and metrics.get("target_rate") and metrics.get("delivered_rate"):
+        fan_out = metrics["delivered_rate"] / ratio / metrics["target_rate"]
+        backlog = backlog_rising(series or {}, fan_out, gates)
+        if backlog:
+            reasons.append(backlog)
     if (metrics.get("errors") or 0) > gates.max_errors:
         reasons.append(f"{metrics['errors']:.0f} client errors")
     if qos >= 1 and (metrics.get("lost") or 0) > 0:

@@ -1,0 +1,44 @@
+"""The validity gates (pure): a stage that fails one is invalid with the reason."""
+
+from __future__ import annotations
+
+from tasks.validity import backlog_rising, judge
+
+GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
+        "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
+KEEPING_UP = {"published_per_s": [1000] * 5, "delivered_per_s": [1000, 990, 1010, 1000, 1000]}
+
+
+def test_a_stage_that_kept_up_is_valid():
+    assert judge(GOOD, qos=1, aggregation_status="ok", problems=[], series=KEEPING_UP) == ("valid", [])
+
+
+def test_each_gate_names_its_reason():
+    cases = {
+        "delivered 90.0% of the target rate": {"achieved_ratio": 0.9},
+        "throughput unstable over the window (CV 0.40 > 0.25)": {"throughput_cv": 0.4},
+        "3 client errors": {"errors": 3},
+        "2 messages lost at QoS 1, which promises delivery": {"lost": 2},
+    }
+    for reason, change in cases.items():
+        validity, reasons = judge({**GOOD, **change}, qos=1, aggregation_status="ok", problems=[])
+        assert validity == "invalid" and any(r.startswith(reason) for r in reasons), reasons
+    _, reasons = judge({**GOOD, "duplicated": 4}, qos=2, aggregation_status="ok", problems=[])
+    assert reasons == ["4 duplicates at QoS 2, which promises exactly once"]
+    _, reasons = judge(GOOD, qos=0, aggregation_status="incomplete", problems=["driver1/0: no summary"])
+    assert reasons == ["aggregation incomplete: driver1/0: no summary"]
+
+
+def test_a_backlog_rising_through_the_window_invalidates_the_stage():
+    falling_behind = {"published_per_s": [1000] * 5, "delivered_per_s": [980, 975, 970, 960, 965]}
+    reason = backlog_rising(falling_behind, fan_out=1.0)
+    assert reason == ("backlog rose in 5 of 5 seconds, by 150 messages (3.0% of the window's "
+                      "deliveries): the broker fell behind")
+    # within the rate gate's 5% but rising every second: the backlog gate catches it
+    validity, reasons = judge({**GOOD, "achieved_ratio": 0.97, "delivered_rate": 970.0}, qos=0,
+                              aggregation_status="ok", problems=[], series=falling_behind)
+    assert validity == "invalid" and reasons == [reason]
+    # fan-out: each message goes to 10 subscribers, all delivered: no backlog
+    fan = {"published_per_s": [100] * 4, "delivered_per_s": [1000] * 4}
+    assert backlog_rising(fan, fan_out=10.0) is None
+    assert backlog_rising(KEEPING_UP, fan_out=1.0) is None
