@@ -49,6 +49,9 @@ _DEFS: list[MetricDef] = [
     # A max-rate search's answer (tasks/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.
     MetricDef("max_rate", "msg/s", "higher", 0.05),
+    # The busiest driver process's CPU over the publish phase (% of one core): a validity
+    # input (the load generator must not be the bottleneck), never judged.
+    MetricDef("driver_cpu_max", "%", "none"),
 ]
 for _kind in LATENCY_KINDS:
     for _stat in LATENCY_STATS:

@@ -15,6 +15,7 @@ class Gates:
     max_errors: int = 0
     # backlog (published x receivers - delivered, cumulative) may not rise in most seconds
     # of the window and grow by more than this share of the window's expected deliveries
+    max_driver_cpu_pct: float = 90.0  # a driver process busier than this may be the bottleneck
     max_backlog_growth: float = 0.02
     rising_share: float = 0.8
 
@@ -55,6 +56,11 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
         backlog = backlog_rising(series or {}, fan_out, gates)
         if backlog:
             reasons.append(backlog)
+    driver_cpu = metrics.get("driver_cpu_max")
+    if driver_cpu is not None and driver_cpu > gates.max_driver_cpu_pct:
+        reasons.append(f"a driver process used {driver_cpu:.0f}% of a core while publishing "
+                       f"(over {gates.max_driver_cpu_pct:.0f}%): the load generator may be "
+                       "the bottleneck; add driver processes or hosts")
     if (metrics.get("errors") or 0) > gates.max_errors:
         reasons.append(f"{metrics['errors']:.0f} client errors")
     if qos >= 1 and (metrics.get("lost") or 0) > 0:

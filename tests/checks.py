@@ -18,4 +18,5 @@ def assert_plausible(store: Store, run_id: str) -> list[dict]:
         assert 0.9 < metrics["delivered_rate"] / 500.0 < 1.1  # messages really crossed the broker
         assert 0 < metrics["e2e_latency_p50"] <= metrics["e2e_latency_p99"] < 1_000_000
         assert metrics["errors"] == 0
+        assert 0 < metrics["driver_cpu_max"] < 90  # the load generator was not the bottleneck
     return stages

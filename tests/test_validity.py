@@ -19,6 +19,7 @@ def test_each_gate_names_its_reason():
         "throughput unstable over the window (CV 0.40 > 0.25)": {"throughput_cv": 0.4},
         "3 client errors": {"errors": 3},
         "2 messages lost at QoS 1, which promises delivery": {"lost": 2},
+        "a driver process used 97% of a core while publishing (over 90%)": {"driver_cpu_max": 97.0},
     }
     for reason, change in cases.items():
         validity, reasons = judge({**GOOD, **change}, qos=1, aggregation_status="ok", problems=[])
