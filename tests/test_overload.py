@@ -1,10 +1,12 @@
 """A deliberately overloaded broker: Mosquitto capped to a slice of one core with a cgroup
 CPU quota that this test creates (and removes). The rated stages above its capacity must
 turn invalid with the reason, and the max-rate search must land within 10% of the rate
-where the broker stops keeping up, measured by a saturating stage in the same run."""
+where the broker stops keeping up: what it passed when offered more (QoS 1, so publisher
+flow control bounds the broker's queues and its saturated throughput does not collapse)."""
 
 from __future__ import annotations
 
+import statistics
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,7 @@ QUOTA_PCT = 5  # % of one core
 SCENARIOS = """
 name: overload_steps
 source: "rated fan-in steps across a capped broker's capacity"
-qos: [0]
+qos: [1]
 publishers:
   - {group: pub, count: 10, topic: "perfpipe/overload/{scenario}", rate_per_client: RATE}
 subscribers:
@@ -28,7 +30,7 @@ stages: {rate_pct: [50, 400], warmup_s: 1, measure_s: 3, cooldown_s: 1}
 ---
 name: overload_search
 source: "max-rate search on the same capped broker"
-qos: [0]
+qos: [1]
 publishers:
   - {group: pub, count: 10, topic: "perfpipe/overload/{scenario}", rate_per_client: START}
 subscribers:
@@ -37,7 +39,7 @@ stages:
   warmup_s: 1
   measure_s: 3
   cooldown_s: 1
-  search: {growth: 2.0, precision: 0.10, max_probes: 12}
+  search: {growth: 2.0, precision: 0.05, tolerance: 0.02, max_probes: 12}
 """
 
 
@@ -66,8 +68,8 @@ def test_overloaded_broker_invalidates_high_stages_and_search_finds_its_capacity
     scenarios = tmp_path / "scenarios"
     (scenarios / "catalog").mkdir(parents=True)
     steps, search = SCENARIOS.split("---")
-    (scenarios / "catalog" / "overload_steps.yml").write_text(steps.replace("RATE", "500"))
-    (scenarios / "catalog" / "overload_search.yml").write_text(search.replace("START", "200"))
+    (scenarios / "catalog" / "overload_steps.yml").write_text(steps.replace("RATE", "200"))
+    (scenarios / "catalog" / "overload_search.yml").write_text(search.replace("START", "100"))
     (scenarios / "suites.yml").write_text("suites: {overload: [overload_steps, overload_search]}\n")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(
@@ -79,15 +81,22 @@ def test_overloaded_broker_invalidates_high_stages_and_search_finds_its_capacity
     outcome = run_pipeline(settings, suite="overload", inventory=inventory, say=said.append)
     print("\n".join(said))
     stages = {s["stage_id"]: s for s in Store(settings.database_url()).stages(outcome.run_id)}
-    low, high = stages["overload_steps.q0.c100.r50"], stages["overload_steps.q0.c100.r400"]
+    low, high = stages["overload_steps.q1.c100.r50"], stages["overload_steps.q1.c100.r400"]
     assert low["validity"] == "valid", low["reason"]
     assert high["validity"] == "invalid" and "of the target rate" in high["reason"], high["reason"]
-    capacity = high["metrics"]["delivered_rate"]  # saturated: what the capped broker passes
-    assert capacity < 0.9 * high["metrics"]["target_rate"]
-    found = stages["overload_search.q0.c100.search"]
+    assert high["metrics"]["delivered_rate"] < 0.9 * high["metrics"]["target_rate"]
+    # The capacity: what the capped broker passed whenever it was offered more than it could
+    # take (the saturated rated stage and the search's failed probes); its median, since a
+    # shared machine moves a CPU-capped broker's capacity by ~10% from stage to stage.
+    saturated = [s["metrics"]["delivered_rate"] for s in stages.values()
+                 if s["metrics"].get("target_rate")
+                 and s["metrics"]["delivered_rate"] < 0.95 * s["metrics"]["target_rate"]]
+    capacity = statistics.median(saturated)
+    found = stages["overload_search.q1.c100.search"]
     assert found["validity"] == "valid", found["reason"]
     max_rate = found["metrics"]["max_rate"]
-    print(f"capacity {capacity:.0f} msg/s, search max rate {max_rate:.0f} msg/s")
+    print(f"capacity {capacity:.0f} msg/s (from {sorted(round(x) for x in saturated)}), "
+          f"search max rate {max_rate:.0f} msg/s")
     assert abs(max_rate - capacity) <= 0.10 * capacity
     probes = [s for s in stages.values() if s["params"].get("probe_of")]
     assert len(probes) >= 3 and any(p["validity"] == "invalid" for p in probes)
