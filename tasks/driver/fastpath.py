@@ -335,6 +335,21 @@ class Scheduler:
                 heapq.heappush(self.heap, (conn.first + int(conn.seq * conn.interval),
                                            conn.index, conn))
 
+
+    def _window(self, conn, seq: int, n: int, inflight) -> int:
+        """How many of `n` QoS 1/2 messages the in-flight window lets out now; 0 parks the
+        connection until acks free it. Each held-back message is counted once."""
+        room = self.max_inflight - len(inflight)
+        if room >= n:
+            return n
+        if seq + room + 1 > conn.held:
+            conn.held = seq + room + 1
+            self.row[C_INFLIGHT_FULL] += 1
+        if room <= 0:
+            conn.parked = True
+            return 0
+        return room
+
     def fill(self, conn: Conn, now: int) -> int:
         """Append the messages of `conn` due by `now`; returns how many."""
         if conn.tmpl.__class__ is list:
@@ -357,15 +372,9 @@ class Scheduler:
             n = min(n, BATCH, (limit - len(out)) // size + 1)
         inflight = conn.inflight
         if inflight is not None:
-            room = self.max_inflight - len(inflight)
-            if room < n:
-                if seq + room + 1 > conn.held:  # count each held-back message once
-                    conn.held = seq + room + 1
-                    self.row[C_INFLIGHT_FULL] += 1
-                if room <= 0:
-                    conn.parked = True
-                    return 0
-                n = room
+            n = self._window(conn, seq, n, inflight)
+            if n <= 0:
+                return 0
         delays = self.delays
         sent_us = now // 1000
         patch = tmpl.patch
@@ -430,15 +439,9 @@ class Scheduler:
             n = min(n, BATCH, (limit - len(out)) // len(tmpls[seq % cycle].packet) + 1)
         inflight = conn.inflight
         if inflight is not None:
-            room = self.max_inflight - len(inflight)
-            if room < n:
-                if seq + room + 1 > conn.held:
-                    conn.held = seq + room + 1
-                    self.row[C_INFLIGHT_FULL] += 1
-                if room <= 0:
-                    conn.parked = True
-                    return 0
-                n = room
+            n = self._window(conn, seq, n, inflight)
+            if n <= 0:
+                return 0
         delays = self.delays
         sent_us = now // 1000
         overruns = 0
