@@ -68,7 +68,7 @@ from tasks.driver.output import (
     COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAM_COLUMNS, HISTOGRAM_KINDS, HISTOGRAMS_FILE,
     SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE,
 )
-from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS
+from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
 
 SIGNIFICANT_DIGITS = 10
 WHOLE_STAGE_KINDS = ("connect", "subscribe")  # happen before the window: use every second
@@ -522,6 +522,11 @@ def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tup
         "throughput_cv": _cv(delivered),
         "messages_delivered": sum(delivered),
     }
+    target, expected = stage.doc.get("target_publish_rate"), stage.doc.get("expected_delivery_rate")
+    if target and expected is not None:
+        owed = backlog(published, delivered, expected / target)
+        metrics["backlog_max"] = max([0.0, *owed])
+        metrics["backlog_slope"] = slope(owed)
     series = {"seconds": seconds, "delivered_per_s": delivered, "published_per_s": published}
     return metrics, series
 

@@ -52,6 +52,10 @@ _DEFS: list[MetricDef] = [
     # The busiest driver process's CPU over the publish phase (% of one core): a validity
     # input (the load generator must not be the bottleneck), never judged.
     MetricDef("driver_cpu_max", "%", "none"),
+    # The subscription backlog over the measure window (`backlog`): its high-water mark and
+    # its least-squares slope; a slope near 0 means the broker kept up.
+    MetricDef("backlog_max", "msg", "none"),
+    MetricDef("backlog_slope", "msg/s", "none"),
 ]
 for _kind in LATENCY_KINDS:
     for _stat in LATENCY_STATS:
@@ -59,6 +63,26 @@ for _kind in LATENCY_KINDS:
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect))
 
 METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
+
+
+def backlog(published: list[float], delivered: list[float], fan_out: float) -> list[float]:
+    """Messages published but not yet delivered, at the end of each second of the window:
+    the running sum of published x fan_out (deliveries each message owes) - delivered."""
+    out, total = [], 0.0
+    for sent, got in zip(published, delivered):
+        total += sent * fan_out - got
+        out.append(total)
+    return out
+
+
+def slope(values: list[float]) -> float | None:
+    """Least-squares slope per step (per second for a per-second series)."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    num = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values))
+    return num / sum((x - mean_x) ** 2 for x in range(n))
 
 
 def metric(name: str) -> MetricDef:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .metrics import backlog
+
 
 @dataclass(frozen=True)
 class Gates:
@@ -26,13 +28,13 @@ def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str 
     published, delivered = series.get("published_per_s") or [], series.get("delivered_per_s") or []
     if len(published) < 2 or len(published) != len(delivered) or fan_out <= 0:
         return None
-    steps = [p * fan_out - d for p, d in zip(published, delivered)]  # backlog change per second
+    owed = backlog(published, delivered, fan_out)
     expected = sum(published) * fan_out
-    growth = sum(steps)
-    rising = sum(1 for step in steps if step > 0)
+    growth = owed[-1]
+    rising = sum(1 for before, after in zip([0.0, *owed], owed) if after > before)
     if expected and growth > gates.max_backlog_growth * expected \
-            and rising >= gates.rising_share * len(steps):
-        return (f"backlog rose in {rising} of {len(steps)} seconds, by {growth:,.0f} messages "
+            and rising >= gates.rising_share * len(owed):
+        return (f"backlog rose in {rising} of {len(owed)} seconds, by {growth:,.0f} messages "
                 f"({growth / expected:.1%} of the window's deliveries): the broker fell behind")
     return None
 

@@ -294,6 +294,15 @@ def test_rates_are_window_sums_over_measure_seconds(run: Run):
     assert metrics["published_rate"] == published / MEASURE_S
     assert metrics["target_rate"] == 4000
     assert metrics["achieved_ratio"] == pytest.approx(delivered / MEASURE_S / 8000, rel=1e-9)
+    # backlog: each message owes 8000 / 4000 = 2 deliveries; running sum of what is owed
+    owed, backlog = 0, []
+    for second in MEASURE:
+        got, sent = expect.per_second.get(second, (0, 0))
+        owed += 2 * sent - got
+        backlog.append(owed)
+    assert metrics["backlog_max"] == max(0, *backlog)
+    assert metrics["backlog_slope"] == pytest.approx(
+        np.polyfit(range(len(backlog)), backlog, 1)[0], abs=1e-6)
 
 
 def test_series_cover_every_measure_second(run: Run):
