@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -72,7 +72,7 @@ def plan_delivery(undelivered: list[dict], evidence: dict[str, Evidence]) -> Del
     plan = Delivery()
     for a in undelivered:
         row = evidence.get(a["last_run_id"], {}).get((a["stage_key"], a["metric"]))
-        row = row and Row(**{**row.__dict__, "alert_id": a["id"], "status": a["status"]})
+        row = row and replace(row, alert_id=a["id"], status=a["status"])
         if row is None or a["status"] in QUIET_FOR_LATER:
             plan.quiet.append(a["id"])
         elif a["slack_ts"]:
