@@ -15,45 +15,15 @@ pretends to run them. Such an adapter
 from __future__ import annotations
 
 import json
-import re
-import time
 import urllib.request
 
-import paho.mqtt.client as mqtt
 
 from ..hosts import Host
-from .mosquitto import BrokerError, health_check
+from .mosquitto import BrokerError, health_check, sys_messages, sys_version
 
 # Where brokers announce their version: EMQX ($SYS/brokers/<node>/version), Mosquitto and
 # others ($SYS/broker/version).
 SYS_VERSION_TOPICS = ("$SYS/brokers/+/version", "$SYS/broker/version")
-
-
-def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float = 3.0,
-                 first_only: bool = False) -> dict[str, str]:
-    """topic -> payload of the $SYS messages seen within wait_s ({} when none or unreachable)."""
-    seen: dict[str, str] = {}
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-sys",
-                         protocol=mqtt.MQTTv311)
-    client.on_connect = lambda c, *_: [c.subscribe(t) for t in topics]
-    client.on_message = lambda c, u, m: seen.setdefault(m.topic, m.payload.decode(errors="replace"))
-    try:
-        client.connect(address, port, keepalive=10)
-        client.loop_start()
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not (first_only and seen):
-            time.sleep(0.05)
-    except OSError:
-        return {}
-    finally:
-        client.loop_stop()
-        client.disconnect()
-    return seen
-
-
-def version_number(text: str) -> str | None:
-    match = re.search(r"(\d+\.\d+[\w.-]*)", text or "")
-    return match.group(1) if match else None
 
 
 def http_json(url: str, timeout_s: float = 3.0) -> dict | None:
@@ -102,9 +72,7 @@ class ConfigOnlyBroker:
 
     def probe_version(self, address: str, port: int) -> str:
         """The running broker's version over the network, or "unknown"."""
-        seen = sys_messages(address, port, SYS_VERSION_TOPICS, first_only=True)
-        found = [v for v in map(version_number, seen.values()) if v]
-        return found[0] if found else "unknown"
+        return sys_version(address, port, topics=SYS_VERSION_TOPICS)
 
     def stats(self, address: str, port: int, wait_s: float = 3.0) -> dict[str, str]:
         """A snapshot of the broker's $SYS topics ({} when it publishes none to this client)."""

@@ -23,8 +23,8 @@ Benchmark settings, each against a default that would distort a measurement:
 
 from __future__ import annotations
 
-from .config_only import (SYS_VERSION_TOPICS, ConfigOnlyBroker, http_json, sys_messages,
-                          url_host, version_number)
+from .config_only import ConfigOnlyBroker, http_json, url_host
+from .mosquitto import version_number
 
 IMAGE = "emqx/emqx:5.8.6"  # docker-compose.yml's emqx service (tests check they agree)
 DASHBOARD_PORT = 18083
@@ -65,11 +65,7 @@ class Emqx(ConfigOnlyBroker):
     def probe_version(self, address: str, port: int, dashboard_port: int = DASHBOARD_PORT) -> str:
         found = parse_status(http_json(f"http://{url_host(address)}:{dashboard_port}"
                                        f"/status?format=json"))
-        if found:
-            return found
-        seen = sys_messages(address, port, SYS_VERSION_TOPICS, first_only=True)
-        versions = [v for v in map(version_number, seen.values()) if v]
-        return versions[0] if versions else "unknown"
+        return found or super().probe_version(address, port)  # else its $SYS version
 
     def render(self, port: int = 1883, dashboard_port: int = DASHBOARD_PORT) -> dict[str, str]:
         if not 1 <= int(port) <= 65535 or not 1 <= int(dashboard_port) <= 65535:

@@ -25,7 +25,8 @@ import re
 from pathlib import Path
 
 from ..tuning import mqxr, qmini
-from .config_only import ConfigOnlyBroker, version_number
+from .config_only import ConfigOnlyBroker
+from .mosquitto import version_number
 
 QMGR = re.compile(r"^[A-Za-z0-9._/%]{1,48}$")  # IBM MQ object name rules
 CHANNEL = re.compile(r"^[A-Za-z0-9._/%]{1,20}$")  # telemetry channel names: at most 20

@@ -156,25 +156,40 @@ def health_check(address: str, port: int, timeout_s: float = 10.0,
     raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
 
 
-def sys_version(address: str, port: int, timeout_s: float = 3.0) -> str:
-    """The version a broker announces on $SYS/broker/version (Mosquitto does), or "unknown"."""
-    found: list[str] = []
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-version")
-    client.on_connect = lambda c, *_: c.subscribe("$SYS/broker/version")
-    client.on_message = lambda c, u, message: found.append(message.payload.decode(errors="replace"))
+def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float = 3.0,
+                 first_only: bool = False) -> dict[str, str]:
+    """topic -> payload of the $SYS messages seen within wait_s ({} when none or unreachable)."""
+    seen: dict[str, str] = {}
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-sys",
+                         protocol=mqtt.MQTTv311)
+    client.on_connect = lambda c, *_: [c.subscribe(t) for t in topics]
+    client.on_message = lambda c, u, m: seen.setdefault(m.topic, m.payload.decode(errors="replace"))
     try:
         client.connect(address, port, keepalive=10)
         client.loop_start()
-        deadline = time.monotonic() + timeout_s
-        while not found and time.monotonic() < deadline:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not (first_only and seen):
             time.sleep(0.05)
     except OSError:
-        return "unknown"
+        return {}
     finally:
         client.loop_stop()
         client.disconnect()
-    match = re.search(r"(\d+\.\d+[\w.-]*)", found[0]) if found else None
-    return match.group(1) if match else "unknown"
+    return seen
+
+
+def version_number(text: str) -> str | None:
+    match = re.search(r"(\d+\.\d+[\w.-]*)", text or "")
+    return match.group(1) if match else None
+
+
+def sys_version(address: str, port: int, timeout_s: float = 3.0,
+                topics: tuple[str, ...] = ("$SYS/broker/version",)) -> str:
+    """The version a broker announces under $SYS (Mosquitto on $SYS/broker/version), or
+    "unknown"."""
+    seen = sys_messages(address, port, topics, wait_s=timeout_s, first_only=True)
+    found = [v for v in map(version_number, seen.values()) if v]
+    return found[0] if found else "unknown"
 
 
 class Mosquitto:
