@@ -154,11 +154,12 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
                "measure_end": start_at + stage.warmup_s + stage.measure_s,
                "end": start_at + stage.duration_s}
+    expected = expected_delivery_rate(plans)
     ctx.write_json(f"raw/{stage.stage_id}/{STAGE_FILE}", {
         "run_id": ctx.run_id, "stage_id": stage.stage_id, "scenario": stage.scenario,
         "qos": stage.qos, "clients": stage.publishers + stage.subscribers,
         "windows": windows, "target_publish_rate": stage.target_publish_rate,
-        "expected_delivery_rate": expected_delivery_rate(plans), "receivers": receivers(plans),
+        "expected_delivery_rate": expected, "receivers": receivers(plans),
         "processes": [{"host": p.host, "proc": p.proc} for p in plans],
         "broker_host": broker["host"] if broker.get("pid") else None,
     })
@@ -172,7 +173,7 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         ctx.write_json(f"raw/{stage.stage_id}/{FAILFAST_FILE}", {"reason": stopped})
     return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes,
             "stopped": stopped,
-            "windows": windows, "expected_delivery_rate": expected_delivery_rate(plans),
+            "windows": windows, "expected_delivery_rate": expected,
             "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
 
 
