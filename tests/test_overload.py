@@ -1,12 +1,17 @@
 """A deliberately overloaded broker: Mosquitto capped to a slice of one core with a cgroup
 CPU quota that this test creates (and removes). The rated stages above its capacity must
 turn invalid with the reason, and the max-rate search must land within 10% of the rate
-where the broker stops keeping up: what it passed when offered more (QoS 1, so publisher
-flow control bounds the broker's queues and its saturated throughput does not collapse)."""
+where the backlog starts to grow.
+
+The check of that is direct: a second run offers 90% and 110% of the rate the search
+found; the broker must keep up with the first and fall behind at the second. (What the
+broker passes when overloaded is no oracle: a capped fan-in batches more per wake-up as
+it falls behind, so offered 8x its capacity it passed 3.6K msg/s while it fell behind at
+1K msg/s in one CI run.) The workload is a broadcast (one publisher, 20 subscribers): its
+per-delivery work dominates, so its capacity moves least with the machine's noise."""
 
 from __future__ import annotations
 
-import statistics
 import uuid
 from pathlib import Path
 
@@ -20,27 +25,37 @@ QUOTA_PCT = 5  # % of one core
 
 SCENARIOS = """
 name: overload_steps
-source: "rated fan-in steps across a capped broker's capacity"
-qos: [1]
+source: "rated broadcast steps across a capped broker's capacity"
+qos: [0]
 publishers:
-  - {group: pub, count: 10, topic: "perfpipe/overload/{scenario}", rate_per_client: RATE}
+  - {group: pub, count: 1, topic: "perfpipe/overload/{scenario}", rate_per_client: RATE}
 subscribers:
-  - {group: sub, count: 1, topics: ["perfpipe/overload/{scenario}"]}
+  - {group: sub, count: 20, topics: ["perfpipe/overload/{scenario}"]}
 stages: {rate_pct: [50, 400], warmup_s: 1, measure_s: 3, cooldown_s: 1}
 ---
 name: overload_search
 source: "max-rate search on the same capped broker"
-qos: [1]
+qos: [0]
 publishers:
-  - {group: pub, count: 10, topic: "perfpipe/overload/{scenario}", rate_per_client: START}
+  - {group: pub, count: 1, topic: "perfpipe/overload/{scenario}", rate_per_client: START}
 subscribers:
-  - {group: sub, count: 1, topics: ["perfpipe/overload/{scenario}"]}
+  - {group: sub, count: 20, topics: ["perfpipe/overload/{scenario}"]}
 stages:
   warmup_s: 1
   measure_s: 3
   cooldown_s: 1
-  search: {growth: 2.0, precision: 0.05, tolerance: 0.02, max_probes: 12}
+  search: {growth: 2.0, precision: 0.03, tolerance: TOLERANCE, max_probes: 12}
+---
+name: overload_check
+source: "rated stages just below and above the rate the search found"
+qos: [0]
+publishers:
+  - {group: pub, count: 1, topic: "perfpipe/overload/{scenario}", rate_per_client: RATE}
+subscribers:
+  - {group: sub, count: 20, topics: ["perfpipe/overload/{scenario}"]}
+stages: {rate_pct: [90, 110], warmup_s: 1, measure_s: 3, cooldown_s: 1}
 """
+TOLERANCE = 0.02  # the search's rule: kept up = delivered within 2% of what was expected
 
 
 @pytest.fixture
@@ -62,42 +77,53 @@ def capped_broker(tmp_path: Path):
 
 def test_overloaded_broker_invalidates_high_stages_and_search_finds_its_capacity(
         capped_broker, tmp_path, monkeypatch, perfpipe_env):
-    from tasks.pipeline import run_pipeline
-    from tasks.settings import load_settings
-
-    scenarios = tmp_path / "scenarios"
-    (scenarios / "catalog").mkdir(parents=True)
-    steps, search = SCENARIOS.split("---")
-    (scenarios / "catalog" / "overload_steps.yml").write_text(steps.replace("RATE", "200"))
-    (scenarios / "catalog" / "overload_search.yml").write_text(search.replace("START", "100"))
-    (scenarios / "suites.yml").write_text("suites: {overload: [overload_steps, overload_search]}\n")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
-        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {capped_broker.port}}}\n")
-    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(scenarios))
-    settings = load_settings()
-    said = []
-    outcome = run_pipeline(settings, suite="overload", inventory=inventory, say=said.append)
-    print("\n".join(said))
-    stages = {s["stage_id"]: s for s in Store(settings.database_url()).stages(outcome.run_id)}
-    low, high = stages["overload_steps.q1.c100.r50"], stages["overload_steps.q1.c100.r400"]
+    steps, search, check = SCENARIOS.split("---")
+    run = suite_runner(tmp_path, monkeypatch, capped_broker.port, {
+        "overload_steps": steps.replace("RATE", "500"),
+        "overload_search": search.replace("START", "250").replace("TOLERANCE", str(TOLERANCE))})
+    stages = run("overload_steps overload_search")
+    low, high = stages["overload_steps.q0.c100.r50"], stages["overload_steps.q0.c100.r400"]
     assert low["validity"] == "valid", low["reason"]
     assert high["validity"] == "invalid" and "of the target rate" in high["reason"], high["reason"]
-    assert high["metrics"]["delivered_rate"] < 0.9 * high["metrics"]["target_rate"]
-    # The capacity: what the capped broker passed whenever it was offered more than it could
-    # take (the saturated rated stage and the search's failed probes); its median, since a
-    # shared machine moves a CPU-capped broker's capacity by ~10% from stage to stage.
-    saturated = [s["metrics"]["delivered_rate"] for s in stages.values()
-                 if s["metrics"].get("target_rate")
-                 and s["metrics"]["delivered_rate"] < 0.95 * s["metrics"]["target_rate"]]
-    capacity = statistics.median(saturated)
-    found = stages["overload_search.q1.c100.search"]
+    assert high["metrics"]["achieved_ratio"] < 0.9
+    found = stages["overload_search.q0.c100.search"]
     assert found["validity"] == "valid", found["reason"]
-    max_rate = found["metrics"]["max_rate"]
-    print(f"capacity {capacity:.0f} msg/s (from {sorted(round(x) for x in saturated)}), "
-          f"search max rate {max_rate:.0f} msg/s")
-    assert abs(max_rate - capacity) <= 0.10 * capacity
     probes = [s for s in stages.values() if s["params"].get("probe_of")]
     assert len(probes) >= 3 and any(p["validity"] == "invalid" for p in probes)
     assert all(s["comparisons"] == [] for s in probes)  # probes are never compared
+
+    max_rate = found["metrics"]["max_rate"]
+    run = suite_runner(tmp_path, monkeypatch, capped_broker.port,
+                       {"overload_check": check.replace("RATE", f"{max_rate:.1f}")})
+    checked = run("overload_check")
+    below, above = checked["overload_check.q0.c100.r90"], checked["overload_check.q0.c100.r110"]
+    print(f"search max rate {max_rate:.0f} msg/s; achieved at 90% of it "
+          f"{below['metrics']['achieved_ratio']:.1%}, at 110% {above['metrics']['achieved_ratio']:.1%}")
+    assert below["metrics"]["achieved_ratio"] >= 1 - TOLERANCE, "fell behind below the found rate"
+    assert above["metrics"]["achieved_ratio"] < 1 - TOLERANCE, "kept up above the found rate"
+
+
+def suite_runner(tmp_path: Path, monkeypatch, port: int, catalog: dict[str, str]):
+    """A function running one suite of `catalog`'s scenarios against the broker on
+    `port`, as a manual run, returning the run's stages from the store by id."""
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    scenarios = tmp_path / f"scenarios-{len(list(tmp_path.glob('scenarios-*')))}"
+    (scenarios / "catalog").mkdir(parents=True)
+    for name, text in catalog.items():
+        (scenarios / "catalog" / f"{name}.yml").write_text(text)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {port}}}\n")
+
+    def run(suite: str) -> dict[str, dict]:
+        (scenarios / "suites.yml").write_text(f"suites: {{run: [{', '.join(suite.split())}]}}\n")
+        monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(scenarios))
+        settings = load_settings()
+        said: list[str] = []
+        outcome = run_pipeline(settings, suite="run", inventory=inventory, say=said.append)
+        print("\n".join(said))
+        return {s["stage_id"]: s for s in Store(settings.database_url()).stages(outcome.run_id)}
+    return run
