@@ -27,7 +27,8 @@ that reported an error makes the stage "incomplete"; a stage without any traffic
 measure window is "no_data" with null metrics (never 0). Every reason is a "problems" line.
 The connection rate comes from the summaries' ``connect_phase`` (summed ``connected`` over
 the span from the earliest first CONNECT to the latest last CONNACK of all processes); a
-summary without it leaves connect_rate null with a problem line, never a zero.
+summary without it leaves connect_rate null with a problem line, never a zero. The
+driver_cpu_max validity input is the busiest process's ``publish_cpu`` (CPU over wall).
 
 Output: ``OUT_DIR/stage_metrics.json`` (deterministic: sorted keys, floats rounded to
 ``SIGNIFICANT_DIGITS`` significant digits, no timestamps) and
@@ -602,6 +603,16 @@ def connect_metrics(stage: Stage) -> dict:
     return {"connect_rate": connected / span}
 
 
+def driver_metrics(stage: Stage) -> dict:
+    """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
+    one core (summary ``publish_cpu``), a validity input: a driver that busy may be the
+    bottleneck. Null when no process recorded it."""
+    busiest = [100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in
+               (summary.get("publish_cpu") for summary in stage.summaries)
+               if cpu and cpu.get("wall_s")]
+    return {"driver_cpu_max": max(busiest)} if busiest else {}
+
+
 def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
     metrics = {}
     for kind in LATENCY_KINDS:
@@ -639,6 +650,7 @@ def stage_result(stage: Stage, sums: Sums) -> dict:
         metrics.update(loss_metrics(stage))
         metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
         metrics.update(connect_metrics(stage))
+        metrics.update(driver_metrics(stage))
         metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
         metrics.update(broker_metrics(stage, sums.broker.get(stage.stage_id),
                                       metrics["delivered_rate"]))

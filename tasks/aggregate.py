@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .driver.output import FAILFAST_FILE, SUMMARY_FILE
+from .driver.output import FAILFAST_FILE
 from .provision import run_fingerprint
 from .run_context import RunContext
 from .settings import REPO_ROOT
@@ -50,19 +50,6 @@ def submit(run_dir: Path, out_dir: Path, master: str) -> str:
     return done.stdout.strip()
 
 
-def driver_cpu_max(stage_dir: Path) -> float | None:
-    """The busiest driver process's CPU over its publish phase, in % of one core: a
-    validity input read from the per-process summaries (one small file per process), so it
-    is taken here rather than in the Spark job."""
-    busiest = None
-    for path in stage_dir.glob(f"*/*/{SUMMARY_FILE}"):
-        cpu = json.loads(path.read_text()).get("publish_cpu")
-        if cpu and cpu.get("wall_s"):
-            pct = round(100 * cpu["cpu_s"] / cpu["wall_s"], 1)
-            busiest = pct if busiest is None else max(busiest, pct)
-    return busiest
-
-
 def load_results(ctx: RunContext) -> list[dict]:
     """Record every stage's metrics and validity in the store; returns one row per stage."""
     document = json.loads((ctx.run_dir / METRICS_DIR / "stage_metrics.json").read_text())
@@ -73,7 +60,6 @@ def load_results(ctx: RunContext) -> list[dict]:
     rows = []
     for result in document["stages"]:
         stage = stages[result["stage_id"]]
-        result["metrics"]["driver_cpu_max"] = driver_cpu_max(ctx.run_dir / "raw" / stage.stage_id)
         validity, reasons = judge(result["metrics"], qos=stage.qos, series=result.get("series"),
                                   aggregation_status=result["status"], problems=result["problems"])
         stopped = ctx.run_dir / "raw" / stage.stage_id / FAILFAST_FILE

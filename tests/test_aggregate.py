@@ -58,7 +58,11 @@ CONNECTED = 10  # per process, in connect_phase (2 x 5 CONNACKs in the counters)
 FIRST_AT = {("h1", 0): 0.25, ("h1", 1): 0.375, ("h2", 0): 0.5, ("h2", 1): 0.625}
 LAST_AT = {("h1", 0): 1.0, ("h1", 1): 1.125, ("h2", 0): 1.5, ("h2", 1): 1.25}
 CONNECT_RATE = 32.0
-NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase
+NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase (nor CPU)
+# publish_cpu (cpu_s, wall_s) per process: h1/1 is the busiest, at 62.5% of a core.
+PUBLISH_CPU = {("h1", 0): (1.0, 4.0), ("h1", 1): (2.5, 4.0), ("h2", 0): (0.5, 2.0),
+               ("h2", 1): (3.0, 8.0)}
+DRIVER_CPU_MAX = 62.5
 
 
 @dataclass
@@ -141,7 +145,8 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
     return {"run_id": RUN_ID, "stage_id": stage_id, "host": proc.host, "proc": proc.proc,
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
             "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset},
-            "connect_phase": connect_phase(proc)}
+            "connect_phase": connect_phase(proc),
+            "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)]))}
 
 
 def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
@@ -182,7 +187,7 @@ def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
             document = summary(proc, stage_id, rng)
             publishers += list(document["last_seq"])
             if (host, number) == no_phase:
-                del document["connect_phase"]
+                del document["connect_phase"], document["publish_cpu"]
             if (host, number) != skip:
                 write_process(stage_dir / host / str(number), proc, document)
     write_broker(stage_dir, rng, expect)
@@ -367,6 +372,14 @@ def test_connect_rate_from_connect_phase_of_every_process(run: Run):
     assert not [p for p in run.stages["s1_ok"]["problems"] if "connect" in p]
     assert METRICS["connect_rate"].unit == "conn/s"
     assert METRICS["connect_rate"].better == "higher"
+
+
+def test_driver_cpu_max_is_the_busiest_process(run: Run):
+    assert max(100 * c / w for c, w in PUBLISH_CPU.values()) == DRIVER_CPU_MAX
+    assert run.stages["s1_ok"]["metrics"]["driver_cpu_max"] == DRIVER_CPU_MAX
+    # h1/0 recorded none in s5_no_phase: the maximum of the others, not a zero
+    assert run.stages["s5_no_phase"]["metrics"]["driver_cpu_max"] == DRIVER_CPU_MAX
+    assert run.stages["s3_zero"]["metrics"]["driver_cpu_max"] is None
 
 
 def test_missing_connect_phase_is_null_with_a_problem(run: Run):
