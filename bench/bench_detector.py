@@ -62,8 +62,8 @@ def load_noise(path: Path) -> tuple[Noise, dict]:
     night = {}
     for m, d in metrics.items():
         robust, sd = d.get("night_log_mad_sigma_median"), d.get("night_log_sd_median")
-        if robust or sd:
-            night[m] = robust or sd * (1.4826 * T_MAD) / math.sqrt(T_DOF)
+        if robust is not None or sd is not None:  # measured, if only as 0 (a rate at its target)
+            night[m] = robust or (sd or 0.0) * (1.4826 * T_MAD) / math.sqrt(T_DOF)
     rate = metrics["delivered_rate"]
     return Noise(night, rate["per_second_cv_median"] or 0.0,
                  rate["per_second_lag1_autocorr_median"] or 0.0), doc
