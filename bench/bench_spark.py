@@ -52,7 +52,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
-from spark.aggregate import tidy  # noqa: E402  (pyspark imports; no session started)
+from spark.stage_metrics import tidy  # noqa: E402
 from tasks.driver.histogram import bucket_bounds, bucket_of, summarize  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
     COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAM_COLUMNS, HISTOGRAMS_FILE, SAMPLER_COLUMNS,

@@ -21,17 +21,14 @@ cores busy. ``--timings FILE`` writes the phases' durations
 Only those small sums reach the driver, where percentiles are read from the summed buckets
 with `tasks.driver.histogram` (per-process percentiles are never averaged).
 
-Small files (stage.json, summary.json) are read on the driver; they also drive the checks:
-a listed process without summary.json, a missing/empty/truncated/malformed CSV or a driver
-that reported an error makes the stage "incomplete"; a stage without any traffic in its
-measure window is "no_data" with null metrics (never 0). Every reason is a "problems" line.
-The connection rate comes from the summaries' ``connect_phase`` (summed ``connected`` over
-the span from the earliest first CONNECT to the latest last CONNACK of all processes); a
-summary without it leaves connect_rate null with a problem line, never a zero. The
-driver_cpu_max validity input is the busiest process's ``publish_cpu`` (CPU over wall).
+The driver side is plain Python in two modules of its own: `spark.stage_files` reads and
+checks the small files (stage.json, summary.json; a listed process without its files or a
+truncated CSV makes the stage "incomplete"), and `spark.stage_metrics` turns the sums into
+the metrics (a stage without traffic in its window is "no_data" with null metrics, never 0;
+every reason is a "problems" line).
 
 Output: ``OUT_DIR/stage_metrics.json`` (deterministic: sorted keys, floats rounded to
-``SIGNIFICANT_DIGITS`` significant digits, no timestamps) and
+``spark.stage_metrics.SIGNIFICANT_DIGITS`` significant digits, no timestamps) and
 ``OUT_DIR/stage_metrics.parquet/`` with one (run_id, stage_id, metric, value) row per metric.
 Metric names are those of `tasks.metrics.METRICS`.
 """
@@ -44,43 +41,35 @@ PYTHON_STARTED_AT = time.time()  # before pyspark is imported: for --timings
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-try:
-    import tasks.driver.output  # noqa: F401  (the pipeline passes PYTHONPATH)
-except ImportError:  # run straight from a checkout: the repo root is the parent of spark/
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# spark-submit puts this file's folder on sys.path, not the checkout's root, which holds
+# this job's own modules (spark.*) and the pure ones it shares with the pipeline (tasks.*).
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tasks.driver.histogram import summarize
+from spark.stage_files import Stage, discover
+from spark.stage_metrics import Sums, stage_result
 from tasks.driver.output import (
-    COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAM_COLUMNS, HISTOGRAM_KINDS, HISTOGRAMS_FILE,
-    SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE,
+    COUNTER_COLUMNS, HISTOGRAM_COLUMNS, HISTOGRAM_KINDS, SAMPLER_COLUMNS,
 )
-from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
 
-SIGNIFICANT_DIGITS = 10
 WHOLE_STAGE_KINDS = ("connect", "subscribe")  # happen before the window: use every second
-CLOCK_OFFSET_LIMIT_S = 0.01
 JSON_FILE = "stage_metrics.json"
 PARQUET_DIR = "stage_metrics.parquet"
-SAMPLER_DIR = "sampler"
 _COLUMN_TYPES = {"kind": T.StringType(), "cpu_pct": T.DoubleType()}  # others are integers
-_TOTAL_COLUMNS = ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
-                  "connects_ok", "connects_failed")
-_BAD_DRIVER_STATUS = ("error", "no_start")
 SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
@@ -90,150 +79,6 @@ SPARK_SETTINGS = {
 }
 
 
-# ---- driver side: discovering and checking the small files ------------------------------
-@dataclass
-class Stage:
-    """One stage's inputs as found on disk, and what is wrong with them."""
-
-    stage_id: str
-    doc: dict = field(default_factory=dict)
-    window: tuple[int, int] | None = None
-    problems: list[tuple[bool, str]] = field(default_factory=list)  # (notice only, text)
-    incomplete: bool = False
-    summaries: list[dict] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    files: dict[str, list[Path]] = field(default_factory=dict)  # counters/histograms/broker
-    labels: dict[str, str] = field(default_factory=dict)  # resolved file path -> "host/proc"
-
-    def problem(self, text: str, incomplete: bool = False, notice: bool = True) -> None:
-        """Record a problem; `incomplete` ones (and status-setting ones) are listed first."""
-        self.problems.append((notice and not incomplete, text))
-        self.incomplete = self.incomplete or incomplete
-
-    def problem_list(self) -> list[str]:
-        return [text for _, text in sorted(self.problems, key=lambda p: p[0])]
-
-
-def _read_json(path: Path) -> dict:
-    document = json.loads(path.read_text())
-    if not isinstance(document, dict):
-        raise ValueError("not a JSON object")
-    return document
-
-
-def _window_of(doc: dict) -> tuple[int, int] | None:
-    windows = doc.get("windows") or {}
-    try:
-        return int(windows["measure_start"]), int(windows["measure_end"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _process_dirs(stage_dir: Path) -> set[tuple[str, str]]:
-    return {
-        (host.name, proc.name)
-        for host in stage_dir.iterdir() if host.is_dir()
-        for proc in host.iterdir() if proc.is_dir() and proc.name != SAMPLER_DIR
-    }
-
-
-def _listed_processes(stage: Stage) -> set[tuple[str, str]]:
-    listed = stage.doc.get("processes") or []
-    return {(str(p["host"]), str(p["proc"])) for p in listed if isinstance(p, dict)}
-
-
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as handle:
-        size = handle.seek(0, 2)
-        if not size:
-            return b""
-        handle.seek(size - 1)
-        return handle.read(1)
-
-
-def _check_csv(stage: Stage, kind: str, path: Path, label: str) -> None:
-    """Queue a CSV for Spark if it exists; flag it if it is empty or lacks a final newline."""
-    name = path.name
-    if not path.is_file():
-        stage.problem(f"missing {name} in {label}", incomplete=True)
-        return
-    if _last_byte(path) != b"\n":
-        stage.problem(f"truncated {name} in {label}: no final newline", incomplete=True)
-    stage.files.setdefault(kind, []).append(path)
-    stage.labels[str(path.resolve())] = label
-
-
-def _check_summary(stage: Stage, summary: dict, label: str) -> None:
-    status = summary.get("status")
-    if status != "ok":
-        stage.problem(f"process {label} reported status {status!r}",
-                      incomplete=status in _BAD_DRIVER_STATUS)
-    offset = (summary.get("clock") or {}).get("offset_s")
-    if isinstance(offset, (int, float)) and abs(offset) > CLOCK_OFFSET_LIMIT_S:
-        stage.problem(f"clock offset of {label} is {offset:+.3f} s")
-    if stage.window and _window_of(summary) not in (None, stage.window):
-        stage.problem(f"measure window of {label} {_window_of(summary)} differs from "
-                      f"{STAGE_FILE} {stage.window}")
-
-
-def _check_process(stage: Stage, stage_dir: Path, host: str, proc: str, listed: bool) -> None:
-    label = f"{host}/{proc}"
-    proc_dir = stage_dir / host / proc
-    if not listed:
-        stage.problem(f"unexpected process {label}: not listed in {STAGE_FILE}")
-    try:
-        summary = _read_json(proc_dir / SUMMARY_FILE)
-    except FileNotFoundError:
-        stage.problem(f"missing process {label}: no {SUMMARY_FILE}", incomplete=True)
-        stage.missing.append(label)
-        if not proc_dir.is_dir():
-            return
-    except (OSError, ValueError) as exc:
-        stage.problem(f"unreadable {SUMMARY_FILE} in {label}: {exc}", incomplete=True)
-        stage.missing.append(label)
-    else:
-        stage.summaries.append(summary)
-        _check_summary(stage, summary, label)
-    _check_csv(stage, "counters", proc_dir / COUNTERS_FILE, label)
-    _check_csv(stage, "histograms", proc_dir / HISTOGRAMS_FILE, label)
-
-
-def _check_broker(stage: Stage, stage_dir: Path) -> None:
-    host = stage.doc.get("broker_host")
-    if not host:
-        stage.problem("no broker samples: broker_host is null in stage.json")
-        return
-    _check_csv(stage, "broker", stage_dir / str(host) / SAMPLER_DIR / SAMPLER_FILE,
-               f"{host}/{SAMPLER_DIR}")
-
-
-def load_stage(raw_dir: Path, stage_id: str) -> Stage:
-    """Read stage.json and every summary.json of a stage; list the CSVs for Spark."""
-    stage, stage_dir = Stage(stage_id), raw_dir / stage_id
-    if not stage_dir.is_dir():
-        stage.problem(f"no stage directory {stage_dir}", incomplete=True)
-        return stage
-    try:
-        stage.doc = _read_json(stage_dir / STAGE_FILE)
-    except (OSError, ValueError) as exc:
-        stage.problem(f"unreadable {STAGE_FILE}: {exc}", incomplete=True)
-    stage.window = _window_of(stage.doc)
-    if stage.window is None:
-        stage.problem(f"no measure window in {STAGE_FILE}", incomplete=True)
-    listed = _listed_processes(stage)
-    for host, proc in sorted(listed | _process_dirs(stage_dir)):
-        _check_process(stage, stage_dir, host, proc, (host, proc) in listed)
-    _check_broker(stage, stage_dir)
-    return stage
-
-
-def discover(run_dir: Path, wanted: list[str] | None) -> list[Stage]:
-    raw_dir = run_dir / "raw"
-    found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
-    return [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
-
-
-# ---- Spark: reading every CSV and summing --------------------------------------------------
 def parse_lines(lines: DataFrame, columns: tuple[str, ...]) -> DataFrame:
     """Lines of contract CSVs (``value``) as typed columns plus ``valid``; the frame's other
     columns are kept.
@@ -397,22 +242,6 @@ def count_malformed(data: Dataset, stage_ids: list[str]) -> list[tuple[str, str,
 
 
 # ---- the small sums on the driver --------------------------------------------------------
-@dataclass
-class Sums:
-    """What Spark hands back: small per-stage tables."""
-
-    series: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
-    totals: dict[str, dict[str, int]] = field(default_factory=dict)
-    histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
-    broker: dict[str, dict] = field(default_factory=dict)
-    malformed: dict[str, set[str]] = field(default_factory=dict)  # dataset -> stage ids
-
-    def flag(self, dataset: str, row: Row) -> None:
-        if row["malformed"]:
-            self.malformed.setdefault(dataset, set()).add(row["stage_id"])
-
-
 def collect_counters(sums: Sums, rows: list[Row]) -> None:
     for row in rows:
         sums.flag("counters", row)
@@ -495,184 +324,6 @@ def read_and_sum(spark: SparkSession, stages: list[Stage]) -> tuple[Sums, dict[s
     return sums, frames, max(planned.values())
 
 
-# ---- driver side: metrics from the small sums -------------------------------------------
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def _cv(values: list[int]) -> float | None:
-    if len(values) < 2 or not statistics.fmean(values):
-        return None
-    return statistics.pstdev(values) / statistics.fmean(values)
-
-
-def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
-    """Rates and the per-second series of the measure window (seconds without rows are 0)."""
-    start, end = stage.window
-    seconds = list(range(start, end))
-    delivered = [per_second.get(s, (0, 0))[0] for s in seconds]
-    published = [per_second.get(s, (0, 0))[1] for s in seconds]
-    measure_s = len(seconds)
-    delivered_rate = _ratio(sum(delivered), measure_s)
-    metrics = {
-        "delivered_rate": delivered_rate,
-        "published_rate": _ratio(sum(published), measure_s),
-        "achieved_ratio": _ratio(delivered_rate, stage.doc.get("expected_delivery_rate")),
-        "throughput_cv": _cv(delivered),
-        "messages_delivered": sum(delivered),
-    }
-    target, expected = stage.doc.get("target_publish_rate"), stage.doc.get("expected_delivery_rate")
-    if target and expected is not None:
-        owed = backlog(published, delivered, expected / target)
-        metrics["backlog_max"] = max([0.0, *owed])
-        metrics["backlog_slope"] = slope(owed)
-    series = {"seconds": seconds, "delivered_per_s": delivered, "published_per_s": published}
-    return metrics, series
-
-
-def stage_series(stage: Stage, whole: dict[int, int]) -> dict[str, list[int]]:
-    """Delivered per second over the whole stage (warm-up and cool-down too), for charts."""
-    windows = stage.doc.get("windows") or {}
-    if "start" not in windows or "end" not in windows:
-        return {}
-    seconds = list(range(windows["start"], windows["end"]))
-    return {"stage_seconds": seconds, "stage_delivered_per_s": [whole.get(s, 0) for s in seconds]}
-
-
-def loss_metrics(stage: Stage) -> dict:
-    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries."""
-    if stage.missing:
-        stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
-        return {}
-    receivers = stage.doc.get("receivers") or {}
-    expected = unique = 0
-    for summary in stage.summaries:
-        for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
-            if str(index) not in receivers:
-                stage.problem(f"publisher {index} of {summary.get('host')}/"
-                              f"{summary.get('proc')} has no receivers in {STAGE_FILE}")
-            expected += int(last_seq) * int(receivers.get(str(index), 0))
-        unique += int(summary.get("unique_received") or 0)
-    lost = max(0, expected - unique)
-    return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
-
-
-def counter_metrics(totals: dict[str, int] | None) -> dict:
-    """Whole-stage counter sums."""
-    if not totals:
-        return {}
-    return {name: totals[name] for name in _TOTAL_COLUMNS}
-
-
-def connect_metrics(stage: Stage) -> dict:
-    """Connection rate from every process's ``connect_phase`` (tasks.driver.output).
-
-    connect_rate = summed ``connected`` / (latest ``last_connack_at`` - earliest
-    ``first_connect_at``) over all processes and hosts, each time as its host's clock has
-    it (an offset host is flagged by _check_summary). Null, with the reason in the
-    problems, when a process has no summary or no connect_phase, or nothing connected.
-    """
-    if stage.missing:
-        stage.problem("connect_rate not computed: processes without summary: "
-                      + ", ".join(stage.missing))
-        return {}
-    connected, firsts, lasts, without = 0, [], [], []
-    for summary in stage.summaries:
-        phase = summary.get("connect_phase")
-        label = f"{summary.get('host')}/{summary.get('proc')}"
-        try:
-            connected += int(phase["connected"] or 0)
-            first, last = phase["first_connect_at"], phase["last_connack_at"]
-        except (KeyError, TypeError, ValueError):
-            without.append(label)
-            continue
-        if first is not None and last is not None:
-            firsts.append(float(first))
-            lasts.append(float(last))
-    if without:
-        stage.problem(f"connect_rate not computed: no connect_phase in {SUMMARY_FILE} of "
-                      + ", ".join(without))
-        return {}
-    span = max(lasts) - min(firsts) if firsts else None
-    if not connected or not span or span <= 0:
-        stage.problem(f"connect_rate not computed: {connected} clients connected "
-                      f"over a connect phase of {span} s")
-        return {}
-    return {"connect_rate": connected / span}
-
-
-def driver_metrics(stage: Stage) -> dict:
-    """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
-    one core (summary ``publish_cpu``), a validity input: a driver that busy may be the
-    bottleneck. Null when no process recorded it."""
-    busiest = [100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in
-               (summary.get("publish_cpu") for summary in stage.summaries)
-               if cpu and cpu.get("wall_s")]
-    return {"driver_cpu_max": max(busiest)} if busiest else {}
-
-
-def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
-    metrics = {}
-    for kind in LATENCY_KINDS:
-        summary = summarize(histograms.get(kind, {}))
-        for stat in LATENCY_STATS:
-            metrics[f"{kind}_latency_{stat}"] = summary.get(stat)
-    return metrics
-
-
-def broker_metrics(stage: Stage, broker: dict | None, delivered_rate: float | None) -> dict:
-    if not broker:
-        if stage.files.get("broker"):
-            stage.problem("no broker samples in the measure window")
-        return {}
-    metrics = {f"broker_{k}": broker[k] for k in ("cpu_avg", "cpu_max", "rss_avg", "rss_max")}
-    metrics["broker_cpu_per_10k"] = _ratio(broker["cpu_avg"], (delivered_rate or 0) / 10000)
-    return metrics
-
-
-def stage_result(stage: Stage, sums: Sums) -> dict:
-    """The stage's entry of stage_metrics.json: status, problems, every metric, series."""
-    metrics: dict = dict.fromkeys(METRICS)
-    metrics["target_rate"] = stage.doc.get("target_publish_rate")
-    series: dict = {"seconds": [], "delivered_per_s": [], "published_per_s": []}
-    status = "incomplete" if stage.incomplete else "ok"
-    traffic = {}
-    if stage.window is not None:
-        traffic, series = traffic_metrics(stage, sums.series.get(stage.stage_id, {}))
-        series.update(stage_series(stage, sums.whole.get(stage.stage_id, {})))
-    if not (sum(series["delivered_per_s"]) or sum(series["published_per_s"])):
-        stage.problem("zero traffic in the measure window", notice=False)
-        status = "no_data"
-    else:
-        metrics.update(traffic)
-        metrics.update(loss_metrics(stage))
-        metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
-        metrics.update(connect_metrics(stage))
-        metrics.update(driver_metrics(stage))
-        metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
-        metrics.update(broker_metrics(stage, sums.broker.get(stage.stage_id),
-                                      metrics["delivered_rate"]))
-    unknown = set(metrics) - set(METRICS)
-    if unknown:
-        raise KeyError(f"metrics missing from tasks.metrics: {sorted(unknown)}")
-    return {"stage_id": stage.stage_id, "scenario": stage.doc.get("scenario"),
-            "status": status, "problems": stage.problem_list(),
-            "metrics": {k: tidy(v) for k, v in metrics.items()}, "series": series}
-
-
-def tidy(value):
-    """Round floats to SIGNIFICANT_DIGITS so reruns are byte-identical; NaN/inf -> None."""
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    value = float(value)
-    if not math.isfinite(value):
-        return None
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}") + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
-# ---- output ------------------------------------------------------------------------------
 def run_id_of(run_dir: Path, stages: list[Stage]) -> str:
     ids = sorted({str(s.doc["run_id"]) for s in stages if s.doc.get("run_id")})
     for stage in stages:

@@ -1,0 +1,168 @@
+"""The small files of a run's raw output, read and checked on the Spark driver: each
+stage's ``stage.json`` and every process's ``summary.json``, and whether every CSV the
+job will scan is there and whole.
+
+A listed process without summary.json, a missing/empty/truncated CSV or a driver that
+reported an error makes the stage "incomplete"; a clock offset over
+`CLOCK_OFFSET_LIMIT_S` is a problem line. Every reason is a "problems" line of the stage.
+Plain Python: no Spark here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.driver.output import (
+    COUNTERS_FILE, HISTOGRAMS_FILE, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE,
+)
+
+CLOCK_OFFSET_LIMIT_S = 0.01
+SAMPLER_DIR = "sampler"
+_BAD_DRIVER_STATUS = ("error", "no_start")
+
+
+@dataclass
+class Stage:
+    """One stage's inputs as found on disk, and what is wrong with them."""
+
+    stage_id: str
+    doc: dict = field(default_factory=dict)
+    window: tuple[int, int] | None = None
+    problems: list[tuple[bool, str]] = field(default_factory=list)  # (notice only, text)
+    incomplete: bool = False
+    summaries: list[dict] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    files: dict[str, list[Path]] = field(default_factory=dict)  # counters/histograms/broker
+    labels: dict[str, str] = field(default_factory=dict)  # resolved file path -> "host/proc"
+
+    def problem(self, text: str, incomplete: bool = False, notice: bool = True) -> None:
+        """Record a problem; `incomplete` ones (and status-setting ones) are listed first."""
+        self.problems.append((notice and not incomplete, text))
+        self.incomplete = self.incomplete or incomplete
+
+    def problem_list(self) -> list[str]:
+        return [text for _, text in sorted(self.problems, key=lambda p: p[0])]
+
+
+def _read_json(path: Path) -> dict:
+    document = json.loads(path.read_text())
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    return document
+
+
+def _window_of(doc: dict) -> tuple[int, int] | None:
+    windows = doc.get("windows") or {}
+    try:
+        return int(windows["measure_start"]), int(windows["measure_end"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _process_dirs(stage_dir: Path) -> set[tuple[str, str]]:
+    return {
+        (host.name, proc.name)
+        for host in stage_dir.iterdir() if host.is_dir()
+        for proc in host.iterdir() if proc.is_dir() and proc.name != SAMPLER_DIR
+    }
+
+
+def _listed_processes(stage: Stage) -> set[tuple[str, str]]:
+    listed = stage.doc.get("processes") or []
+    return {(str(p["host"]), str(p["proc"])) for p in listed if isinstance(p, dict)}
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        size = handle.seek(0, 2)
+        if not size:
+            return b""
+        handle.seek(size - 1)
+        return handle.read(1)
+
+
+def _check_csv(stage: Stage, kind: str, path: Path, label: str) -> None:
+    """Queue a CSV for Spark if it exists; flag it if it is empty or lacks a final newline."""
+    name = path.name
+    if not path.is_file():
+        stage.problem(f"missing {name} in {label}", incomplete=True)
+        return
+    if _last_byte(path) != b"\n":
+        stage.problem(f"truncated {name} in {label}: no final newline", incomplete=True)
+    stage.files.setdefault(kind, []).append(path)
+    stage.labels[str(path.resolve())] = label
+
+
+def _check_summary(stage: Stage, summary: dict, label: str) -> None:
+    status = summary.get("status")
+    if status != "ok":
+        stage.problem(f"process {label} reported status {status!r}",
+                      incomplete=status in _BAD_DRIVER_STATUS)
+    offset = (summary.get("clock") or {}).get("offset_s")
+    if isinstance(offset, (int, float)) and abs(offset) > CLOCK_OFFSET_LIMIT_S:
+        stage.problem(f"clock offset of {label} is {offset:+.3f} s")
+    if stage.window and _window_of(summary) not in (None, stage.window):
+        stage.problem(f"measure window of {label} {_window_of(summary)} differs from "
+                      f"{STAGE_FILE} {stage.window}")
+
+
+def _check_process(stage: Stage, stage_dir: Path, host: str, proc: str, listed: bool) -> None:
+    label = f"{host}/{proc}"
+    proc_dir = stage_dir / host / proc
+    if not listed:
+        stage.problem(f"unexpected process {label}: not listed in {STAGE_FILE}")
+    try:
+        summary = _read_json(proc_dir / SUMMARY_FILE)
+    except FileNotFoundError:
+        stage.problem(f"missing process {label}: no {SUMMARY_FILE}", incomplete=True)
+        stage.missing.append(label)
+        if not proc_dir.is_dir():
+            return
+    except (OSError, ValueError) as exc:
+        stage.problem(f"unreadable {SUMMARY_FILE} in {label}: {exc}", incomplete=True)
+        stage.missing.append(label)
+    else:
+        stage.summaries.append(summary)
+        _check_summary(stage, summary, label)
+    _check_csv(stage, "counters", proc_dir / COUNTERS_FILE, label)
+    _check_csv(stage, "histograms", proc_dir / HISTOGRAMS_FILE, label)
+
+
+def _check_broker(stage: Stage, stage_dir: Path) -> None:
+    host = stage.doc.get("broker_host")
+    if not host:
+        stage.problem("no broker samples: broker_host is null in stage.json")
+        return
+    _check_csv(stage, "broker", stage_dir / str(host) / SAMPLER_DIR / SAMPLER_FILE,
+               f"{host}/{SAMPLER_DIR}")
+
+
+def load_stage(raw_dir: Path, stage_id: str) -> Stage:
+    """Read stage.json and every summary.json of a stage; list the CSVs for Spark."""
+    stage, stage_dir = Stage(stage_id), raw_dir / stage_id
+    if not stage_dir.is_dir():
+        stage.problem(f"no stage directory {stage_dir}", incomplete=True)
+        return stage
+    try:
+        stage.doc = _read_json(stage_dir / STAGE_FILE)
+    except (OSError, ValueError) as exc:
+        stage.problem(f"unreadable {STAGE_FILE}: {exc}", incomplete=True)
+    stage.window = _window_of(stage.doc)
+    if stage.window is None:
+        stage.problem(f"no measure window in {STAGE_FILE}", incomplete=True)
+    listed = _listed_processes(stage)
+    for host, proc in sorted(listed | _process_dirs(stage_dir)):
+        _check_process(stage, stage_dir, host, proc, (host, proc) in listed)
+    _check_broker(stage, stage_dir)
+    return stage
+
+
+def discover(run_dir: Path, wanted: list[str] | None) -> list[Stage]:
+    raw_dir = run_dir / "raw"
+    found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
+    return [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
+
+
+# ---- Spark: reading every CSV and summing --------------------------------------------------

@@ -1,0 +1,221 @@
+"""Per-stage metrics from what Spark summed: rates and series of the measure window,
+loss, whole-stage counters, connection rate, driver CPU, latency percentiles from the
+summed histogram buckets, broker CPU/RSS, and the stage's entry of stage_metrics.json.
+Plain Python on small tables: no Spark here.
+
+Metric names are those of `tasks.metrics.METRICS`; a metric that cannot be computed is
+null with a problem line, never a zero.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tasks.driver.histogram import summarize
+from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
+from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
+
+from spark.stage_files import Stage
+
+SIGNIFICANT_DIGITS = 10
+TOTAL_COLUMNS = ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
+                 "connects_ok", "connects_failed")
+
+
+@dataclass
+class Sums:
+    """What Spark hands back: small per-stage tables."""
+
+    series: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
+    totals: dict[str, dict[str, int]] = field(default_factory=dict)
+    histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
+    broker: dict[str, dict] = field(default_factory=dict)
+    malformed: dict[str, set[str]] = field(default_factory=dict)  # dataset -> stage ids
+
+    def flag(self, dataset: str, row: Mapping) -> None:
+        if row["malformed"]:
+            self.malformed.setdefault(dataset, set()).add(row["stage_id"])
+
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _cv(values: list[int]) -> float | None:
+    if len(values) < 2 or not statistics.fmean(values):
+        return None
+    return statistics.pstdev(values) / statistics.fmean(values)
+
+
+def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
+    """Rates and the per-second series of the measure window (seconds without rows are 0)."""
+    start, end = stage.window
+    seconds = list(range(start, end))
+    delivered = [per_second.get(s, (0, 0))[0] for s in seconds]
+    published = [per_second.get(s, (0, 0))[1] for s in seconds]
+    measure_s = len(seconds)
+    delivered_rate = _ratio(sum(delivered), measure_s)
+    metrics = {
+        "delivered_rate": delivered_rate,
+        "published_rate": _ratio(sum(published), measure_s),
+        "achieved_ratio": _ratio(delivered_rate, stage.doc.get("expected_delivery_rate")),
+        "throughput_cv": _cv(delivered),
+        "messages_delivered": sum(delivered),
+    }
+    target, expected = stage.doc.get("target_publish_rate"), stage.doc.get("expected_delivery_rate")
+    if target and expected is not None:
+        owed = backlog(published, delivered, expected / target)
+        metrics["backlog_max"] = max([0.0, *owed])
+        metrics["backlog_slope"] = slope(owed)
+    series = {"seconds": seconds, "delivered_per_s": delivered, "published_per_s": published}
+    return metrics, series
+
+
+def stage_series(stage: Stage, whole: dict[int, int]) -> dict[str, list[int]]:
+    """Delivered per second over the whole stage (warm-up and cool-down too), for charts."""
+    windows = stage.doc.get("windows") or {}
+    if "start" not in windows or "end" not in windows:
+        return {}
+    seconds = list(range(windows["start"], windows["end"]))
+    return {"stage_seconds": seconds, "stage_delivered_per_s": [whole.get(s, 0) for s in seconds]}
+
+
+def loss_metrics(stage: Stage) -> dict:
+    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries."""
+    if stage.missing:
+        stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
+        return {}
+    receivers = stage.doc.get("receivers") or {}
+    expected = unique = 0
+    for summary in stage.summaries:
+        for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
+            if str(index) not in receivers:
+                stage.problem(f"publisher {index} of {summary.get('host')}/"
+                              f"{summary.get('proc')} has no receivers in {STAGE_FILE}")
+            expected += int(last_seq) * int(receivers.get(str(index), 0))
+        unique += int(summary.get("unique_received") or 0)
+    lost = max(0, expected - unique)
+    return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
+
+
+def counter_metrics(totals: dict[str, int] | None) -> dict:
+    """Whole-stage counter sums."""
+    if not totals:
+        return {}
+    return {name: totals[name] for name in TOTAL_COLUMNS}
+
+
+def connect_metrics(stage: Stage) -> dict:
+    """Connection rate from every process's ``connect_phase`` (tasks.driver.output).
+
+    connect_rate = summed ``connected`` / (latest ``last_connack_at`` - earliest
+    ``first_connect_at``) over all processes and hosts, each time as its host's clock has
+    it (an offset host is flagged by _check_summary). Null, with the reason in the
+    problems, when a process has no summary or no connect_phase, or nothing connected.
+    """
+    if stage.missing:
+        stage.problem("connect_rate not computed: processes without summary: "
+                      + ", ".join(stage.missing))
+        return {}
+    connected, firsts, lasts, without = 0, [], [], []
+    for summary in stage.summaries:
+        phase = summary.get("connect_phase")
+        label = f"{summary.get('host')}/{summary.get('proc')}"
+        try:
+            connected += int(phase["connected"] or 0)
+            first, last = phase["first_connect_at"], phase["last_connack_at"]
+        except (KeyError, TypeError, ValueError):
+            without.append(label)
+            continue
+        if first is not None and last is not None:
+            firsts.append(float(first))
+            lasts.append(float(last))
+    if without:
+        stage.problem(f"connect_rate not computed: no connect_phase in {SUMMARY_FILE} of "
+                      + ", ".join(without))
+        return {}
+    span = max(lasts) - min(firsts) if firsts else None
+    if not connected or not span or span <= 0:
+        stage.problem(f"connect_rate not computed: {connected} clients connected "
+                      f"over a connect phase of {span} s")
+        return {}
+    return {"connect_rate": connected / span}
+
+
+def driver_metrics(stage: Stage) -> dict:
+    """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
+    one core (summary ``publish_cpu``), a validity input: a driver that busy may be the
+    bottleneck. Null when no process recorded it."""
+    busiest = [100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in
+               (summary.get("publish_cpu") for summary in stage.summaries)
+               if cpu and cpu.get("wall_s")]
+    return {"driver_cpu_max": max(busiest)} if busiest else {}
+
+
+def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
+    metrics = {}
+    for kind in LATENCY_KINDS:
+        summary = summarize(histograms.get(kind, {}))
+        for stat in LATENCY_STATS:
+            metrics[f"{kind}_latency_{stat}"] = summary.get(stat)
+    return metrics
+
+
+def broker_metrics(stage: Stage, broker: dict | None, delivered_rate: float | None) -> dict:
+    if not broker:
+        if stage.files.get("broker"):
+            stage.problem("no broker samples in the measure window")
+        return {}
+    metrics = {f"broker_{k}": broker[k] for k in ("cpu_avg", "cpu_max", "rss_avg", "rss_max")}
+    metrics["broker_cpu_per_10k"] = _ratio(broker["cpu_avg"], (delivered_rate or 0) / 10000)
+    return metrics
+
+
+def stage_result(stage: Stage, sums: Sums) -> dict:
+    """The stage's entry of stage_metrics.json: status, problems, every metric, series."""
+    metrics: dict = dict.fromkeys(METRICS)
+    metrics["target_rate"] = stage.doc.get("target_publish_rate")
+    series: dict = {"seconds": [], "delivered_per_s": [], "published_per_s": []}
+    status = "incomplete" if stage.incomplete else "ok"
+    traffic = {}
+    if stage.window is not None:
+        traffic, series = traffic_metrics(stage, sums.series.get(stage.stage_id, {}))
+        series.update(stage_series(stage, sums.whole.get(stage.stage_id, {})))
+    if not (sum(series["delivered_per_s"]) or sum(series["published_per_s"])):
+        stage.problem("zero traffic in the measure window", notice=False)
+        status = "no_data"
+    else:
+        metrics.update(traffic)
+        metrics.update(loss_metrics(stage))
+        metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
+        metrics.update(connect_metrics(stage))
+        metrics.update(driver_metrics(stage))
+        metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
+        metrics.update(broker_metrics(stage, sums.broker.get(stage.stage_id),
+                                      metrics["delivered_rate"]))
+    unknown = set(metrics) - set(METRICS)
+    if unknown:
+        raise KeyError(f"metrics missing from tasks.metrics: {sorted(unknown)}")
+    return {"stage_id": stage.stage_id, "scenario": stage.doc.get("scenario"),
+            "status": status, "problems": stage.problem_list(),
+            "metrics": {k: tidy(v) for k, v in metrics.items()}, "series": series}
+
+
+def tidy(value):
+    """Round floats to SIGNIFICANT_DIGITS so reruns are byte-identical; NaN/inf -> None."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    value = float(value)
+    if not math.isfinite(value):
+        return None
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}") + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+# ---- output ------------------------------------------------------------------------------
