@@ -161,9 +161,11 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         "windows": windows, "target_publish_rate": stage.target_publish_rate,
         "expected_delivery_rate": expected, "receivers": receivers(plans),
         "processes": [{"host": p.host, "proc": p.proc} for p in plans],
-        "broker_host": broker["host"] if broker.get("pid") else None,
+        # no sampler for a refused stage: nothing runs to sample
+        "broker_host": broker["host"] if broker.get("pid") and not refused else None,
     })
-    _start_sampler(ctx, broker, stage, windows["end"])
+    if not refused:
+        _start_sampler(ctx, broker, stage, windows["end"])
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
