@@ -18,10 +18,8 @@ import posixpath
 from pathlib import Path
 
 from .brokers import ADAPTERS, BrokerError
-from .brokers.mosquitto import TLS_DIR, health_check, sys_version
+from .brokers.mosquitto import GENERATED_CA, TLS_DIR, health_check, sys_version
 from .run_context import BROKER_FILE, RunContext
-
-GENERATED_CA = "perfpipe-ca.pem"  # a tls.ca_file with this name gets the run's generated CA
 
 
 def tls_wanted(ctx: RunContext) -> dict | None:

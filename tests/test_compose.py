@@ -18,7 +18,9 @@ from tasks.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-AIRFLOW = [name for name, s in SERVICES.items() if s.get("image", "").startswith("perfpipe-airflow")]
+AIRFLOW = [name for name, s in SERVICES.items()  # the Airflow services, not one-shot helpers
+           if s.get("image", "").startswith("perfpipe-airflow")
+           and "AIRFLOW__CORE__EXECUTOR" in s.get("environment", {})]
 MOUNT_ROOT = "/opt/perfpipe"
 
 
@@ -103,3 +105,76 @@ def test_the_compose_inventory_points_at_compose_services():
         assert key.startswith("/run/secrets/") and Path(key).name in COMPOSE["secrets"]
     assert inventory.broker.address in SERVICES and not inventory.broker.managed
     assert all(SERVICES[h.address].get("secrets") for h in inventory.hosts)
+
+
+def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
+    """The broker-certs service's command, run here for real; its files are the ones the
+    Mosquitto config and the TLS scenario name, where compose mounts them; then Mosquitto
+    with the compose config (ports and paths moved to this machine) completes an MQTT
+    CONNECT over TLS, verified against the CA as a driver does, by the service's name."""
+    import pwd
+    import shutil
+    import socket
+    import ssl
+    import subprocess
+    import tempfile
+    import time
+
+    from tasks.brokers.certs import main as certs_main
+    from tasks.scenarios import load_catalog
+    from tests.conftest import free_port, mosquitto_binary
+
+    service = SERVICES["broker-certs"]
+    args = service["command"][service["command"].index("tasks.brokers.certs") + 1:]
+    certs_mount = next(v.split(":")[1] for v in service["volumes"] if v.startswith("broker-tls:"))
+    broker_mount = next(v.split(":")[1] for v in SERVICES["mosquitto"]["volumes"]
+                        if v.startswith("broker-tls:"))
+    driver_mount = next(v.split(":")[1] for v in SERVICES["driver1"]["volumes"]
+                        if v.startswith("broker-tls:"))
+    conf = (REPO / "infra/docker/mosquitto.conf").read_text()
+    tls = load_catalog(REPO / "scenarios")["messagesight_connburst_tls"].connection.tls
+    assert Path(tls.ca_file).parent == Path(driver_mount)
+    assert f"listener {tls.port} 0.0.0.0" in conf
+
+    base = Path(tempfile.mkdtemp(prefix="perfpipe-compose-tls-", dir="/var/tmp"))
+    base.chmod(0o755)  # Mosquitto drops to its own user, which must reach the files
+    try:
+        certs = base / "certs"
+        owner = str(pwd.getpwnam("mosquitto").pw_uid)  # compose: the image's mosquitto, 1883
+        args = [str(certs) if a == certs_mount else owner if a == "1883" else a for a in args]
+        assert certs_main(args) == 0
+        for path in re.findall(rf"{broker_mount}/\S+", conf):
+            assert (certs / Path(path).name).is_file(), path
+        assert (certs / Path(tls.ca_file).name).read_bytes() == (certs / "ca.pem").read_bytes()
+        made = {p.name: p.stat().st_mtime_ns for p in certs.iterdir()}
+        assert certs_main(args) == 0  # a second run keeps the files the broker already has
+        assert {p.name: p.stat().st_mtime_ns for p in certs.iterdir()} == made
+
+        port, tls_port = free_port(), free_port()
+        local = (conf.replace("listener 1883 0.0.0.0", f"listener {port} 127.0.0.1")
+                 .replace(f"listener {tls.port} 0.0.0.0", f"listener {tls_port} 127.0.0.1")
+                 .replace(broker_mount, str(certs)))
+        (base / "mosquitto.conf").write_text(local)
+        with open(base / "mosquitto.log", "w") as log:
+            broker = subprocess.Popen([mosquitto_binary(), "-c", str(base / "mosquitto.conf")],
+                                      stdout=log, stderr=subprocess.STDOUT)
+        try:
+            context = ssl.create_default_context(cafile=str(certs / Path(tls.ca_file).name))
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    raw = socket.create_connection(("127.0.0.1", tls_port), timeout=2)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, (base / "mosquitto.log").read_text()
+                    time.sleep(0.05)
+            with context.wrap_socket(raw, server_hostname="mosquitto") as tls_sock:
+                # CONNECT, MQTT 3.1.1, clean session, keepalive 10 s, client id "t"
+                tls_sock.sendall(bytes([0x10, 13, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 10, 0, 1])
+                                 + b"t")
+                assert tls_sock.recv(4) == bytes([0x20, 2, 0, 0])  # CONNACK, accepted
+        finally:
+            broker.kill()
+            broker.wait(5)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -39,6 +39,7 @@ class BrokerError(RuntimeError):
 
 TLS_DIR = "broker/tls"  # in the run directory, locally and on the broker host
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
+GENERATED_CA = "perfpipe-ca.pem"  # a tls.ca_file with this name gets perfpipe's generated CA
 
 
 def render_config(port: int, bind: str, tls: dict | None = None) -> str:
