@@ -29,14 +29,26 @@ from .mosquitto import CA_FILE, CERT_FILE, GENERATED_CA, KEY_FILE, make_certific
 
 
 def still_good(out_dir: Path, names: list[str], margin: datetime.timedelta) -> bool:
-    """Whether out_dir holds a CA, a key and a server certificate for every name, valid for
-    at least `margin` more."""
+    """Whether out_dir holds a CA (twice, the same), a server certificate it signed for
+    every name, valid for at least `margin` more, and that certificate's key."""
     from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     files = [out_dir / f for f in (CA_FILE, GENERATED_CA, CERT_FILE, KEY_FILE)]
     if not all(f.is_file() and f.stat().st_size for f in files):
         return False
+    ca_pem = (out_dir / CA_FILE).read_bytes()
+    if (out_dir / GENERATED_CA).read_bytes() != ca_pem:
+        return False
     cert = x509.load_pem_x509_certificate((out_dir / CERT_FILE).read_bytes())
+    try:
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    key = load_pem_private_key((out_dir / KEY_FILE).read_bytes(), password=None)
+    if key.public_key() != cert.public_key():
+        return False
     now = datetime.datetime.now(datetime.timezone.utc)
     if cert.not_valid_after_utc - now < margin:
         return False
