@@ -14,11 +14,10 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from spark.stage_files import Stage
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
-
-from spark.stage_files import Stage
 
 SIGNIFICANT_DIGITS = 10
 TOTAL_COLUMNS = ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
@@ -39,7 +38,6 @@ class Sums:
     def flag(self, dataset: str, row: Mapping) -> None:
         if row["malformed"]:
             self.malformed.setdefault(dataset, set()).add(row["stage_id"])
-
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
