@@ -15,9 +15,9 @@ class Gates:
     rate_tolerance: float = 0.05  # delivered within 5% of target ("follows the theoretical max")
     max_throughput_cv: float = 0.25  # per-second delivered rate stable over the window
     max_errors: int = 0
+    max_driver_cpu_pct: float = 90.0  # a driver process busier than this may be the bottleneck
     # backlog (published x receivers - delivered, cumulative) may not rise in most seconds
     # of the window and grow by more than this share of the window's expected deliveries
-    max_driver_cpu_pct: float = 90.0  # a driver process busier than this may be the bottleneck
     max_backlog_growth: float = 0.02
     rising_share: float = 0.8
 

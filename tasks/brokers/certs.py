@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import ipaddress
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from .mosquitto import CA_FILE, CERT_FILE, GENERATED_CA, KEY_FILE, make_certificates
+from .mosquitto import (
+    CA_FILE, CERT_FILE, GENERATED_CA, KEY_FILE, make_certificates, subject_alt_name,
+)
 
 
 def still_good(out_dir: Path, names: list[str], margin: datetime.timedelta) -> bool:
@@ -53,16 +54,7 @@ def still_good(out_dir: Path, names: list[str], margin: datetime.timedelta) -> b
     if cert.not_valid_after_utc - now < margin:
         return False
     alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    have = {str(v) for v in alt.get_values_for_type(x509.DNSName)}
-    have |= {str(v) for v in alt.get_values_for_type(x509.IPAddress)}
-    return all(_canonical(n) in have for n in names)
-
-
-def _canonical(name: str) -> str:
-    try:
-        return str(ipaddress.ip_address(name))
-    except ValueError:
-        return name
+    return all(subject_alt_name(name) in alt for name in names)
 
 
 def write_certificates(out_dir: Path, names: list[str], days: int, owner: int | None) -> bool:

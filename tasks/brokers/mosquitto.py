@@ -68,6 +68,17 @@ def render_config(port: int, bind: str, tls: dict | None = None) -> str:
     return "\n".join(lines + [""])
 
 
+def subject_alt_name(name: str):
+    """A certificate's subjectAltName entry for `name`: an IP address when it is one, else a
+    DNS name."""
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 def make_certificates(out_dir: Path, names: list[str], key_bits: int = 2048,
                       days: int = 2) -> dict[str, Path | bytes]:
     """A throwaway CA and a server certificate it signs for `names` (IP addresses and DNS
@@ -93,12 +104,7 @@ def make_certificates(out_dir: Path, names: list[str], key_bits: int = 2048,
                          critical=False)
           .sign(ca_key, hashes.SHA256()))
     key = rsa.generate_private_key(public_exponent=65537, key_size=key_bits)
-    alt: list[x509.GeneralName] = []
-    for name in dict.fromkeys(names):
-        try:
-            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            alt.append(x509.DNSName(name))
+    alt = [subject_alt_name(name) for name in dict.fromkeys(names)]
     server = (x509.CertificateBuilder()
               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
               .issuer_name(ca_name).public_key(key.public_key())

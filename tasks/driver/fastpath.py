@@ -335,7 +335,6 @@ class Scheduler:
                 heapq.heappush(self.heap, (conn.first + int(conn.seq * conn.interval),
                                            conn.index, conn))
 
-
     def _window(self, conn, seq: int, n: int, inflight) -> int:
         """How many of `n` QoS 1/2 messages the in-flight window lets out now; 0 parks the
         connection until acks free it. Each held-back message is counted once."""
