@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_of, percentile
+from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of, percentile
 from tasks.driver.output import (COUNTERS_FILE, EVENTS_FILE, HISTOGRAMS_FILE, READY_FILE,
                                  START_FILE, SUMMARY_FILE)
 
@@ -259,6 +261,76 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
     for pct in (50, 90, 99, 99.9):
         exact = np.percentile(values, pct, method="inverted_cdf")
         assert abs(percentile(counts, pct) - exact) <= exact * MAX_RELATIVE_ERROR + 0.5
+
+
+
+def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
+    """The hold after a pass is the freshest message's latency times the bucket error."""
+    from tasks.driver import fastpath
+    from tasks.driver.accounting import Accounting
+    from tasks.driver.output import RawWriter
+    from tasks.driver.wire import Template
+
+    template = Template("t", 0, 64, tag=9, publisher=1)
+
+    def packets(*late_us: int) -> bytearray:
+        now_us = time.time_ns() // 1000
+        out = bytearray()
+        for seq, late in enumerate(late_us, 1):
+            packet = bytearray(template.packet)
+            template.patch(packet, template.patch_at, seq, now_us - late, 0)
+            out += packet
+        return out
+
+    class Subscriber:  # the fast path's view of a connection, nothing else
+        tracks = out = inflight = q2 = None
+        qos, parked = 0, False
+
+    reader = fastpath.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
+    for late_us, held in (((900_000, 400_000), True), ((900_000, 20_000), False), ((), False)):
+        for subscriber_reads in (late_us[:1], late_us[1:]):  # two sockets in one pass
+            if subscriber_reads:
+                buf = packets(*subscriber_reads)
+                reader.tick()
+                assert reader.parse(Subscriber(), buf, len(buf)) == len(buf)
+        reader.end_pass()
+        if held:  # 400 ms late at best: the next pass waits about 400 ms / 128
+            assert reader.hold_s == pytest.approx(0.4 * MAX_RELATIVE_ERROR, rel=0.05)
+        else:  # a fresh message anywhere in the pass, or nothing read: prompt reads
+            assert reader.hold_s == 0.0
+    assert reader.held_passes == 1
+
+
+def test_a_backlog_is_read_in_held_passes_within_the_bucket_error_then_promptly(
+        broker, tmp_path):
+    """The broker stopped for 1.5 s, then draining its backlog: late messages, held reads.
+
+    Every hold stays within 1/128 of the latency being measured, nothing is lost (QoS 1),
+    and once the backlog is gone reads are prompt again (low latency in the last second).
+    """
+    out = tmp_path / "out"
+    process = start_driver(spec(broker.port, qos=1, measure=5, drain=2), out)
+    start_at = release(out, process)
+    time.sleep(max(0.0, start_at + 2 - time.time()))
+    os.kill(broker.process.pid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.kill(broker.process.pid, signal.SIGCONT)
+    assert process.wait(30) == 0, process.stderr.read()
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["qos_judgement"]["violations"] == 0
+    assert summary["unique_received"] == summary["totals"]["published"] > 0
+    hold = summary["read_hold"]
+    assert hold["held_passes"] >= 1
+    late = histograms(out)["e2e"]
+    worst_us = bucket_bounds(max(late))[1]
+    assert 1000 * hold["max_ms"] <= worst_us * MAX_RELATIVE_ERROR + 1
+    assert worst_us > 1_000_000  # the stop was seen: messages 1.5 s late
+    last = {}
+    with open(out / HISTOGRAMS_FILE) as handle:
+        for row in csv.DictReader(handle):
+            if row["kind"] == "e2e" and int(row["second"]) == start_at + 5:
+                last[int(row["bucket"])] = int(row["count"])
+    assert last and percentile(last, 50) < 20_000  # caught up: prompt again
 
 
 def own_mosquitto(tmp_path: Path, name: str, config: str):

@@ -227,6 +227,8 @@ class Engine:
             "clock": {"source": "time.time_ns", "offset_s": None},
             "fd_limit": fd_limit,
             "publish_cpu": self.publish_cpu,
+            "read_hold": {"held_passes": sessions.reader.held_passes,
+                          "max_ms": round(sessions.reader.hold_max_s * 1000, 3)},
             "elapsed_s": round(time.time() - started, 3),
             "config": self.spec.echo(),
         }

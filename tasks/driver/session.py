@@ -97,6 +97,7 @@ class Sessions:
         self.by_fd: dict[int, Conn] = {}
         self.conns: list[Conn] = []
         self.reader = None  # a fastpath.Reader, set by the engine (avoids an import cycle)
+        self._pass_at = 0.0  # monotonic time the last epoll pass that had events began
         self.on_window = None  # scheduler hook: a parked publisher may go on
         self.progress = 0  # paho callbacks run: tells readable() when to stop calling loop_read
         self.connecting = 0  # CONNECT sent, no CONNACK yet (pacing)
@@ -328,16 +329,27 @@ class Sessions:
         ``select()`` on the epoll descriptor itself (a low fd, made first) waits with
         microsecond resolution, then ``poll(0)`` fetches the events: one more syscall per
         wake, so only then.
+
+        A backlogged reader asks to hold (`fastpath.Reader.hold_s`): the next pass starts no
+        sooner than that after the last one, or when `timeout` (a publish due) ends first.
         """
-        epoll = self.epoll
+        epoll, reader = self.epoll, self.reader
+        if reader.hold_s:
+            hold = self._pass_at + reader.hold_s - time.monotonic()
+            if hold > 0:
+                time.sleep(min(hold, timeout))
+                if hold >= timeout:
+                    return
+                timeout = 0
         if precise and timeout > 0 and self._epfd < 1024:
             if not select.select((self._epfd,), (), (), timeout)[0]:
                 return
             timeout = 0
-        by_fd, reader, read = self.by_fd, self.reader, self.reader.read
+        by_fd, read = self.by_fd, reader.read
         events_list = epoll.poll(timeout, 4096)
         if not events_list:
             return
+        self._pass_at = time.monotonic()
         reader.tick()
         handled = 0
         readable, writable, dead = _READABLE, _OUT, DEAD
@@ -355,6 +367,7 @@ class Sessions:
                     self.readable(conn, events)
             if events & writable and conn.state != dead:
                 self.flush(conn)
+        reader.end_pass()
 
     def housekeeping(self, start: int, stop: int) -> None:
         """paho's keepalive (PINGREQ, PINGRESP timeout) for a slice of the clients."""
