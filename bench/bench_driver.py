@@ -41,8 +41,8 @@ here at 100 subscribers: perfpipe's user time per message is about half of MQTT.
 system time about two to three times as much. At 1000 subscribers the broker cannot keep
 up with the feed and messages arrive late (hundreds of ms); perfpipe then holds each
 epoll pass for 1/128 of that latency (the histogram's own error, `fastpath.Reader.end_pass`),
-which took perfpipe from 118-121K to 164-170K msgs per CPU-second there (one run each),
-the broker delivering 143-147K/s instead of 103-117K/s. Never while messages are < 50 ms late.
+which took perfpipe from 118-124K to 164-170K msgs per CPU-second there (3 repetitions each),
+the broker delivering 143-147K/s instead of 103-109K/s. Never while messages are < 50 ms late.
 
 Memory: RSS per connection from one driver process holding 1,000 then 5,000 idle
 connected clients ((RSS5000 - RSS1000) / 4000), and a 10,000-client connect check.
