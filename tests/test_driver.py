@@ -265,7 +265,7 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
 
 
 def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
-    """The hold after a pass is the freshest message's latency times the bucket error."""
+    """The hold after a pass is the freshest message's latency times the bucket error, capped."""
     from tasks.driver import fastpath
     from tasks.driver.accounting import Accounting
     from tasks.driver.output import RawWriter
@@ -287,18 +287,19 @@ def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
         qos, parked = 0, False
 
     reader = fastpath.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
-    for late_us, held in (((900_000, 400_000), True), ((900_000, 20_000), False), ((), False)):
+    cases = (((900_000, 400_000), 0.4 * MAX_RELATIVE_ERROR), ((900_000, 20_000), 0.0),
+             ((), 0.0), ((7200 * 10**6, 3600 * 10**6), fastpath.HOLD_MAX_S))
+    for late_us, hold_s in cases:
         for subscriber_reads in (late_us[:1], late_us[1:]):  # two sockets in one pass
             if subscriber_reads:
                 buf = packets(*subscriber_reads)
                 reader.tick()
                 assert reader.parse(Subscriber(), buf, len(buf)) == len(buf)
         reader.end_pass()
-        if held:  # 400 ms late at best: the next pass waits about 400 ms / 128
-            assert reader.hold_s == pytest.approx(0.4 * MAX_RELATIVE_ERROR, rel=0.05)
-        else:  # a fresh message anywhere in the pass, or nothing read: prompt reads
-            assert reader.hold_s == 0.0
-    assert reader.held_passes == 1
+        # 400 ms late at best: about 400 ms / 128; a fresh message anywhere in the pass, or
+        # nothing read: prompt reads; messages queued for an hour: capped, not 28 s
+        assert reader.hold_s == pytest.approx(hold_s, rel=0.05)
+    assert reader.held_passes == 2
 
 
 def test_a_backlog_is_read_in_held_passes_within_the_bucket_error_then_promptly(

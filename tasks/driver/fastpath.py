@@ -13,8 +13,9 @@ the broker, was what a paho-only driver measured. Here, per client:
 Reads are prompt: a socket is read as soon as epoll reports it, and the receive time is
 that report. Only when the system is backlogged (the freshest message a whole epoll pass
 read was already `HOLD_FROM_US` late) does the next pass wait, for at most that latency
-times the histogram's own relative error (`MAX_RELATIVE_ERROR`, 1/128), so a receive time
-is late by at most what the bucket's midpoint already is. A backlogged reader that reads
+times the histogram's own relative error (`MAX_RELATIVE_ERROR`, 1/128) and never more
+than `HOLD_MAX_S`, so a receive time is late by at most what the bucket's midpoint
+already is. A backlogged reader that reads
 each socket as soon as one message arrives pays a system call and a TCP ACK per message,
 and with 1000 sockets that cost is taken from the broker it is measuring; holding lets
 each read take several messages (`Reader.hold_s`, counted in ``summary.json``).
@@ -47,6 +48,7 @@ from .wire import HEADER, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, Template, ac
 
 RECV_BYTES = 1 << 20
 HOLD_FROM_US = 50_000  # below this latency reads are never held
+HOLD_MAX_S = 0.02  # messages queued for hours must not stall keepalive and the stage's clock
 _NOTHING_READ = 1 << 62
 OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a process
 OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
@@ -284,7 +286,7 @@ class Reader:
         """After an epoll pass: hold the next one only if even its freshest message was late."""
         freshest, self.freshest_us = self.freshest_us, _NOTHING_READ
         if HOLD_FROM_US <= freshest < _NOTHING_READ:
-            self.hold_s = freshest * MAX_RELATIVE_ERROR / 1e6
+            self.hold_s = min(freshest * MAX_RELATIVE_ERROR / 1e6, HOLD_MAX_S)
             self.held_passes += 1
             if self.hold_s > self.hold_max_s:
                 self.hold_max_s = self.hold_s

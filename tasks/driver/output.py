@@ -62,7 +62,8 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   read_hold   {held_passes, max_ms}: epoll passes a backlogged reader held
                               back (`fastpath.Reader.end_pass`: only when even the freshest
                               message read was 50 ms late, each for at most 1/128 of that
-                              latency) and the longest hold; 0 and 0.0 when never backlogged
+                              latency and at most 20 ms) and the longest hold; 0 and 0.0
+                              when never backlogged
 
 Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
 ``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).
