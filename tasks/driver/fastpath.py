@@ -15,10 +15,10 @@ that report. Only when the system is backlogged (the freshest message a whole ep
 read was already `HOLD_FROM_US` late) does the next pass wait, for at most that latency
 times the histogram's own relative error (`MAX_RELATIVE_ERROR`, 1/128) and never more
 than `HOLD_MAX_S`, so a receive time is late by at most what the bucket's midpoint
-already is. A backlogged reader that reads
-each socket as soon as one message arrives pays a system call and a TCP ACK per message,
-and with 1000 sockets that cost is taken from the broker it is measuring; holding lets
-each read take several messages (`Reader.hold_s`, counted in ``summary.json``).
+already is. A backlogged reader that reads each socket as soon as one message arrives pays
+a system call and a TCP ACK per message, and with 1000 sockets that cost is taken from the
+broker it is measuring; holding lets each read take several messages (`Reader.hold_s`,
+counted in ``summary.json``).
 
 Rate control is open-loop: message k of a publisher is *intended* at
 ``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
