@@ -263,7 +263,6 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
         assert abs(percentile(counts, pct) - exact) <= exact * MAX_RELATIVE_ERROR + 0.5
 
 
-
 def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
     """The hold after a pass is the freshest message's latency times the bucket error, capped."""
     from tasks.driver import fastpath
