@@ -215,9 +215,9 @@ def analyse(state: Path) -> dict:
             "stages": stages}
         projected = [s["window_log_mad_sigma"] for s in stages.values() if "window_log_mad_sigma" in s]
         if projected:
+            by_window = {w: [p[w] for p in projected if p[w] is not None] for w in projected[0]}
             by_metric[m]["window_log_mad_sigma_median"] = {
-                w: _r(statistics.median(p[w] for p in projected if p[w] is not None))
-                for w in projected[0]}
+                w: _r(statistics.median(v)) if v else None for w, v in by_window.items()}
     store.close()
     statuses = {r["run_id"]: r["status"] for r in runs}
     return {"ok_runs": sum(s == "ok" for s in statuses.values()),
