@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks.driver import fastpath
+from tasks.driver.accounting import Accounting
 from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of, percentile
 from tasks.driver.output import (COUNTERS_FILE, EVENTS_FILE, HISTOGRAMS_FILE, READY_FILE,
-                                 START_FILE, SUMMARY_FILE)
+                                 START_FILE, SUMMARY_FILE, RawWriter)
+from tasks.driver.wire import Template
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -227,33 +230,41 @@ def test_bad_nested_fields_are_rejected_naming_the_field(tmp_path, path, value, 
     assert message in process.stderr.read()
 
 
+TEMPLATE = Template("t", 0, 64, tag=9, publisher=1)  # the driver's own PUBLISH encoding
+
+
+class FastPathConn:
+    """The fast path's view of a subscriber connection, nothing else."""
+
+    tracks = out = inflight = q2 = None
+    qos, parked = 0, False
+
+
+def fast_path_reader(tmp_path: Path) -> fastpath.Reader:
+    return fastpath.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
+
+
+def publishes(intended_us: list[int]) -> bytearray:
+    """One publisher's QoS 0 PUBLISH packets, sequence 1, 2, ..., intended at these times."""
+    packets = bytearray()
+    for seq, intended in enumerate(intended_us, 1):
+        packet = bytearray(TEMPLATE.packet)
+        TEMPLATE.patch(packet, TEMPLATE.patch_at, seq, intended, 0)
+        packets += packet
+    return packets
+
+
 def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeypatch):
     """The parser inlines the histogram bucketing: it must agree with tasks.driver.histogram."""
     np = pytest.importorskip("numpy")
-    from tasks.driver import fastpath
-    from tasks.driver.accounting import Accounting
-    from tasks.driver.output import RawWriter
-    from tasks.driver.wire import Template
-
     now_ns = 1_800_000_000 * 10**9
     monkeypatch.setattr(fastpath.time, "time_ns", lambda: now_ns)  # pin the receive clock
     rng = np.random.default_rng(3)
     values = (rng.lognormal(7.0, 1.5, 20_000).astype(int) + 1).tolist() + [0, 1, 127, 128, 10**9]
-    template = Template("t", 0, 64, tag=9, publisher=1)
-    packets = bytearray()
-    for seq, value in enumerate(values, 1):
-        packet = bytearray(template.packet)
-        template.patch(packet, template.patch_at, seq, now_ns // 1000 - value, 0)
-        packets += packet
-
-    class Subscriber:  # the fast path's view of a connection, nothing else
-        tracks = out = inflight = q2 = None
-        qos, parked = 0, False
-
-    acct = Accounting(RawWriter(tmp_path), tag=9)
-    reader = fastpath.Reader(sessions=None, acct=acct)
-    assert reader.parse(Subscriber(), packets, len(packets)) == len(packets)
-    counts = {b: c for b, c in enumerate(acct.hists[(now_ns // 10**9, "e2e")]) if c}
+    packets = publishes([now_ns // 1000 - value for value in values])
+    reader = fast_path_reader(tmp_path)
+    assert reader.parse(FastPathConn(), packets, len(packets)) == len(packets)
+    counts = {b: c for b, c in enumerate(reader.acct.hists[(now_ns // 10**9, "e2e")]) if c}
     expected: dict[int, int] = {}
     for value in values:
         expected[bucket_of(value)] = expected.get(bucket_of(value), 0) + 1
@@ -265,35 +276,16 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
 
 def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
     """The hold after a pass is the freshest message's latency times the bucket error, capped."""
-    from tasks.driver import fastpath
-    from tasks.driver.accounting import Accounting
-    from tasks.driver.output import RawWriter
-    from tasks.driver.wire import Template
-
-    template = Template("t", 0, 64, tag=9, publisher=1)
-
-    def packets(*late_us: int) -> bytearray:
-        now_us = time.time_ns() // 1000
-        out = bytearray()
-        for seq, late in enumerate(late_us, 1):
-            packet = bytearray(template.packet)
-            template.patch(packet, template.patch_at, seq, now_us - late, 0)
-            out += packet
-        return out
-
-    class Subscriber:  # the fast path's view of a connection, nothing else
-        tracks = out = inflight = q2 = None
-        qos, parked = 0, False
-
-    reader = fastpath.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
+    reader = fast_path_reader(tmp_path)
     cases = (((900_000, 400_000), 0.4 * MAX_RELATIVE_ERROR), ((900_000, 20_000), 0.0),
              ((), 0.0), ((7200 * 10**6, 3600 * 10**6), fastpath.HOLD_MAX_S))
     for late_us, hold_s in cases:
         for subscriber_reads in (late_us[:1], late_us[1:]):  # two sockets in one pass
             if subscriber_reads:
-                buf = packets(*subscriber_reads)
+                now_us = time.time_ns() // 1000
+                buf = publishes([now_us - late for late in subscriber_reads])
                 reader.tick()
-                assert reader.parse(Subscriber(), buf, len(buf)) == len(buf)
+                assert reader.parse(FastPathConn(), buf, len(buf)) == len(buf)
         reader.end_pass()
         # 400 ms late at best: about 400 ms / 128; a fresh message anywhere in the pass, or
         # nothing read: prompt reads; messages queued for an hour: capped, not 28 s
