@@ -163,6 +163,3 @@ def discover(run_dir: Path, wanted: list[str] | None) -> list[Stage]:
     raw_dir = run_dir / "raw"
     found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
     return [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
-
-
-# ---- Spark: reading every CSV and summing --------------------------------------------------

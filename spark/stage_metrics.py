@@ -214,6 +214,3 @@ def tidy(value):
     if not math.isfinite(value):
         return None
     return float(f"{value:.{SIGNIFICANT_DIGITS}g}") + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
-# ---- output ------------------------------------------------------------------------------
