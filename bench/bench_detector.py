@@ -232,6 +232,11 @@ def log_step(metric: str, size: float) -> float:
     return math.log1p(size) if METRICS[metric].better == "lower" else -math.log1p(-size)
 
 
+def step_name(metric: str, size: float) -> str:
+    """"delivered_rate -5%": the metric and its step, signed in the worse direction."""
+    return f"{metric} {'-' if METRICS[metric].better == 'higher' else '+'}{100 * size:.0f}%"
+
+
 def fmt_pct(x: float | None) -> str:
     return "   -" if x is None else f"{100 * x:5.1f}%"
 
@@ -267,14 +272,12 @@ def main() -> int:
           f"{'bound @1/@2':>14}")
     results, bounds_at = {}, {}
     for metric, size in steps:
-        sign = "-" if METRICS[metric].better == "higher" else "+"
         for name, det in (("perfpipe", perfpipe), ("naive", naive)):
             r = run_step(det, noise, metrics, metric, size, n, rng)
             results[(metric, size, name)] = r
             nights = f"{r['median']}/{r['p95']}" if r["median"] else "-"
             sigmas = math.log1p(size) / max(noise.night.get(metric, 0.0), 1e-9)
-            label = (f"{metric} {sign}{100 * size:.0f}% ({sigmas:,.1f})"
-                     if name == "perfpipe" else "")
+            label = f"{step_name(metric, size)} ({sigmas:,.1f})" if name == "perfpipe" else ""
             bound = ""
             if name == "perfpipe":
                 o1, o2 = recall_bound(noise.night.get(metric, 0.0), log_step(metric, size), rng)
@@ -295,8 +298,7 @@ def main() -> int:
 
     print("\nbar (perfpipe, at this machine's noise; a step of a fraction of a sigma is out of "
           "any detector's reach in two nights):")
-    bar = [(f"recall@{k} >= 95%, {metric} {'-' if METRICS[metric].better == 'higher' else '+'}"
-            f"{100 * size:.0f}%", metric, size, k)
+    bar = [(f"recall@{k} >= 95%, {step_name(metric, size)}", metric, size, k)
            for metric, size, k in (("delivered_rate", 0.05, 2), ("e2e_latency_p99", 0.10, 2),
                                    ("delivered_rate", 0.15, 1), ("e2e_latency_p99", 0.15, 1))]
     for text, metric, size, k in bar:
