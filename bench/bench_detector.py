@@ -4,7 +4,7 @@ on synthetic histories whose noise is this machine's own (bench/noise_measured.j
     .state/venv/bin/python bench/bench_detector.py [--series 500] [--seed 1]
 
 Every simulated night is one stage with all the judged metrics of a QoS 1 stage (so the
-multiple-testing correction is the pipeline's), run through `tasks.compare.compare_stage`
+multiple-testing correction is the pipeline's), run through `tasks.analysis.detector.compare_stage`
 with the store's rules replayed in memory: history newest first, flagged values held out
 of the baseline until the next night clears them, the previous verdict handed back.
 
@@ -42,8 +42,8 @@ from scipy.stats import t as student_t
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.compare import BAD, Policy, compare_stage, judged_metrics  # noqa: E402
-from tasks.metrics import METRICS  # noqa: E402
+from tasks.analysis.detector import Policy, compare_stage, judged_metrics  # noqa: E402
+from tasks.metrics import FLAGGED, METRICS  # noqa: E402
 
 RATES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s"}
 SECONDS = 10
@@ -121,7 +121,7 @@ def perfpipe(stage: Stage, nights: int, policy: Policy = Policy()) -> list[dict[
         verdicts = compare_stage("s", values, series, "valid", history, policy,
                                  previous=previous, run_id=f"n{k}")
         entry = {"run_id": f"n{k}", "metrics": values, "series": series,
-                 "held_out": [v.metric for v in verdicts if v.verdict in BAD and v.detail["hold"]]}
+                 "held_out": [v.metric for v in verdicts if v.verdict in FLAGGED and v.detail["hold"]]}
         for v in verdicts:
             if v.verdict == "suspected":
                 suspicion.setdefault(v.metric, []).append(entry)

@@ -17,7 +17,7 @@ Python process as the ratio to beat.
    with `tasks.driver.histogram` (multinomial counts over the bucket probabilities).
 2. Spark: `spark-submit --master local[*] spark/aggregate.py --timings FILE` as the
    nightly DAG's SparkSubmitOperator runs it (UI off, JVM defaults; `--java-options
-   -XX:TieredStopAtLevel=1` for the C1-only JIT that the CLI's tasks/aggregate.py uses).
+   -XX:TieredStopAtLevel=1` for the C1-only JIT that the CLI's tasks/steps/aggregate.py uses).
    Wall time from launch to exit against the bar, rows/s and samples/s, and the split:
    JVM start (launch to SparkSession ready), read (find files, plan the scans), Spark jobs
    (parse every CSV and sum: Spark reads lazily, so CSV parsing is inside this phase),
@@ -55,11 +55,23 @@ sys.path.insert(0, str(REPO))
 from spark.stage_metrics import tidy  # noqa: E402
 from tasks.driver.histogram import bucket_bounds, bucket_of, summarize  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
-    COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAM_COLUMNS, HISTOGRAMS_FILE, SAMPLER_COLUMNS,
-    SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE, RawWriter, write_csv, write_json,
+    COUNTER_COLUMNS,
+    COUNTERS_FILE,
+    HISTOGRAM_COLUMNS,
+    HISTOGRAMS_FILE,
+    SAMPLER_COLUMNS,
+    SAMPLER_FILE,
+    STAGE_FILE,
+    SUMMARY_FILE,
+    RawWriter,
+    write_csv,
+    write_json,
 )
 from tasks.driver.spec import (  # noqa: E402
-    BrokerEndpoint, ProcessSpec, PublisherSpec, SubscriberSpec,
+    BrokerEndpoint,
+    ProcessSpec,
+    PublisherSpec,
+    SubscriberSpec,
 )
 
 BAR_S = 60.0
@@ -339,7 +351,7 @@ def naive(run_dir: Path) -> dict[str, dict]:
 # ---- running -----------------------------------------------------------------------------
 def spark_submit(run_dir: Path, out: Path, timings: Path, master: str,
                  java_options: str) -> tuple[float, float, str]:
-    """Launch the job as tasks/aggregate.py does; (launch Unix time, wall s, stdout)."""
+    """Launch the job as tasks/steps/aggregate.py does; (launch Unix time, wall s, stdout)."""
     binary = Path(sys.executable).parent / "spark-submit"
     argv = [str(binary if binary.exists() else shutil.which("spark-submit")), "--master", master,
             "--conf", "spark.ui.enabled=false"]
@@ -397,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--java-options", default="",
                         help="--driver-java-options of spark-submit (default: none, as the "
                              "DAG's SparkSubmitOperator runs the job; "
-                             "'-XX:TieredStopAtLevel=1' as the CLI's tasks/aggregate.py does)")
+                             "'-XX:TieredStopAtLevel=1' as the CLI's tasks/steps/aggregate.py does)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="generate into DIR and keep it (reused when it matches)")
     args = parser.parse_args(argv)

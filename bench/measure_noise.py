@@ -38,9 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
+from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
-
-from tasks.compare import Policy, judged_metrics  # noqa: E402
 
 WINDOWS_S = (10, 60, 300)  # measure-window lengths projected by `window_projection`
 HEADLINE = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99")

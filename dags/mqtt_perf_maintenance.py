@@ -1,7 +1,8 @@
 """Baseline and alert maintenance, triggered by hand after a person decided.
 
 - promote: pin a finished run as the release baseline of a label;
-- ack / accept / false_positive: move an alert through its lifecycle ("accept" takes the
+- ack / accept / false-positive / fixed (`tasks.metrics.ALERT_ACTIONS`, as the CLI's
+  `perfpipe alerts ACTION`): move an alert through its lifecycle ("accept" takes the
   change as the new normal, which restarts the rolling history from that run).
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
+
+from tasks.metrics import ALERT_ACTIONS
 
 with DAG(
     dag_id="mqtt_perf_maintenance",
@@ -19,18 +22,18 @@ with DAG(
     tags=["perfpipe", "mqtt", "maintenance"],
     default_args={"owner": "perf-team", "retries": 0},
     params={
-        "action": Param("promote", enum=["promote", "ack", "accept", "false_positive"],
-                        description="what to do"),
+        "action": Param("promote", enum=["promote", *ALERT_ACTIONS], description="what to do"),
         "run_id": Param("", type="string", description="promote: the perfpipe run id"),
         "label": Param("", type="string", description="promote: the release label"),
-        "alert_id": Param(0, type="integer", minimum=0, description="ack/accept/false_positive"),
+        "alert_id": Param(0, type="integer", minimum=0,
+                          description=f"{'/'.join(ALERT_ACTIONS)}: the alert (perfpipe alerts list)"),
     },
     doc_md=__doc__,
 ) as dag:
 
     @task(doc_md="Carry out the chosen action and say what changed.")
     def maintain(params: dict | None = None) -> str:
-        from tasks.steps import maintenance
+        from tasks.manage import maintenance
 
         return maintenance(params["action"], run_id=params["run_id"], label=params["label"],
                            alert_id=params["alert_id"])

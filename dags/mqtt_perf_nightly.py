@@ -1,7 +1,7 @@
 """Nightly MQTT broker performance run, at 02:00.
 
-plan -> provision[host] -> tune[host] -> broker -> stage[stage] -> collect -> aggregate
-(spark-submit) -> load_metrics -> compare -> report -> alert, with teardown (stop drivers and
+plan, then the steps of `tasks.steps.STEPS` in order (provision and tune per host, the
+stages in one task, aggregate through spark-submit), with teardown (stop drivers and
 broker, restore tuning, close the run) running whatever happens. Failures are alerted.
 """
 
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
-
 from perfpipe_graph import dag_run_id, on_failure, pipeline
-
 
 with DAG(
     dag_id="mqtt_perf_nightly",
@@ -32,9 +30,9 @@ with DAG(
 
     @task(doc_md="Validate suite and inventory, expand stages, create the run row.")
     def plan(params: dict | None = None) -> str:
-        from tasks.steps import plan_step
+        from tasks.steps.plan import plan_run
 
-        return plan_step(kind="nightly", suite=params["suite"],
-                         inventory=params["inventory"] or None, dag_run_id=dag_run_id())
+        return plan_run(kind="nightly", suite=params["suite"],
+                        inventory=params["inventory"] or None, dag_run_id=dag_run_id())
 
     pipeline(plan())

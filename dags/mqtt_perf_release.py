@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
-
 from perfpipe_graph import dag_run_id, on_failure, pipeline
-
 
 with DAG(
     dag_id="mqtt_perf_release",
@@ -42,18 +40,18 @@ with DAG(
 
     @task(doc_md="Validate parameters, suite and inventory; expand stages; create the run row.")
     def plan(params: dict | None = None) -> str:
-        from tasks.steps import plan_step
+        from tasks.steps.plan import plan_run
 
         options = {"baseline": params["baseline"], "promote": params["promote"],
                    "broker_version": params["broker_version"] or None}
-        return plan_step(kind="release", suite=params["suite"],
-                         inventory=params["inventory"] or None, dag_run_id=dag_run_id(),
-                         release_label=params["release_label"], options=options)
+        return plan_run(kind="release", suite=params["suite"],
+                        inventory=params["inventory"] or None, dag_run_id=dag_run_id(),
+                        release_label=params["release_label"], options=options)
 
     @task.short_circuit(doc_md="Dry run: print the stage table and stop here.",
                         ignore_downstream_trigger_rules=True)
     def load_hosts(perf_run: str, params: dict | None = None) -> bool:
-        from tasks.steps import close_dry_run, stage_table
+        from tasks.steps.plan import close_dry_run, stage_table
 
         if params["dry_run"]:
             print(close_dry_run(perf_run))
@@ -63,11 +61,11 @@ with DAG(
 
     @task(doc_md="Pin this run as the release baseline of its label (when asked and ok).")
     def promote(perf_run: str, params: dict | None = None) -> str:
-        from tasks.steps import promote_release
+        from tasks.manage import maintenance
 
         if not params["promote"]:
             return "not asked to promote"
-        return promote_release(perf_run, params["release_label"])
+        return maintenance("promote", run_id=perf_run, label=params["release_label"])
 
     perf_run = plan()
     gate = load_hosts(perf_run)

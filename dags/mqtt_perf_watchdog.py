@@ -22,8 +22,8 @@ with DAG(
 
     @task(doc_md="Look up the latest nightly run in the results store; alert when it is too old.")
     def check_nightly() -> str:
-        from tasks.steps import check_nightly as check
+        from tasks.notify.watchdog import check_nightly as check
 
-        return check()
+        return check(airflow=True)["text"]
 
     check_nightly()

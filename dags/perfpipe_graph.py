@@ -1,108 +1,118 @@
 """The task graph shared by the nightly and release DAGs: wiring only.
 
-Each task body is one call into `tasks.steps` (imported when the task runs, never at
-parse time). Provisioning and tuning are mapped over hosts. The stages run in one task,
-in plan order: the method ramps load up from below the peak, and mapped task instances
-carry no order guarantee. Tasks that load the hosts hold the `perfpipe_lab` pool so two
-runs never load the lab hosts at once; provisioning and collection retry with backoff,
-measurement never retries (a repeated measurement would be a different measurement).
+The tasks are the steps of `tasks.steps.STEPS` after plan (which each DAG makes with its
+own parameters), in that order; each task body is one call into `tasks.steps` (a step
+module is imported when the task runs, never at parse time). Per-host steps are mapped
+over the inventory's hosts. The stages run in one task, in plan order: the method ramps
+load up from below the peak, and mapped task instances carry no order guarantee. Steps
+that load the lab hosts hold the `perfpipe_lab` pool, so two runs never load them at
+once; steps safe to repeat retry with backoff, and a measurement never retries (a repeated
+measurement would be a different measurement). `aggregate` runs the Spark job through the
+Spark provider's operator.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import get_current_context, task
 
-SPARK_JOB = str(Path(__file__).resolve().parent.parent / "spark" / "aggregate.py")
+from tasks.steps import STEPS, Step
+
 LAB_POOL = "perfpipe_lab"
 RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
-STAGE_TIMEOUT = timedelta(hours=6)  # a backstop: each stage bounds itself from its plan
+TIMEOUTS = {"stages": timedelta(hours=6)}  # a backstop: each stage bounds itself from its plan
 
 
 def on_failure(context) -> None:
-    """on_failure_callback of every task: a short failure alert (tasks/failure.py)."""
-    from tasks.failure import notify_failure
+    """on_failure_callback of every task: a short failure alert (tasks/notify/failure.py)."""
+    from tasks.notify.failure import notify_failure
 
     notify_failure(context)
 
 
-def _step(name: str, doc: str, **kwargs):
-    @task(task_id=name, doc_md=doc, **kwargs)
-    def step(perf_run: str) -> str:
-        from tasks.steps import run_step
+def _options(step: Step) -> dict:
+    options = dict(RETRY) if step.retry else {"retries": 0}
+    if step.lab:
+        options["pool"] = LAB_POOL
+    if step.name in TIMEOUTS:
+        options["execution_timeout"] = TIMEOUTS[step.name]
+    return options
 
-        return str(run_step(name, perf_run, airflow=True))
 
-    return step
+def _step_task(step: Step):
+    @task(task_id=step.name, doc_md=step.doc, **_options(step))
+    def run(perf_run: str) -> str:
+        from tasks.steps import Call, run_step
+
+        return str(run_step(step.name, perf_run, Call(airflow=True)))
+
+    return run
 
 
-@task(doc_md="Host names of the run's inventory, to map provision and tune over.")
+def _host_step_task(step: Step):
+    @task(task_id=step.name, doc_md=f"{step.doc} (one task per host).",
+          map_index_template="{{ host }}", **_options(step))
+    def run(perf_run: str, host: str) -> str:
+        from tasks.steps import Call, run_step
+
+        return str(run_step(step.name, perf_run, Call(host=host, airflow=True)))
+
+    return run
+
+
+@task(doc_md="Host names of the run's inventory, to map the per-host steps over.")
 def hosts(perf_run: str) -> list[str]:
-    from tasks.steps import host_names
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
 
-    return host_names(perf_run)
-
-
-@task(doc_md="Check one host, ship the driver, record its fingerprint.",
-      map_index_template="{{ host }}", **RETRY)
-def provision(perf_run: str, host: str) -> dict:
-    from tasks.steps import run_step
-
-    return run_step("provision", perf_run, host=host)
+    return [h.name for h in RunContext.load(load_settings(), perf_run).inventory.hosts]
 
 
-@task(doc_md="Apply or check the tuning profile on one host; read back and record it.",
-      map_index_template="{{ host }}", **RETRY)
-def tune(perf_run: str, host: str) -> dict:
-    from tasks.steps import run_step
+@task(doc_md="The Spark job of this run: application and arguments.")
+def spark_job(perf_run: str) -> dict:
+    from tasks.steps.aggregate import spark_job as job
 
-    return run_step("tune", perf_run, host=host)
-
-
-@task(doc_md="The Spark job's arguments for this run's folder.")
-def spark_args(perf_run: str) -> list[str]:
-    from tasks.steps import spark_job
-
-    return spark_job(perf_run)["application_args"]
+    return job(perf_run)
 
 
-@task(doc_md="Load the Spark job's per-stage metrics and validity into SQL.")
-def load_metrics(perf_run: str) -> dict:
-    from tasks.steps import load_metrics as load
+def _marked_finished(context, result=None) -> None:
+    """post_execute of the Spark task: the step finished (what `execute` does for the others)."""
+    from tasks.steps import mark_finished
 
-    return load(perf_run)
+    mark_finished(context["ti"].task_id, context["ti"].xcom_pull(task_ids="plan"))
 
 
-def pipeline(perf_run, spark_application: str = SPARK_JOB):
-    """plan's output -> every step, teardown always; returns (first, last, teardown) tasks."""
-    names = hosts(perf_run)
-    provisioned = provision.partial(perf_run=perf_run).expand(host=names)
-    tuned = tune.partial(perf_run=perf_run).expand(host=names)
-    broker = _step("broker", "Start the broker under test and health-check it.",
-                   pool=LAB_POOL)(perf_run)
-    measured = _step("stages", "Every stage in plan order: drivers, barrier, common start, "
-                     "warm-up, measure window. Never retried.", retries=0, pool=LAB_POOL,
-                     execution_timeout=STAGE_TIMEOUT)(perf_run)
-    collected = _step("collect", "Fetch raw driver files with checksums.", **RETRY)(perf_run)
-    aggregated = SparkSubmitOperator(
-        task_id="aggregate", doc_md="spark-submit spark/aggregate.py (connection spark_default).",
-        application=spark_application, application_args=spark_args(perf_run),
+def _spark_task(step: Step, perf_run):
+    job = spark_job(perf_run)
+    return SparkSubmitOperator(
+        task_id=step.name, doc_md=f"{step.doc} (connection spark_default).",
+        application=job["application"], application_args=job["application_args"],
         conn_id="spark_default", conf={"spark.ui.enabled": "false"},
-        driver_memory="1g", name="perfpipe-aggregate", verbose=False)
-    loaded = load_metrics(perf_run)
-    compared = _step("compare", "Verdicts per stage and metric against history.")(perf_run)
-    reported = _step("report", "Write the HTML report.")(perf_run)
-    alerted = _step("alert", "Slack: new regressions, thread replies for known ones, a release "
-                    "summary (Connection `perfpipe_slack`, else PERFPIPE_SLACK_TOKEN, else a "
-                    "file in the run folder).")(perf_run)
-    closed = _step("teardown", "Stop drivers and broker, restore tuning, close the run.",
-                   pool=LAB_POOL)(perf_run)
+        driver_memory="1g", name="perfpipe-aggregate", verbose=False,
+        post_execute=_marked_finished, **_options(step))
 
-    provisioned >> tuned >> broker >> measured >> collected >> aggregated
-    aggregated >> loaded >> compared >> reported >> alerted >> closed
+
+def pipeline(perf_run):
+    """plan's output -> every later step in order, teardown always; returns (the graph's
+    first task: the host list the per-host steps map over; the teardown task)."""
+    names = hosts(perf_run)
+    chain, closed, broker = [], None, None
+    for step in STEPS:
+        if step.name == "plan":
+            continue
+        if step.per_host:
+            made = _host_step_task(step).partial(perf_run=perf_run).expand(host=names)
+        elif step.name == "aggregate":
+            made = _spark_task(step, perf_run)
+        else:
+            made = _step_task(step)(perf_run)
+        if chain:
+            chain[-1] >> made
+        chain.append(made)
+        broker = made if step.name == "broker" else broker  # what teardown undoes
+        closed = made if step.always else closed
     closed.as_teardown(setups=broker)
     return names, closed
 

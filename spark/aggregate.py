@@ -60,15 +60,18 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark.stage_files import Stage, discover
+from spark.stage_files import StageFiles, discover
 from spark.stage_metrics import Sums, stage_result
 from tasks.driver.output import (
-    COUNTER_COLUMNS, HISTOGRAM_COLUMNS, HISTOGRAM_KINDS, SAMPLER_COLUMNS,
+    COUNTER_COLUMNS,
+    HISTOGRAM_COLUMNS,
+    HISTOGRAM_KINDS,
+    SAMPLER_COLUMNS,
 )
+from tasks.rundir import STAGE_METRICS_JSON as JSON_FILE
+from tasks.rundir import STAGE_METRICS_PARQUET as PARQUET_DIR
 
 WHOLE_STAGE_KINDS = ("connect", "subscribe")  # happen before the window: use every second
-JSON_FILE = "stage_metrics.json"
-PARQUET_DIR = "stage_metrics.parquet"
 _COLUMN_TYPES = {"kind": T.StringType(), "cpu_pct": T.DoubleType()}  # others are integers
 SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
@@ -156,11 +159,11 @@ class Dataset:
                 .join(F.broadcast(self.files), "file_key"))
 
 
-def read_csvs(spark: SparkSession, stages: list[Stage], kind: str,
+def read_csvs(spark: SparkSession, stages: list[StageFiles], kind: str,
               columns: tuple[str, ...]) -> Dataset | None:
     """One text scan over every `kind` CSV of all stages (one plan and one generated parser,
     however many stages there are), and the table of their stages."""
-    owner: dict[str, Stage] = {}
+    owner: dict[str, StageFiles] = {}
     for stage in stages:
         if stage.window is not None:
             owner.update((str(p.resolve()), stage) for p in stage.files.get(kind, []))
@@ -274,7 +277,7 @@ def collect_broker(sums: Sums, rows: list[Row]) -> None:
             sums.broker[row["stage_id"]] = row.asDict()
 
 
-def report_malformed(stages: list[Stage], bad: list[tuple[str, str, int]]) -> None:
+def report_malformed(stages: list[StageFiles], bad: list[tuple[str, str, int]]) -> None:
     by_id = {s.stage_id: s for s in stages}
     for stage_id, uri, rows in bad:
         path = Path(unquote(urlparse(uri).path))
@@ -291,7 +294,7 @@ _DATASETS = (
 )
 
 
-def read_and_sum(spark: SparkSession, stages: list[Stage]) -> tuple[Sums, dict[str, Dataset],
+def read_and_sum(spark: SparkSession, stages: list[StageFiles]) -> tuple[Sums, dict[str, Dataset],
                                                                   float]:
     """Plan each dataset's scan and run its job in a thread of its own, histograms first.
 
@@ -324,7 +327,7 @@ def read_and_sum(spark: SparkSession, stages: list[Stage]) -> tuple[Sums, dict[s
     return sums, frames, max(planned.values())
 
 
-def run_id_of(run_dir: Path, stages: list[Stage]) -> str:
+def run_id_of(run_dir: Path, stages: list[StageFiles]) -> str:
     ids = sorted({str(s.doc["run_id"]) for s in stages if s.doc.get("run_id")})
     for stage in stages:
         if len(ids) > 1 and stage.doc.get("run_id") != ids[0]:

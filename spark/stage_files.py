@@ -15,16 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.driver.output import (
-    COUNTERS_FILE, HISTOGRAMS_FILE, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE,
+    COUNTERS_FILE,
+    HISTOGRAMS_FILE,
+    SAMPLER_FILE,
+    STAGE_FILE,
+    SUMMARY_FILE,
 )
+from tasks.rundir import RAW_DIR
+from tasks.rundir import SAMPLER as SAMPLER_DIR
 
 CLOCK_OFFSET_LIMIT_S = 0.01
-SAMPLER_DIR = "sampler"
 _BAD_DRIVER_STATUS = ("error", "no_start")
 
 
 @dataclass
-class Stage:
+class StageFiles:
     """One stage's inputs as found on disk, and what is wrong with them."""
 
     stage_id: str
@@ -69,7 +74,7 @@ def _process_dirs(stage_dir: Path) -> set[tuple[str, str]]:
     }
 
 
-def _listed_processes(stage: Stage) -> set[tuple[str, str]]:
+def _listed_processes(stage: StageFiles) -> set[tuple[str, str]]:
     listed = stage.doc.get("processes") or []
     return {(str(p["host"]), str(p["proc"])) for p in listed if isinstance(p, dict)}
 
@@ -83,7 +88,7 @@ def _last_byte(path: Path) -> bytes:
         return handle.read(1)
 
 
-def _check_csv(stage: Stage, kind: str, path: Path, label: str) -> None:
+def _check_csv(stage: StageFiles, kind: str, path: Path, label: str) -> None:
     """Queue a CSV for Spark if it exists; flag it if it is empty or lacks a final newline."""
     name = path.name
     if not path.is_file():
@@ -95,7 +100,7 @@ def _check_csv(stage: Stage, kind: str, path: Path, label: str) -> None:
     stage.labels[str(path.resolve())] = label
 
 
-def _check_summary(stage: Stage, summary: dict, label: str) -> None:
+def _check_summary(stage: StageFiles, summary: dict, label: str) -> None:
     status = summary.get("status")
     if status != "ok":
         stage.problem(f"process {label} reported status {status!r}",
@@ -108,7 +113,7 @@ def _check_summary(stage: Stage, summary: dict, label: str) -> None:
                       f"{STAGE_FILE} {stage.window}")
 
 
-def _check_process(stage: Stage, stage_dir: Path, host: str, proc: str, listed: bool) -> None:
+def _check_process(stage: StageFiles, stage_dir: Path, host: str, proc: str, listed: bool) -> None:
     label = f"{host}/{proc}"
     proc_dir = stage_dir / host / proc
     if not listed:
@@ -130,7 +135,7 @@ def _check_process(stage: Stage, stage_dir: Path, host: str, proc: str, listed: 
     _check_csv(stage, "histograms", proc_dir / HISTOGRAMS_FILE, label)
 
 
-def _check_broker(stage: Stage, stage_dir: Path) -> None:
+def _check_broker(stage: StageFiles, stage_dir: Path) -> None:
     host = stage.doc.get("broker_host")
     if not host:
         stage.problem("no broker samples: broker_host is null in stage.json")
@@ -139,9 +144,9 @@ def _check_broker(stage: Stage, stage_dir: Path) -> None:
                f"{host}/{SAMPLER_DIR}")
 
 
-def load_stage(raw_dir: Path, stage_id: str) -> Stage:
+def load_stage(raw_dir: Path, stage_id: str) -> StageFiles:
     """Read stage.json and every summary.json of a stage; list the CSVs for Spark."""
-    stage, stage_dir = Stage(stage_id), raw_dir / stage_id
+    stage, stage_dir = StageFiles(stage_id), raw_dir / stage_id
     if not stage_dir.is_dir():
         stage.problem(f"no stage directory {stage_dir}", incomplete=True)
         return stage
@@ -159,7 +164,7 @@ def load_stage(raw_dir: Path, stage_id: str) -> Stage:
     return stage
 
 
-def discover(run_dir: Path, wanted: list[str] | None) -> list[Stage]:
-    raw_dir = run_dir / "raw"
+def discover(run_dir: Path, wanted: list[str] | None) -> list[StageFiles]:
+    raw_dir = run_dir / RAW_DIR
     found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
     return [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from spark.stage_files import Stage
+from spark.stage_files import StageFiles
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
@@ -52,7 +52,7 @@ def _cv(values: list[int]) -> float | None:
     return statistics.pstdev(values) / statistics.fmean(values)
 
 
-def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
+def traffic_metrics(stage: StageFiles, per_second: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
     """Rates and the per-second series of the measure window (seconds without rows are 0)."""
     start, end = stage.window
     seconds = list(range(start, end))
@@ -76,7 +76,7 @@ def traffic_metrics(stage: Stage, per_second: dict[int, tuple[int, int]]) -> tup
     return metrics, series
 
 
-def stage_series(stage: Stage, whole: dict[int, int]) -> dict[str, list[int]]:
+def stage_series(stage: StageFiles, whole: dict[int, int]) -> dict[str, list[int]]:
     """Delivered per second over the whole stage (warm-up and cool-down too), for charts."""
     windows = stage.doc.get("windows") or {}
     if "start" not in windows or "end" not in windows:
@@ -85,7 +85,7 @@ def stage_series(stage: Stage, whole: dict[int, int]) -> dict[str, list[int]]:
     return {"stage_seconds": seconds, "stage_delivered_per_s": [whole.get(s, 0) for s in seconds]}
 
 
-def loss_metrics(stage: Stage) -> dict:
+def loss_metrics(stage: StageFiles) -> dict:
     """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries."""
     if stage.missing:
         stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
@@ -110,7 +110,7 @@ def counter_metrics(totals: dict[str, int] | None) -> dict:
     return {name: totals[name] for name in TOTAL_COLUMNS}
 
 
-def connect_metrics(stage: Stage) -> dict:
+def connect_metrics(stage: StageFiles) -> dict:
     """Connection rate from every process's ``connect_phase`` (tasks.driver.output).
 
     connect_rate = summed ``connected`` / (latest ``last_connack_at`` - earliest
@@ -147,7 +147,7 @@ def connect_metrics(stage: Stage) -> dict:
     return {"connect_rate": connected / span}
 
 
-def driver_metrics(stage: Stage) -> dict:
+def driver_metrics(stage: StageFiles) -> dict:
     """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
     one core (summary ``publish_cpu``), a validity input: a driver that busy may be the
     bottleneck. Null when no process recorded it."""
@@ -166,7 +166,7 @@ def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
     return metrics
 
 
-def broker_metrics(stage: Stage, broker: dict | None, delivered_rate: float | None) -> dict:
+def broker_metrics(stage: StageFiles, broker: dict | None, delivered_rate: float | None) -> dict:
     if not broker:
         if stage.files.get("broker"):
             stage.problem("no broker samples in the measure window")
@@ -176,7 +176,7 @@ def broker_metrics(stage: Stage, broker: dict | None, delivered_rate: float | No
     return metrics
 
 
-def stage_result(stage: Stage, sums: Sums) -> dict:
+def stage_result(stage: StageFiles, sums: Sums) -> dict:
     """The stage's entry of stage_metrics.json: status, problems, every metric, series."""
     metrics: dict = dict.fromkeys(METRICS)
     metrics["target_rate"] = stage.doc.get("target_publish_rate")

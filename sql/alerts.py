@@ -19,8 +19,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tasks.metrics import OPEN_ALERT_STATUSES
+
 from .common import StoreError, check, finite, row_dict
-from .models import OPEN_ALERT_STATUSES, Alert, Run
+from .models import Alert, Run
 
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
 GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again

@@ -25,20 +25,19 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from tasks.metrics import ALERT_STATUSES, RUN_KINDS, RUN_STATUSES, VERDICTS
+
 UTC = timezone.utc  # datetime.UTC needs Python 3.11
 
 # Allowed values of the enum-like columns, by "table.column".
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "runs.kind": ("nightly", "release", "manual"),
-    "runs.status": ("running", "ok", "failed", "invalid"),
+    "runs.kind": RUN_KINDS,
+    "runs.status": RUN_STATUSES,
     "stages.validity": ("valid", "invalid"),
-    "comparisons.verdict": ("regression", "suspected", "improvement", "unchanged",
-                            "no_baseline", "invalid"),
+    "comparisons.verdict": VERDICTS,
     "baselines.kind": ("rolling", "release", "reset"),
-    "alerts.status": ("new", "suspected", "confirmed", "acked", "fixed", "accepted",
-                      "false_positive", "recovered", "cleared"),
+    "alerts.status": ALERT_STATUSES,
 }
-OPEN_ALERT_STATUSES = ("new", "suspected", "confirmed", "acked")
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -9,6 +9,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tasks.metrics import FLAGGED
+
 from .common import row_dict
 from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 
@@ -17,7 +19,6 @@ from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 # false positive, or the next night cleared the suspicion. The comparison may say a flag is
 # no reason to hold the value out (detail "hold": false, e.g. flagged before the noise was
 # known).
-HELD_OUT_VERDICTS = ("suspected", "regression")
 RELEASED_ALERTS = ("accepted", "false_positive", "cleared")
 # A verdict that a later night can confirm or clear.
 _NO_LIFECYCLE = ("invalid", "no_baseline")
@@ -61,7 +62,7 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
     """(run_id, stage_id) -> metrics whose values stay out of the baseline."""
     flagged = [(c.run_id, c.stage_id, c.metric) for c in s.scalars(
         select(Comparison).where(Comparison.run_id.in_([r.run_id for r in rows]),
-                                 Comparison.verdict.in_(HELD_OUT_VERDICTS)))
+                                 Comparison.verdict.in_(FLAGGED)))
         if (c.detail or {}).get("hold", True)]
     if not flagged:
         return {}

@@ -7,8 +7,6 @@ SQLite (the embedded default) and PostgreSQL (production) are supported.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -24,22 +22,34 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks import metrics as metric_defs
+from tasks.fingerprint import fingerprint_hash
 
 from . import alerts, queries
-from .common import (StoreError, check, finite, json_safe, row_dict, sample, upsert,
-                     upsert_baseline)
-from .models import (Baseline, Comparison, HostFingerprint, Metric, Run, Series, Stage,
-                     TuningSnapshot, utcnow)
+from .common import (
+    StoreError,
+    check,
+    finite,
+    json_safe,
+    row_dict,
+    sample,
+    upsert,
+    upsert_baseline,
+)
+from .models import (
+    Baseline,
+    Comparison,
+    HostFingerprint,
+    Metric,
+    Run,
+    Series,
+    Stage,
+    TuningSnapshot,
+    utcnow,
+)
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _MIGRATE_LOCK = 0x70657266  # pg advisory lock key: concurrent migrate() calls take turns
-_FINISHED = ("ok", "failed", "invalid")
-
-
-def fingerprint_hash(fingerprint: dict[str, Any]) -> str:
-    """First 16 hex chars of the sha256 of the canonical JSON (sorted keys, no spaces)."""
-    canonical = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+_FINISHED = tuple(s for s in metric_defs.RUN_STATUSES if s != "running")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -170,6 +180,7 @@ class Store:
 
     # -- hosts ------------------------------------------------------------------------
     def record_fingerprint(self, run_id: str, host: str, fingerprint: dict[str, Any]) -> str:
+        """Record a host's comparable facts; returns their hash (`tasks.fingerprint`)."""
         digest = fingerprint_hash(fingerprint)
         with self._tx() as s:
             upsert(s, HostFingerprint, {"run_id": run_id, "host": host,
@@ -361,10 +372,6 @@ class Store:
             current = queries.reset_start(s, alert.stage_key)
             if current is None or current <= self._run(s, alert.first_run_id).started_at:
                 upsert_baseline(s, "reset", alert.stage_key, alert.first_run_id)
-
-    def open_alerts(self) -> list[dict[str, Any]]:
-        with self._tx() as s:
-            return alerts.listing(s, open_only=True)
 
     def undelivered_alerts(self) -> list[dict[str, Any]]:
         with self._tx() as s:

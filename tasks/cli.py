@@ -7,23 +7,19 @@ import sys
 from pathlib import Path
 
 from .config_files import ConfigError
+from .metrics import ALERT_ACTIONS, RUN_KINDS
 from .settings import load_settings
-from .summary import print_run
+from .steps import STEPS
 
-EPILOG = """pipeline steps, in order (each is also `perfpipe step NAME RUN_ID`):
-  plan       validate suite + inventory, expand stages, create the run
-  provision  check each host, record its fingerprint              (per host)
-  tune       read the tuning profile's values back, record drift  (per host)
-  broker     start the broker under test (or check the running one)
-  stages     run every stage's drivers: barrier, common start, windows
-  collect    fetch raw driver files with checksums
-  aggregate  spark-submit spark/aggregate.py, load metrics into SQL
-  compare    verdicts per stage and metric against history
-  report     write the HTML report
-  alert      Slack message (written to the run folder without a token)
-  teardown   stop drivers and broker, close the run (always runs)
 
-settings come from PERFPIPE_* environment variables (see README)."""
+def epilog() -> str:
+    width = max(len(step.name) for step in STEPS)
+    lines = [f"  {step.name:<{width}}  {step.doc}"
+             + (" (per host)" if step.per_host else "") + (" (always runs)" if step.always else "")
+             for step in STEPS]
+    return ("pipeline steps, in order (each but plan is also `perfpipe step NAME RUN_ID`):\n"
+            + "\n".join(lines)
+            + "\n\nsettings come from PERFPIPE_* environment variables (see README).")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -37,8 +33,9 @@ def _run(args: argparse.Namespace) -> int:
 def _nightly(args: argparse.Namespace) -> int:
     from sql import Store
 
-    from .airflow_run import test_dag
-    from .plan import new_run_id
+    from .airflow_glue.dag_test import test_dag
+    from .manage import show_run
+    from .steps.plan import new_run_id
 
     conf = {"suite": args.suite} if args.suite else {}
     airflow_run_id, state = test_dag("mqtt_perf_nightly", conf)
@@ -48,7 +45,7 @@ def _nightly(args: argparse.Namespace) -> int:
         print(f"Airflow run {airflow_run_id} ended {state} before perfpipe planned a run",
               file=sys.stderr)
         return 1
-    print_run(store, run["run_id"])
+    show_run(store, run["run_id"])
     print(f"Airflow run {airflow_run_id}: {state}")
     return 0 if state == "success" else 1
 
@@ -62,44 +59,48 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .plan import stage_table
-    from .tables import table
+    from .catalog.stages import stage_rows
+    from .steps.plan import suite_stages
+    from .views.tables import table
 
-    print(table(stage_table(load_settings(), args.suite or load_settings().suite)))
+    settings = load_settings()
+    print(table(stage_rows(suite_stages(settings, args.suite or settings.suite))))
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
     from sql import Store
 
+    from .manage import show_run
+
     store = Store(load_settings().database_url())
     if store.run(args.run_id) is None:
         print(f"no run {args.run_id!r}; recent: {[r['run_id'] for r in store.latest_runs(5)]}",
               file=sys.stderr)
         return 2
-    print_run(store, args.run_id)
+    show_run(store, args.run_id)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .steps import rerender_report
+    from .steps.report import rerender
 
-    print(rerender_report(args.run_id, args.out))
+    print(rerender(args.run_id, args.out))
     return 0
 
 
 def _check_nightly(args: argparse.Namespace) -> int:
-    from .watchdog import check_nightly
+    from .notify.watchdog import check_nightly
 
-    verdict = check_nightly(load_settings())
+    verdict = check_nightly()
     print(verdict["text"])
     return 1 if verdict["missing"] else 0
 
 
 def _step(args: argparse.Namespace) -> int:
-    from . import steps
+    from .steps import Call, run_step
 
-    result = steps.run_step(args.name, args.run_id, host=args.host)
+    result = run_step(args.name, args.run_id, Call(host=args.host))
     print(result)
     return 0
 
@@ -137,18 +138,16 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
     alist = asub.add_parser("list", help="open alerts")
     alist.add_argument("--all", action="store_true", help="closed alerts too")
     alist.set_defaults(func=handler(lambda st, a: manage.list_alerts(st, include_closed=a.all)))
-    for action, text in (("ack", "seen: the same regression stays quiet"),
-                         ("accept", "the new normal: the stage's history restarts at it"),
-                         ("false-positive", "not a regression: its nights rejoin the baseline"),
-                         ("fixed", "fixed: its nights stay out of the baseline")):
-        one = asub.add_parser(action, help=text)
+    for action in ALERT_ACTIONS:
+        effect = manage.EFFECT[ALERT_ACTIONS[action]]
+        one = asub.add_parser(action, help=effect.format(key="the stage", run="the alert's first run"))
         one.add_argument("alert_id", type=int)
         one.set_defaults(func=handler(
             lambda st, a, action=action: manage.set_status(st, a.alert_id, action)))
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="perfpipe", description=__doc__, epilog=EPILOG,
+    root = argparse.ArgumentParser(prog="perfpipe", description=__doc__, epilog=epilog(),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = root.add_subparsers(dest="command", required=True)
     nightly = sub.add_parser("nightly", help="run the nightly DAG once through Airflow (dag.test)")
@@ -157,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the whole pipeline once, without Airflow")
     run.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")
     run.add_argument("--inventory", type=Path, help="inventory YAML (default: infra/inventories/local.yml)")
-    run.add_argument("--kind", default="manual", choices=("manual", "nightly", "release"))
+    run.add_argument("--kind", default="manual", choices=RUN_KINDS)
     run.set_defaults(func=_run)
     tune = sub.add_parser("tune", help="check, apply or restore a tuning profile on the hosts")
     tune.add_argument("--inventory", type=Path)

@@ -1,5 +1,7 @@
-"""Baselines and alerts by hand: what `perfpipe baseline ...` and `perfpipe alerts ...` call.
+"""What a person does by hand, and what the maintenance DAG does for them: read a stored run,
+pin a release baseline, move an alert through its lifecycle.
 
+    perfpipe show RUN_ID                             a stored run's metrics and verdicts
     perfpipe baseline promote RUN_ID --label 9.4.5   pin an ok run as release baseline 9.4.5
     perfpipe baseline list                           the pinned release baselines
     perfpipe alerts list [--all]                     open alerts (--all: closed ones too)
@@ -12,22 +14,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from sql import Store
 
-from .tables import table
+from . import rundir
+from .metrics import ALERT_ACTIONS
+from .settings import load_settings
+from .views.summary import run_summary
+from .views.tables import table
 
-ACTIONS = {"ack": "acked", "accept": "accepted", "false-positive": "false_positive",
-           "fixed": "fixed"}
 EFFECT = {
     "acked": "acknowledged: the same regression is not posted again",
-    "accepted": "accepted as the new normal: the rolling history of {key} restarts at run {run}",
+    "accepted": "accepted as the new normal: the rolling history of {key} restarts at {run}",
     "false_positive": "a false positive: its nights feed the baseline again",
     "fixed": "fixed: its nights stay out of the baseline",
 }
 
 
+def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> None:
+    run = store.run(run_id)
+    run_dir = Path(run["artifact_dir"])
+    say(run_summary(run, store.stages(run_id), {
+        "report": run_dir / rundir.REPORT, "slack message": run_dir / rundir.SLACK_MESSAGE}))
+
+
 def promote(store: Store, run_id: str, label: str, say: Callable[[str], None] = print) -> int:
+    """Pin a run as the release baseline `label` (the store refuses a run that is not ok)."""
     store.pin_release_baseline(label, run_id)
     say(f"release baseline {label}: run {run_id}; release runs triggered from now on are "
         "compared with it")
@@ -50,9 +63,33 @@ def list_alerts(store: Store, *, include_closed: bool, say: Callable[[str], None
 
 
 def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], None] = print) -> int:
-    status = ACTIONS[action]
+    """Carry out `action` (one of ALERT_ACTIONS) on an alert and say what it changes."""
+    status = ALERT_ACTIONS[action]
     store.set_alert_status(alert_id, status)
     alert = store.alert(alert_id)
     say(f"alert {alert_id} ({alert['stage_key']} {alert['metric']}): "
-        + EFFECT[status].format(key=alert["stage_key"], run=alert["first_run_id"]))
+        + EFFECT[status].format(key=alert["stage_key"], run=f"run {alert['first_run_id']}"))
     return 0
+
+
+def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int = 0) -> str:
+    """What the maintenance DAG (and the release DAG's promote task) does: `promote` a run
+    to a release baseline, or one of ALERT_ACTIONS on an alert; returns what changed."""
+    if action == "promote":
+        if not run_id or not label:
+            raise ValueError("promote needs run_id and label")
+    elif action not in ALERT_ACTIONS:
+        raise ValueError(f"action: {action!r} is not one of promote, {', '.join(ALERT_ACTIONS)}")
+    elif alert_id <= 0:
+        raise ValueError(f"{action} needs alert_id (see `perfpipe alerts list`)")
+    said: list[str] = []
+    store = Store(load_settings().database_url())
+    try:
+        store.migrate()
+        if action == "promote":
+            promote(store, run_id, label, said.append)
+        else:
+            set_status(store, alert_id, action, said.append)
+    finally:
+        store.close()
+    return "\n".join(said)

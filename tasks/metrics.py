@@ -1,5 +1,7 @@
-"""Per-stage metric names, units and better-direction: a contract shared by the Spark job,
-the results store, the comparison and the report. Pure data, no I/O.
+"""Per-stage metric names, units and better-direction, and the words perfpipe judges them
+with (verdicts, alert statuses, what a person may do to an alert): a contract shared by
+the Spark job, the results store, the comparison, the report, the CLI and the DAGs.
+Pure data, standard library only (DAG files read it at parse time).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ _DEFS: list[MetricDef] = [
     MetricDef("broker_rss_avg", "bytes", "lower", 0.10),
     MetricDef("broker_rss_max", "bytes", "none"),
     MetricDef("broker_cpu_per_10k", "%/(10K msg/s)", "lower", 0.10),
-    # A max-rate search's answer (tasks/ratesearch.py): the highest offered rate the broker
+    # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.
     MetricDef("max_rate", "msg/s", "higher", 0.05),
     # The busiest driver process's CPU over the publish phase (% of one core): a validity
@@ -63,6 +65,24 @@ for _kind in LATENCY_KINDS:
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect))
 
 METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
+
+# A run: why it ran, and how it ended ("running" until teardown closes it).
+RUN_KINDS = ("nightly", "release", "manual")
+RUN_STATUSES = ("running", "ok", "failed", "invalid")
+
+# What the comparison says of one metric of one stage tonight, worst first (the report's
+# order too).
+VERDICTS = ("regression", "suspected", "improvement", "unchanged", "no_baseline", "invalid")
+# A bad night: its value stays out of later baselines, and its alert is opened or confirmed.
+FLAGGED = ("suspected", "regression")
+# An alert's lifecycle (sql/alerts.py): the statuses while it is open, then the closing ones.
+OPEN_ALERT_STATUSES = ("new", "suspected", "confirmed", "acked")
+ALERT_STATUSES = OPEN_ALERT_STATUSES + ("fixed", "accepted", "false_positive", "recovered",
+                                        "cleared")
+# What a person may do to an alert (`perfpipe alerts ACTION ID`, the maintenance DAG's
+# `action`), and the status each one sets.
+ALERT_ACTIONS = {"ack": "acked", "accept": "accepted", "false-positive": "false_positive",
+                 "fixed": "fixed"}
 
 
 def backlog(published: list[float], delivered: list[float], fan_out: float) -> list[float]:

@@ -1,7 +1,7 @@
 """What every step needs to know about one run, rebuilt from the run directory.
 
 Steps exchange only the run id (small enough for XCom); everything else lives in the run
-directory (`plan.json`, `broker.json`, `hosts/`, `raw/`, `metrics/`) and in the store.
+directory (its layout is `tasks.rundir`) and in the store.
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ from pathlib import Path
 
 from sql import Store
 
+from . import rundir
+from .catalog.inventory import Inventory, connect
+from .catalog.stages import Stage
 from .hosts import Host
-from .inventory import Inventory, connect
 from .settings import Settings
-from .stages import Stage
-
-PLAN_FILE = "plan.json"
-BROKER_FILE = "broker.json"
-SEARCH_FILE = "search.json"  # max-rate searches: probe stages and outcomes (tasks/workload.py)
 
 
 @dataclass
@@ -32,7 +29,7 @@ class RunContext:
     @classmethod
     def load(cls, settings: Settings, run_id: str) -> RunContext:
         run_dir = settings.run_dir(run_id)
-        path = run_dir / PLAN_FILE
+        path = run_dir / rundir.PLAN
         if not path.exists():
             raise FileNotFoundError(f"{path}: no plan for run {run_id!r}; run the plan step first")
         return cls(settings, run_id, run_dir, json.loads(path.read_text()))
@@ -48,7 +45,7 @@ class RunContext:
 
     def searches(self) -> dict:
         """{"probes": [stage docs], "outcomes": {template id: outcome}} of this run so far."""
-        path = self.run_dir / SEARCH_FILE
+        path = self.run_dir / rundir.SEARCH
         return json.loads(path.read_text()) if path.exists() else {"probes": [], "outcomes": {}}
 
     @property
@@ -74,7 +71,7 @@ class RunContext:
         return Store(self.settings.database_url())
 
     def broker(self) -> dict:
-        path = self.run_dir / BROKER_FILE
+        path = self.run_dir / rundir.BROKER
         if not path.exists():
             raise FileNotFoundError(f"{path}: the broker step has not run for {self.run_id!r}")
         return json.loads(path.read_text())
@@ -86,3 +83,12 @@ class RunContext:
         tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
         tmp.replace(path)
         return path
+
+    def mark_finished(self, step: str, host: str | None = None) -> None:
+        """Record that a step (for one host, if per host) finished."""
+        path = self.run_dir / rundir.step_mark(step, host)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+    def finished(self, step: str, host: str | None = None) -> bool:
+        return (self.run_dir / rundir.step_mark(step, host)).exists()

@@ -20,7 +20,7 @@ class Settings(BaseSettings):
 
     state_dir: Path = REPO_ROOT / ".state"
     db_url: SecretStr | None = None  # default: SQLite under state_dir
-    db_conn_id: str | None = None  # or an Airflow postgres Connection (tasks/airflow_db.py)
+    db_conn_id: str | None = None  # or an Airflow postgres Connection (tasks/airflow_glue/db.py)
     inventory: Path = REPO_ROOT / "infra" / "inventories" / "local.yml"
     scenarios_dir: Path = REPO_ROOT / "scenarios"
     tuning_dir: Path = REPO_ROOT / "infra" / "tuning"
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
         if self.db_url is not None:
             return self.db_url.get_secret_value()
         if self.db_conn_id:
-            from .airflow_db import url_from_connection
+            from .airflow_glue.db import url_from_connection
 
             return url_from_connection(self.db_conn_id)
         return f"sqlite:///{self.state_dir / 'results.db'}"

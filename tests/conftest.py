@@ -63,6 +63,25 @@ class Broker:
         self.log.close()
 
 
+def unmanaged_run(tmp_path: Path, port: int, suite: str):
+    """A planned run (its RunContext) on this machine as one driver host, against a broker
+    already listening on `port` (managed: false), provisioned and past the broker step."""
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps import Call, execute
+    from tasks.steps.plan import plan_run
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {port}}}\n")
+    settings = load_settings()
+    ctx = RunContext.load(settings, plan_run(settings, suite=suite, inventory=inventory))
+    execute("provision", ctx, Call(host="localhost"))
+    execute("broker", ctx)
+    return ctx
+
+
 @pytest.fixture
 def broker(tmp_path: Path):
     running = Broker(tmp_path)

@@ -12,7 +12,7 @@ import io
 import json
 
 from sql import Store
-from tasks.broker import GENERATED_CA
+from tasks.brokers.tls import GENERATED_CA
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE
 from tasks.driver.sampler import SYS_COLUMNS, SYS_FILE
 from tasks.run_context import RunContext

@@ -27,8 +27,15 @@ if str(ROOT) not in sys.path:
 
 from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
-    COUNTER_COLUMNS, COUNTERS_FILE, HISTOGRAMS_FILE, SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE,
-    RawWriter, write_csv, write_json,
+    COUNTER_COLUMNS,
+    COUNTERS_FILE,
+    HISTOGRAMS_FILE,
+    SAMPLER_COLUMNS,
+    SAMPLER_FILE,
+    STAGE_FILE,
+    RawWriter,
+    write_csv,
+    write_json,
 )
 from tasks.metrics import LATENCY_STATS, METRICS  # noqa: E402
 
@@ -395,7 +402,7 @@ def test_missing_connect_phase_is_null_with_a_problem(run: Run):
 
 
 def test_connect_rate_lands_in_sql(run: Run, tmp_path):
-    """The job's metrics go to the store as they are (tasks.aggregate.load_results hands
+    """The job's metrics go to the store as they are (tasks.steps.load_metrics.load_results hands
     each stage's ``metrics`` to record_results): connect_rate with its unit, null as NULL."""
     from sql.store import Store
 

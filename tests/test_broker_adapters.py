@@ -16,7 +16,7 @@ from typing import get_args
 import pytest
 import yaml
 
-from tasks.brokers import ADAPTERS, BrokerError
+from tasks.brokers import ADAPTERS, BrokerError, qmini
 from tasks.brokers.emqx import IMAGE as EMQX_IMAGE
 from tasks.brokers.emqx import Emqx, parse_status
 from tasks.brokers.ibmmq import IbmMq, check_settings, mqtt_channel_mqsc, report_stanzas
@@ -24,8 +24,7 @@ from tasks.brokers.rabbitmq import node_env, parse_version, render_config, serve
 from tasks.brokers.render import main as render_main
 from tasks.brokers.tbmq import IMAGE as TBMQ_IMAGE
 from tasks.brokers.tbmq import Tbmq
-from tasks.inventory import BrokerConfig, Inventory
-from tasks.tuning import qmini
+from tasks.catalog.inventory import BrokerConfig, Inventory
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_ONLY = {"ibmmq": "IBM MQ", "emqx": "EMQX", "tbmq": "TBMQ"}
@@ -41,7 +40,7 @@ def test_every_inventory_kind_has_an_adapter_and_back():
 
 @pytest.mark.parametrize("name", ["rabbitmq-local", "ibmmq", "emqx-compose", "tbmq"])
 def test_example_inventories_load(name):
-    from tasks.inventory import load_inventory
+    from tasks.catalog.inventory import load_inventory
 
     inventory = load_inventory(REPO / "infra" / "inventories" / f"{name}.yml")
     assert inventory.broker.managed == (inventory.broker.kind == "rabbitmq")
@@ -220,12 +219,16 @@ def test_unmanaged_broker_that_does_not_answer_is_reported():
 
 def test_broker_step_with_unmanaged_emqx_health_checks_and_leaves_it_running(tiny_suite, broker,
                                                                              tmp_path):
-    """The real broker step (tasks/broker.py) with kind emqx, managed: false, Mosquitto as
+    """The real broker step (tasks/steps/broker.py) with kind emqx, managed: false, Mosquitto as
     the stand-in; and managed: true fails there with the fix."""
-    from tasks.broker import start_broker, stop_broker
-    from tasks.plan import plan_run
     from tasks.run_context import RunContext
     from tasks.settings import load_settings
+    from tasks.steps import execute
+    from tasks.steps.broker import stop_broker
+    from tasks.steps.plan import plan_run
+
+    def start_broker(ctx: RunContext) -> dict:
+        return execute("broker", ctx)
 
     settings = load_settings()
     inventory = tmp_path / "inventory.yml"

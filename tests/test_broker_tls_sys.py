@@ -18,12 +18,13 @@ from types import SimpleNamespace
 import paho.mqtt.client as mqtt
 import pytest
 
-from tasks.broker import GENERATED_CA, tls_wanted
 from tasks.brokers import BrokerError
 from tasks.brokers.mosquitto import Mosquitto, health_check, make_certificates
+from tasks.brokers.tls import GENERATED_CA
 from tasks.driver import sampler
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
 from tasks.hosts import LocalHost
+from tasks.steps.broker import tls_wanted
 from tests.conftest import free_port
 
 

@@ -14,12 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from tasks.catalog.placement import (
+    driver_slots,
+    expected_delivery_rate,
+    place,
+    process_spec,
+    receivers,
+)
+from tasks.catalog.scenarios import Scenario, load_catalog, load_suite, load_suites
+from tasks.catalog.stages import expand
 from tasks.driver.fastpath import stream_last_seqs
 from tasks.driver.output import READY_FILE, START_FILE, SUMMARY_FILE
 from tasks.driver.spec import SpecError, parse_spec
-from tasks.scenarios import Scenario, load_catalog, load_suite, load_suites
-from tasks.stages import (driver_slots, expand, expected_delivery_rate, place, process_spec,
-                          receivers)
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"

@@ -5,8 +5,13 @@ import random
 
 import pytest
 
-from tasks.changepoint import change_points
-from tasks.compare import Policy, compare_stage, judged_metrics, mann_whitney_p
+from tasks.analysis.changepoint import change_points
+from tasks.analysis.detector import (
+    Policy,
+    compare_stage,
+    judged_metrics,
+    mann_whitney_p,
+)
 
 RATE = "delivered_rate"
 P99 = "e2e_latency_p99"

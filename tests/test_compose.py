@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tasks.inventory import load_inventory
+from tasks.catalog.inventory import load_inventory
 from tasks.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +121,7 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
     import time
 
     from tasks.brokers.certs import main as certs_main
-    from tasks.scenarios import load_catalog
+    from tasks.catalog.scenarios import load_catalog
     from tests.conftest import free_port, mosquitto_binary
 
     service = SERVICES["broker-certs"]

@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tasks.steps import STEPS
+
 REPO = Path(__file__).resolve().parent.parent
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 # Imported by the pipeline's steps; a DAG file must leave them to task run time.
-HEAVY = ("pyspark", "paho", "fabric", "slack_sdk", "scipy", "tasks", "sql")
+HEAVY = ("pyspark", "paho", "fabric", "slack_sdk", "scipy", "sql")
+# What DAG files may read at parse time: the step registry and the vocabulary, which import
+# only the standard library.
+PARSE_TIME = {"tasks", "tasks.steps", "tasks.metrics"}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +49,10 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.schedule == "0 2 * * *" or str(dag.timetable.summary) == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.get_task("teardown").is_teardown
-    steps = ["plan", "provision", "tune", "broker", "stages", "collect", "aggregate",
-             "load_metrics", "compare", "report", "alert", "teardown"]
+    steps = [step.name for step in STEPS]
     assert set(steps) <= set(dag.task_ids)
+    for before, after in zip(steps, steps[1:]):  # in the registry's order
+        assert after in dag.get_task(before).downstream_task_ids, (before, after)
     assert dag.get_task("stages").retries == 0 and dag.get_task("stages").pool == "perfpipe_lab"
     assert dag.get_task("provision").retries > 0 and dag.get_task("collect").retries > 0
     assert dag.get_task("aggregate").task_type == "SparkSubmitOperator"
@@ -67,9 +73,20 @@ def test_release_params_are_validated_and_documented(dagbag):
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
 def test_dag_files_do_no_heavy_imports_at_parse_time(path):
-    code = (f"import sys, json, runpy, airflow.sdk, pendulum; sys.path.insert(0, {str(path.parent)!r}); "
-            f"runpy.run_path({str(path)!r}); "
-            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
+    code = (f"import sys, json, runpy, airflow.sdk, pendulum; "
+            f"sys.path.insert(0, {str(path.parent)!r}); runpy.run_path({str(path)!r}); "
+            f"print(json.dumps([sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}), "
+            f"sorted(m for m in sys.modules if m.split('.')[0] == 'tasks')]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                          check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    heavy, ours = json.loads(out.stdout.strip().splitlines()[-1])
+    assert heavy == []
+    assert set(ours) <= PARSE_TIME, sorted(set(ours) - PARSE_TIME)
+
+
+def test_parse_time_modules_import_only_the_standard_library():
+    code = ("import sys; before = set(sys.modules); import tasks.steps, tasks.metrics; "
+            "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    assert set(out.stdout.split()) - set(sys.stdlib_module_names) == {"tasks"}

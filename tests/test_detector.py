@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from sql import Store
-from tasks.alert import alert
 from tasks.cli import main
-from tasks.comparison import VERDICTS_FILE, compare_run
 from tasks.run_context import RunContext
+from tasks.rundir import VERDICTS as VERDICTS_FILE
 from tasks.settings import Settings
+from tasks.steps import execute
 
 START = datetime.now(timezone.utc) - timedelta(days=60)
 STAGE, KEY = "fanin.q1.c100", "mosquitto|fanin.q1.c100"
@@ -51,8 +51,8 @@ class Lab:
             RATE: sum(seconds) / 10, P99: p99 * math.exp(self.rng.gauss(0, 0.02))},
             series={"delivered_per_s": seconds}, validity="valid", reason=None)
         ctx = RunContext(self.settings, run_id, run_dir, plan or {})
-        counts = compare_run(ctx)
-        told = alert(ctx, str(run_dir / "report.html"))
+        counts = execute("compare", ctx)
+        told = execute("alert", ctx)
         self.store.finish_run(run_id, "ok")
         return run_id, counts, told
 

@@ -18,9 +18,21 @@ import pytest
 
 from tasks.driver import fastpath
 from tasks.driver.accounting import Accounting
-from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of, percentile
-from tasks.driver.output import (COUNTERS_FILE, EVENTS_FILE, HISTOGRAMS_FILE, READY_FILE,
-                                 START_FILE, SUMMARY_FILE, RawWriter)
+from tasks.driver.histogram import (
+    MAX_RELATIVE_ERROR,
+    bucket_bounds,
+    bucket_of,
+    percentile,
+)
+from tasks.driver.output import (
+    COUNTERS_FILE,
+    EVENTS_FILE,
+    HISTOGRAMS_FILE,
+    READY_FILE,
+    START_FILE,
+    SUMMARY_FILE,
+    RawWriter,
+)
 from tasks.driver.wire import Template
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from tasks.failfast import FailFast, breach
-from tests.conftest import Broker
+from tasks.analysis.failfast import FailFast, breach
+from tests.conftest import Broker, unmanaged_run
 
 
 def test_rules_judge_the_sum_of_every_process():
@@ -23,28 +23,16 @@ def test_rules_judge_the_sum_of_every_process():
 
 
 def test_a_broker_refusing_most_clients_stops_the_stage_at_the_barrier(tmp_path: Path, tiny_suite):
-    from tasks.broker import start_broker
-    from tasks.plan import plan_run
-    from tasks.provision import provision_host
-    from tasks.run_context import RunContext
-    from tasks.settings import load_settings
-    from tasks.workload import run_stages
+    from tasks.steps import Call, execute
 
     (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
         "suites: {tiny0: [{scenario: tiny_fanin, qos: [0]}]}\n")  # one stage is enough
     broker = Broker(tmp_path, extra_conf="max_connections 4\n")  # the stage has 21 clients
     try:
-        inventory = tmp_path / "inventory.yml"
-        inventory.write_text(
-            "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
-            f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {broker.port}}}\n")
-        settings = load_settings()
-        ctx = RunContext.load(settings, plan_run(settings, suite="tiny0", inventory=inventory))
-        provision_host(ctx, "localhost")
-        start_broker(ctx)
+        ctx = unmanaged_run(tmp_path, broker.port, "tiny0")
         said: list[str] = []
         started = time.monotonic()
-        results = run_stages(ctx, progress=said.append)
+        results = execute("stages", ctx, Call(say=said.append))
         took = time.monotonic() - started
     finally:
         broker.kill()

@@ -1,8 +1,14 @@
 import numpy as np
 import pytest
 
-from tasks.driver.histogram import (MAX_RELATIVE_ERROR, bucket_bounds, bucket_of, bucket_value,
-                                    percentile, summarize)
+from tasks.driver.histogram import (
+    MAX_RELATIVE_ERROR,
+    bucket_bounds,
+    bucket_of,
+    bucket_value,
+    percentile,
+    summarize,
+)
 
 
 def test_every_value_lands_in_a_bucket_that_contains_it():

@@ -7,8 +7,8 @@ JVM with jcmd, and restore puts the default back.
 from __future__ import annotations
 
 from tasks.brokers.activemq import ActiveMQ, heap_bytes
+from tasks.catalog.inventory import connect, load_inventory
 from tasks.cli import main as perfpipe
-from tasks.inventory import connect, load_inventory
 from tests.lab import INVENTORY
 
 

@@ -48,8 +48,8 @@ def slack_connection(slack, monkeypatch):
 
 
 def run_dag(dag_id: str, kind: str, conf: dict) -> tuple[str, str]:
-    from tasks.airflow_run import test_dag
-    from tasks.plan import new_run_id
+    from tasks.airflow_glue.dag_test import test_dag
+    from tasks.steps.plan import new_run_id
 
     airflow_run, state = test_dag(dag_id, conf)
     return new_run_id(kind, f"{dag_id}/{airflow_run}"), state

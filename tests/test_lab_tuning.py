@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.catalog.inventory import connect, load_inventory
 from tasks.cli import main as perfpipe
 from tasks.hosts import SshHost
-from tasks.inventory import connect, load_inventory
 from tests.lab import INVENTORY, STATE
 
 NAMESPACED = ["net.ipv4.ip_local_port_range", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_rmem",
@@ -157,8 +157,8 @@ def test_profile_fields_reject_shell_metacharacters(document, field):
     ({"work_root": "relative/dir"}, "hosts.0.work_root"),
 ])
 def test_inventory_fields_reject_shell_metacharacters(host_fields, field):
+    from tasks.catalog.inventory import Inventory
     from tasks.config_files import ConfigError, validate
-    from tasks.inventory import Inventory
 
     host = {"name": "h", "roles": ["driver", "broker"], **host_fields}
     document = {"hosts": [host], "broker": {"host": host["name"]}}

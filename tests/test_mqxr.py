@@ -2,7 +2,7 @@
 
 import pytest
 
-from tasks.tuning.mqxr import heap_commands, with_heap
+from tasks.brokers.mqxr import heap_commands, with_heap
 
 DEFAULT = '-m +QMNAME+ -d "+MQ_Q_MGR_DATA_PATH+" -g "+MQ_DATA_PATH+" -sf "[DEFAULT]"'
 

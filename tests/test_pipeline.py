@@ -12,9 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path):
-    from tasks.airflow_run import test_dag
-    from tasks.plan import new_run_id
+    from tasks.airflow_glue.dag_test import test_dag
     from tasks.settings import load_settings
+    from tasks.steps.plan import new_run_id
 
     store = Store(load_settings().database_url())
     first_airflow, state = test_dag("mqtt_perf_nightly", {"suite": "tiny"})

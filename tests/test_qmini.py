@@ -1,6 +1,6 @@
 """The qm.ini editor on a queue manager file shaped like the IBM report's Appendix A."""
 
-from tasks.tuning import qmini
+from tasks.brokers import qmini
 
 QM_INI = """#*******************************************************************#
 #* Module Name: qm.ini                                              *#

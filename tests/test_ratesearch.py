@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.ratesearch import ProbeResult, RateSearch, SearchPolicy
+from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
 
 
 def run(search: RateSearch, capacity: float) -> list[float]:
@@ -56,8 +56,8 @@ def test_errors_or_a_send_backlog_fail_a_probe():
 
 
 def test_a_search_scenario_plans_one_template_and_probes_scale_it():
-    from tasks.scenarios import Scenario
-    from tasks.stages import expand, probe
+    from tasks.catalog.scenarios import Scenario
+    from tasks.catalog.stages import expand, probe
 
     doc = {"name": "s", "source": "t", "qos": [0, 1],
            "publishers": [{"group": "pub", "count": 10, "topic": "t/{scenario}", "rate_per_client": 50}],

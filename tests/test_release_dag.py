@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def release(conf: dict) -> tuple[str, str]:
-    from tasks.airflow_run import test_dag
-    from tasks.plan import new_run_id
+    from tasks.airflow_glue.dag_test import test_dag
+    from tasks.steps.plan import new_run_id
 
     airflow_run, state = test_dag("mqtt_perf_release", conf)
     return new_run_id("release", f"mqtt_perf_release/{airflow_run}"), state

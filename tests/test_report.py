@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.report import render
+from tasks.views.report import render
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

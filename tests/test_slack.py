@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from sql import Store
-from tasks.alert import deliver, links_for
-from tasks.comparison import record_verdicts
+from tasks.notify.slack import SlackNotifier, notifier_for, token_client
+from tasks.notify.watchdog import check_nightly
 from tasks.settings import load_settings
-from tasks.slack import SlackNotifier, notifier_for, token_client
-from tasks.watchdog import check_nightly
+from tasks.steps.alert import deliver, links_for
+from tasks.steps.compare import record_verdicts
 from tests import slack_server
 
 TOKEN = "xoxb-perfpipe-test-0123456789-SECRET"

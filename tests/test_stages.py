@@ -4,10 +4,16 @@ from pathlib import Path
 
 import pytest
 
+from tasks.catalog.placement import (
+    driver_slots,
+    expected_delivery_rate,
+    place,
+    process_spec,
+    receivers,
+)
+from tasks.catalog.scenarios import Scenario, load_suite
+from tasks.catalog.stages import expand
 from tasks.config_files import ConfigError
-from tasks.scenarios import Scenario, load_suite
-from tasks.stages import (driver_slots, expand, expected_delivery_rate, place, process_spec,
-                          receivers)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -225,7 +231,7 @@ def test_topic_templates_take_modulo_and_division_and_name_bad_placeholders(tmp_
 
 # ---- inventory: driver processes default to one per core ------------------------------
 def test_driver_procs_default_to_one_per_core(tmp_path):
-    from tasks.inventory import Inventory, load_inventory
+    from tasks.catalog.inventory import Inventory, load_inventory
 
     path = tmp_path / "inv.yml"
     path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"

@@ -277,7 +277,7 @@ def test_alerts(store: Store) -> None:
     assert store.alert(a1)["change_pct"] == -9.5  # the change as last reported
     other, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n3",
                                   status="new", change_pct=None)
-    (open1, open2) = store.open_alerts()
+    (open1, open2) = store.alerts(open_only=True)
     assert (open1["id"], open1["status"], open1["first_run_id"], open1["last_run_id"]) \
         == (a1, "confirmed", "n1", "n3")
     assert open2["id"] == other and open1["created_at"].tzinfo is not None
@@ -293,14 +293,14 @@ def test_alerts(store: Store) -> None:
     assert store.upsert_alert(**key, run_id="n4", status="recovered", change_pct=0.0) == (a1, False)
     recovered = next(a for a in store.undelivered_alerts() if a["id"] == a1)
     assert (recovered["status"], recovered["slack_ts"]) == ("recovered", "1700000000.0001")
-    assert [a["id"] for a in store.open_alerts()] == [other]
+    assert [a["id"] for a in store.alerts(open_only=True)] == [other]
 
     # a new change after recovery is a new alert; a retry of a closed run's alert is not
     a2, changed = store.upsert_alert(**key, run_id="n5", status="suspected", change_pct=-9.0)
     assert changed and a2 != a1
     store.set_alert_status(a2, "false_positive")
     assert store.upsert_alert(**key, run_id="n5", status="suspected", change_pct=-9.0) == (a2, False)
-    assert [a["id"] for a in store.open_alerts()] == [other]
+    assert [a["id"] for a in store.alerts(open_only=True)] == [other]
 
     with pytest.raises(StoreError, match="unknown alert"):
         store.set_alert_status(9999, "acked")
@@ -459,7 +459,7 @@ def test_password_never_shown(pg_server: str) -> None:
 
 
 def test_fingerprint_hash_is_stable() -> None:
-    from sql import fingerprint_hash
+    from tasks.fingerprint import fingerprint_hash
     assert fingerprint_hash({"b": 1, "a": [1, 2]}) == fingerprint_hash({"a": [1, 2], "b": 1})
     assert fingerprint_hash({"a": 1}) != fingerprint_hash({"a": 2})
     assert fingerprint_hash({"a": 1}) == hashlib.sha256(b'{"a":1}').hexdigest()[:16]

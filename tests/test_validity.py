@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.validity import backlog_rising, judge
+from tasks.analysis.validity import backlog_rising, judge
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
         "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}

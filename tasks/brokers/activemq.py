@@ -14,7 +14,10 @@ import shlex
 from pathlib import Path
 
 from ..hosts import Host
-from .mosquitto import BrokerError, bind_address, health_check
+from ..rundir import BROKER_DIR
+from .base import BrokerAdapter
+from .errors import BrokerError
+from .health import bind_address, health_check
 
 HOME = "/usr/share/activemq"
 OPTIONS_FILE = "/etc/activemq/instances-available/perfpipe/options"
@@ -78,11 +81,9 @@ def verify_heap(options: list[str], running: dict[str, int], host_name: str) -> 
                           f"for (wanted, running): {wrong}")
 
 
-class ActiveMQ:
+class ActiveMQ(BrokerAdapter):
     kind = "activemq"
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    title = "ActiveMQ"
 
     def version(self) -> str:
         out = self.host.run(["sh", "-c", "ls /usr/share/java/activemq-broker-*.jar"], check=False)
@@ -93,7 +94,7 @@ class ActiveMQ:
         return match.group(1)
 
     def start(self, run_dir: str, address: str, port: int) -> dict:
-        base = f"{run_dir}/broker"
+        base = f"{run_dir}/{BROKER_DIR}"
         self.host.mkdir(f"{base}/data")
         local = Path("/tmp") / f"perfpipe-activemq-{port}.xml"
         local.write_text(CONFIG.format(data=f"{base}/data", bind=bind_address(address), port=port))

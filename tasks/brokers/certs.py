@@ -3,7 +3,7 @@
     python -m tasks.brokers.certs --out DIR --name mosquitto [--name HOST ...]
                                   [--owner UID] [--days 365]
 
-perfpipe makes a CA per run when it starts the broker itself (`tasks.broker`). A broker
+perfpipe makes a CA per run when it starts the broker itself (`tasks.steps.broker`). A broker
 started by someone else, e.g. the Mosquitto of docker-compose.yml, needs its certificate
 before it starts, and the driver hosts need the CA where the TLS scenarios look for it
 (``tls.ca_file``: ``.../perfpipe-ca.pem``). This writes, into DIR: ``ca.pem`` and the same CA
@@ -24,8 +24,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from .mosquitto import (
-    CA_FILE, CERT_FILE, GENERATED_CA, KEY_FILE, make_certificates, subject_alt_name,
+from .tls import (
+    CA_FILE,
+    CERT_FILE,
+    GENERATED_CA,
+    KEY_FILE,
+    make_certificates,
+    subject_alt_name,
 )
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
-
-from ..hosts import Host
-from .mosquitto import BrokerError, health_check, sys_messages, sys_version
+from .base import BrokerAdapter
+from .errors import BrokerError
+from .sys_topics import sys_messages, sys_version
 
 # Where brokers announce their version: EMQX ($SYS/brokers/<node>/version), Mosquitto and
 # others ($SYS/broker/version).
@@ -40,16 +40,11 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-class ConfigOnlyBroker:
+class ConfigOnlyBroker(BrokerAdapter):
     """Base of the configuration-only adapters (see the module docstring)."""
 
-    kind = ""
-    title = ""
     managed_fix = ""  # what to do instead of managed: true
     sys_stats_topics: tuple[str, ...] = ("$SYS/#",)
-
-    def __init__(self, host: Host | None = None) -> None:
-        self.host = host
 
     @classmethod
     def managed_error(cls) -> str:
@@ -61,17 +56,9 @@ class ConfigOnlyBroker:
     def stop(self, group_pid: int, timeout_s: float = 0.0) -> None:
         raise BrokerError(f"{self.title} is never started by perfpipe, so it never stops it")
 
-    def version(self) -> str:
-        """The version as the broker host reports it (called by the broker step when
-        ``broker.host`` is set); "unknown" when it cannot be told from there."""
-        return "unknown"
-
-    def health(self, address: str, port: int, timeout_s: float = 10.0) -> float:
-        """A real MQTT CONNECT/CONNACK to the running broker; seconds, or BrokerError."""
-        return health_check(address, port, timeout_s)
-
     def probe_version(self, address: str, port: int) -> str:
-        """The running broker's version over the network, or "unknown"."""
+        """The running broker's version over the network ($SYS, EMQX's topic too), or
+        "unknown"."""
         return sys_version(address, port, topics=SYS_VERSION_TOPICS)
 
     def stats(self, address: str, port: int, wait_s: float = 3.0) -> dict[str, str]:

@@ -24,7 +24,7 @@ Benchmark settings, each against a default that would distort a measurement:
 from __future__ import annotations
 
 from .config_only import ConfigOnlyBroker, http_json, url_host
-from .mosquitto import version_number
+from .sys_topics import version_number
 
 IMAGE = "emqx/emqx:5.8.6"  # docker-compose.yml's emqx service (tests check they agree)
 DASHBOARD_PORT = 18083

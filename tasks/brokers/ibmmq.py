@@ -9,7 +9,7 @@ It can:
   sample MQ Telemetry ships), the MQSC that defines and starts the MQTT channel on the
   benchmark port, the qm.ini stanzas of the IBM MQ Telemetry report (Appendix A.1.2,
   the same values as the ``ibm-mq-telemetry-server`` tuning profile) and the runmqsc
-  commands that fix the MQXR heap (report section 4.2, ``tasks/tuning/mqxr.py``);
+  commands that fix the MQXR heap (report section 4.2, ``tasks/brokers/mqxr.py``);
   ``python -m tasks.brokers.render ibmmq --qmgr PERF0 --port 1883`` prints them;
 - with ``managed: false``: health-check the running channel with an MQTT CONNECT, and read
   the version with ``dspmqver`` on the broker host when ``broker.host`` names it and
@@ -24,9 +24,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..tuning import mqxr, qmini
+from . import mqxr, qmini
 from .config_only import ConfigOnlyBroker
-from .mosquitto import version_number
+from .sys_topics import version_number
 
 QMGR = re.compile(r"^[A-Za-z0-9._/%]{1,48}$")  # IBM MQ object name rules
 CHANNEL = re.compile(r"^[A-Za-z0-9._/%]{1,20}$")  # telemetry channel names: at most 20
@@ -94,12 +94,14 @@ def setup_script(qmgr: str, channel: str, port: int, qm_ini_path: str) -> str:
 
 
 def report_stanzas(tuning_dir: Path | None = None) -> tuple[str, dict[str, dict[str, str]]]:
-    """qm.ini path and stanzas of the report, from the tuning profile (one copy of them)."""
+    """qm.ini path and stanzas of the report, from the tuning profile that applies them (one
+    copy of them: its `qm_ini` section)."""
+    from ..config_files import read_yaml, validate
     from ..settings import load_settings
-    from ..tuning.profile import load_profile
 
-    profile = load_profile(tuning_dir or load_settings().tuning_dir, PROFILE)
-    return profile.qm_ini.path, profile.qm_ini.stanzas
+    path = Path(tuning_dir or load_settings().tuning_dir) / f"{PROFILE}.yml"
+    section = validate(qmini.QmIni, (read_yaml(path) or {}).get("qm_ini"), f"{path}: qm_ini")
+    return section.path, section.stanzas
 
 
 class IbmMq(ConfigOnlyBroker):

@@ -18,28 +18,18 @@ sampler (`tasks.driver.sampler`) records per second.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
-
-from ..hosts import Host
+from ..rundir import BROKER_DIR, TLS_DIR
+from .base import BrokerAdapter
+from .errors import BrokerError
+from .health import bind_address, health_check
+from .tls import CA_FILE, CERT_FILE, KEY_FILE, make_certificates
 
 MOSQUITTO_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "mosquitto")
-
-
-class BrokerError(RuntimeError):
-    """The broker could not be started, reached or stopped; the message says which host."""
-
-
-TLS_DIR = "broker/tls"  # in the run directory, locally and on the broker host
-CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
-GENERATED_CA = "perfpipe-ca.pem"  # a tls.ca_file with this name gets perfpipe's generated CA
 
 
 def render_config(port: int, bind: str, tls: dict | None = None) -> str:
@@ -68,142 +58,10 @@ def render_config(port: int, bind: str, tls: dict | None = None) -> str:
     return "\n".join(lines + [""])
 
 
-def subject_alt_name(name: str):
-    """A certificate's subjectAltName entry for `name`: an IP address when it is one, else a
-    DNS name."""
-    from cryptography import x509
-
-    try:
-        return x509.IPAddress(ipaddress.ip_address(name))
-    except ValueError:
-        return x509.DNSName(name)
-
-
-def make_certificates(out_dir: Path, names: list[str], key_bits: int = 2048,
-                      days: int = 2) -> dict[str, Path | bytes]:
-    """A throwaway CA and a server certificate it signs for `names` (IP addresses and DNS
-    names, all put in subjectAltName). Writes ca.pem and server.pem into out_dir; returns
-    their paths and the server key as PEM bytes (written by the caller where it belongs).
-    The CA key exists only in memory: nothing else can ever be signed with it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=days)
-    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=key_bits)
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "perfpipe throwaway CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
-                                       False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                         critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = rsa.generate_private_key(public_exponent=65537, key_size=key_bits)
-    alt = [subject_alt_name(name) for name in dict.fromkeys(names)]
-    server = (x509.CertificateBuilder()
-              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-              .issuer_name(ca_name).public_key(key.public_key())
-              .serial_number(x509.random_serial_number())
-              .not_valid_before(start).not_valid_after(end)
-              .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                             critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                  ca_key.public_key()), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pem = serialization.Encoding.PEM
-    (out_dir / CA_FILE).write_bytes(ca.public_bytes(pem))
-    (out_dir / CERT_FILE).write_bytes(server.public_bytes(pem))
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
-                                serialization.NoEncryption())
-    return {"ca": out_dir / CA_FILE, "cert": out_dir / CERT_FILE, "key_pem": key_pem}
-
-
-def bind_address(address: str) -> str:
-    try:
-        return str(ipaddress.ip_address(address))
-    except ValueError:
-        return "0.0.0.0"
-
-
-def health_check(address: str, port: int, timeout_s: float = 10.0,
-                 ca_file: str | None = None) -> float:
-    """A real MQTT CONNECT/CONNACK (over TLS, verifying the broker's certificate and name
-    against `ca_file`, when one is given); returns the seconds it took, or raises
-    BrokerError."""
-    deadline = time.monotonic() + timeout_s
-    last_error = "no answer"
-    while time.monotonic() < deadline:
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-health")
-        if ca_file:
-            client.tls_set(ca_certs=ca_file)
-        started = time.monotonic()
-        try:
-            client.connect(address, port, keepalive=10)
-            client.loop_start()
-            for _ in range(100):
-                if client.is_connected():
-                    return time.monotonic() - started
-                time.sleep(0.05)
-            last_error = "no CONNACK within 5 s"
-        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            last_error = str(exc)
-        finally:
-            client.loop_stop()
-            client.disconnect()
-        time.sleep(0.2)
-    raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
-
-
-def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float = 3.0,
-                 first_only: bool = False) -> dict[str, str]:
-    """topic -> payload of the $SYS messages seen within wait_s ({} when none or unreachable)."""
-    seen: dict[str, str] = {}
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-sys",
-                         protocol=mqtt.MQTTv311)
-    client.on_connect = lambda c, *_: [c.subscribe(t) for t in topics]
-    client.on_message = lambda c, u, m: seen.setdefault(m.topic, m.payload.decode(errors="replace"))
-    try:
-        client.connect(address, port, keepalive=10)
-        client.loop_start()
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and not (first_only and seen):
-            time.sleep(0.05)
-    except OSError:
-        return {}
-    finally:
-        client.loop_stop()
-        client.disconnect()
-    return seen
-
-
-def version_number(text: str) -> str | None:
-    match = re.search(r"(\d+\.\d+[\w.-]*)", text or "")
-    return match.group(1) if match else None
-
-
-def sys_version(address: str, port: int, timeout_s: float = 3.0,
-                topics: tuple[str, ...] = ("$SYS/broker/version",)) -> str:
-    """The version a broker announces under $SYS (Mosquitto on $SYS/broker/version), or
-    "unknown"."""
-    seen = sys_messages(address, port, topics, wait_s=timeout_s, first_only=True)
-    found = [v for v in map(version_number, seen.values()) if v]
-    return found[0] if found else "unknown"
-
-
-class Mosquitto:
+class Mosquitto(BrokerAdapter):
     kind = "mosquitto"
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    title = "Mosquitto"
+    supports_tls = True
 
     def binary(self) -> str:
         for candidate in MOSQUITTO_BINARIES:
@@ -260,9 +118,9 @@ class Mosquitto:
               tls_names: list[str] | None = None, local_dir: Path | None = None) -> dict:
         """Write the config, start the broker detached, wait until it answers CONNECT (and,
         with `tls_port`, a CONNECT over TLS that verifies the generated certificate)."""
-        conf = f"{run_dir}/broker/mosquitto.conf"
-        log = f"{run_dir}/broker/mosquitto.log"
-        self.host.mkdir(f"{run_dir}/broker")
+        conf = f"{run_dir}/{BROKER_DIR}/mosquitto.conf"
+        log = f"{run_dir}/{BROKER_DIR}/mosquitto.log"
+        self.host.mkdir(f"{run_dir}/{BROKER_DIR}")
         tls = None
         if tls_port:
             if local_dir is None:

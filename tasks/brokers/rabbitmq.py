@@ -30,8 +30,10 @@ import re
 import time
 from pathlib import Path
 
-from ..hosts import Host
-from .mosquitto import BrokerError, bind_address, health_check
+from ..rundir import BROKER_DIR
+from .base import BrokerAdapter
+from .errors import BrokerError
+from .health import bind_address, health_check
 
 LIB = "/usr/lib/rabbitmq/lib"
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
@@ -119,11 +121,9 @@ def parse_version(listing: str) -> str | None:
     return found[-1] if found else None
 
 
-class RabbitMQ:
+class RabbitMQ(BrokerAdapter):
     kind = "rabbitmq"
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    title = "RabbitMQ"
 
     def version(self) -> str:
         """The installed server's version (from the package's library folder)."""
@@ -146,7 +146,7 @@ class RabbitMQ:
 
     def start(self, run_dir: str, address: str, port: int) -> dict:
         """Start a private node with the MQTT plugin; returns when it accepts MQTT CONNECT."""
-        base = f"{run_dir}/broker"
+        base = f"{run_dir}/{BROKER_DIR}"
         node = node_name(port)
         amqp, dist, epmd = self._free_ports(port, 3)
         ports = {"mqtt": port, "amqp": amqp, "dist": dist, "epmd": epmd}

@@ -37,9 +37,21 @@ import time
 
 import paho.mqtt.client as mqtt
 
-from .accounting import (C_ACKED, C_DELAY_OVERRUNS, C_DUPLICATED, C_ERRORS, C_INFLIGHT_FULL,
-                         C_LOST, C_OUT_OF_ORDER, C_PUBLISHED, C_RECEIVED, MAX_VALUE_US,
-                         Accounting, Track, sequence)
+from .accounting import (
+    C_ACKED,
+    C_DELAY_OVERRUNS,
+    C_DUPLICATED,
+    C_ERRORS,
+    C_INFLIGHT_FULL,
+    C_LOST,
+    C_OUT_OF_ORDER,
+    C_PUBLISHED,
+    C_RECEIVED,
+    MAX_VALUE_US,
+    Accounting,
+    Track,
+    sequence,
+)
 from .histogram import MAX_RELATIVE_ERROR
 from .output import DELAY_OVERRUN_US
 from .paho_glue import paho_handle

@@ -35,7 +35,7 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                   seconds), phase (connect, wait, publish, drain), clients, and the
                   cumulative counters published, received, errors, connects_ok,
                   connects_failed}; the orchestrator's fail-fast rules and live progress
-                  read it (`tasks.failfast`), the aggregation does not.
+                  read it (`tasks.analysis.failfast`), the aggregation does not.
 ``summary.json``  written last (its presence marks a complete process): the stage window in
                   Unix seconds, the config echo without secrets, library versions, the clock
                   source, totals and the last sequence number of every publisher stream
@@ -68,7 +68,7 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
 Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
 ``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).
 
-``raw/<stage_id>/stage.json`` is written by the orchestrator (`tasks.workload`) when it
+``raw/<stage_id>/stage.json`` is written by the orchestrator (`tasks.steps.stages`) when it
 starts the stage, and tells the aggregation what was intended:
   run_id, stage_id, scenario, qos, clients (publishers + subscribers),
   windows: {start, measure_start, measure_end, end} in Unix seconds (measure window is
@@ -83,7 +83,7 @@ starts the stage, and tells the aggregation what was intended:
   processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
   broker_host: the host whose ``sampler/`` holds broker.csv, or null.
 ``raw/<stage_id>/failfast.json`` ({reason}) is written by the orchestrator when it stopped
-the stage early on a fail-fast rule (`tasks.failfast`); the stage is then invalid.
+the stage early on a fail-fast rule (`tasks.analysis.failfast`); the stage is then invalid.
 """
 
 from __future__ import annotations

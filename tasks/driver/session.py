@@ -43,8 +43,14 @@ import time
 import paho.mqtt.client as mqtt
 
 from .accounting import C_CONNECTS_FAILED, C_CONNECTS_OK, C_ERRORS, Accounting, Track
-from .paho_glue import (DriverClient, at_packet_boundary, hand_over_reading, send_buffer,
-                        share_locks, ssl_context)
+from .paho_glue import (
+    DriverClient,
+    at_packet_boundary,
+    hand_over_reading,
+    send_buffer,
+    share_locks,
+    ssl_context,
+)
 from .spec import ProcessSpec, PublisherSpec, SubscriberSpec
 
 NEW, CONNECTING, CONNECTED, READY, DEAD = range(5)

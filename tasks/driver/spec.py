@@ -16,7 +16,7 @@ k goes to ``topic_cycle[(k-1) % N]``; each position is its own stream with publi
 see no gaps), ``aggregate_rate`` (messages/s for
 the whole process, split evenly over its publishers, replacing their ``rate``), and the
 connect pacing ``connect_rate``/``max_pending_connects`` for connection-burst stages.
-The pipeline builds these specs from the scenario catalog (`tasks.stages`); a person can
+The pipeline builds these specs from the scenario catalog (`tasks.catalog.placement`); a person can
 also write one by hand and run ``python -m tasks.driver --spec spec.json --out DIR``.
 """
 

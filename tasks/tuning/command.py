@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..inventory import connect, load_inventory
+from ..catalog.inventory import connect, load_inventory
 from ..settings import Settings
-from ..tables import table
+from ..views.tables import table
 from .profile import load_profile
 from .runner import restore, run_on_hosts, tune
 

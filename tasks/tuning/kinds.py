@@ -11,9 +11,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import asdict, dataclass
 
+from ..brokers import activemq, mqxr, qmini
 from ..hosts import Host, HostError
-from ..brokers import activemq
-from . import mqxr, qmini
 from .profile import JvmHeap, LimitEntry, QmIni, TasksMax
 
 SYSCTL_FILE = "/etc/sysctl.d/90-perfpipe.conf"

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..brokers.qmini import QmIni
 from ..config_files import load_model
 
 SYSCTL_KEY = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
@@ -47,13 +48,6 @@ class TasksMax(BaseModel):
         if not USER_NAME.match(value):
             raise ValueError("must be a user name")
         return value
-
-
-class QmIni(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(pattern=r"^/[A-Za-z0-9_./-]+$")
-    stanzas: dict[str, dict[str, str]]
 
 
 class JvmHeap(BaseModel):

@@ -1,0 +1,49 @@
+"""What every broker adapter offers the pipeline, and the error they raise.
+
+An adapter is one broker kind (`ADAPTERS` in `tasks.brokers` maps the inventory's
+`broker.kind` to it), built on the inventory host that runs the broker, or on no host for
+a broker perfpipe only reaches over the network. The broker step and teardown use only
+the members below; an adapter overrides what its broker does differently. Adapters that
+cannot start their broker here (IBM MQ, EMQX, TBMQ) derive from
+`tasks.brokers.config_only.ConfigOnlyBroker`.
+"""
+
+from __future__ import annotations
+
+from ..hosts import Host
+from .errors import BrokerError
+from .health import health_check
+from .sys_topics import sys_version
+
+__all__ = ["BrokerAdapter", "BrokerError"]
+
+
+class BrokerAdapter:
+    kind = ""  # the inventory's broker.kind
+    title = ""  # the broker's name for people
+    supports_tls = False  # the broker step can give a broker it starts a TLS listener
+
+    def __init__(self, host: Host | None = None) -> None:
+        self.host = host
+
+    def version(self) -> str:
+        """The installed version as the broker host tells it, or "unknown"."""
+        return "unknown"
+
+    def start(self, run_dir: str, address: str, port: int, **options) -> dict:
+        """Start the broker detached on its host, wait until it answers, and return its state
+        for broker.json (at least group_pid and pid)."""
+        raise NotImplementedError
+
+    def stop(self, group_pid: int, timeout_s: float = 10.0) -> None:
+        """Stop a broker this adapter started (its whole process group)."""
+        raise NotImplementedError
+
+    def health(self, address: str, port: int, timeout_s: float = 10.0) -> float:
+        """A real MQTT CONNECT/CONNACK to the running broker; seconds, or BrokerError."""
+        return health_check(address, port, timeout_s)
+
+    def probe_version(self, address: str, port: int) -> str:
+        """The running broker's version over the network ($SYS/broker/version), or
+        "unknown"."""
+        return sys_version(address, port)

@@ -1,0 +1,48 @@
+"""Is the broker there: a real MQTT CONNECT, and the address a broker should bind."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import paho.mqtt.client as mqtt
+
+from .errors import BrokerError
+
+
+def bind_address(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return "0.0.0.0"
+
+
+def health_check(address: str, port: int, timeout_s: float = 10.0,
+                 ca_file: str | None = None) -> float:
+    """A real MQTT CONNECT/CONNACK (over TLS, verifying the broker's certificate and name
+    against `ca_file`, when one is given); returns the seconds it took, or raises
+    BrokerError."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-health")
+        if ca_file:
+            client.tls_set(ca_certs=ca_file)
+        started = time.monotonic()
+        try:
+            client.connect(address, port, keepalive=10)
+            client.loop_start()
+            for _ in range(100):
+                if client.is_connected():
+                    return time.monotonic() - started
+                time.sleep(0.05)
+            last_error = "no CONNACK within 5 s"
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            last_error = str(exc)
+        finally:
+            client.loop_stop()
+            client.disconnect()
+        time.sleep(0.2)
+    raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
+
+

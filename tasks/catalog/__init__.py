@@ -1,0 +1,2 @@
+"""What a run will do: the scenario catalog and suites, the inventory, stage expansion,
+client placement and the max-rate search. Pure, but for reading YAML files."""

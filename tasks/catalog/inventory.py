@@ -1,0 +1,155 @@
+"""The inventory: which hosts exist, their roles, and where the broker under test is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..brokers import ADAPTERS
+from ..config_files import load_model
+from ..hosts import Host, LocalHost, SshHost
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./_-"
+
+
+class HostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME, description="short host name used in paths and reports")
+    address: str = "localhost"
+    transport: Literal["local", "ssh"] = "local"
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    key_file: Path | None = None
+    roles: list[Literal["broker", "driver"]] = Field(min_length=1)
+    procs: int | Literal["auto"] = Field(
+        "auto", description="driver processes on this host; auto: one per core (resolved "
+        "at plan time for local hosts, from the provisioned fingerprint for SSH hosts)")
+    python: str | None = Field(None, description="interpreter for the driver; default: "
+                               "python3 over SSH, perfpipe's own Python locally")
+    code_root: str = "/opt/perfpipe"
+    work_root: str = "/var/tmp/perfpipe"
+    gateway: str | None = Field(None, description="name of another inventory host to jump through")
+    ssh_conn_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
+                                    description="Airflow Connection with address, user and key")
+    tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
+                                    "here; others are only checked")
+
+    @field_validator("procs")
+    @classmethod
+    def _procs_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 256:
+            raise ValueError("must be 1..256 driver processes, or auto (one per core)")
+        return value
+
+    def procs_for(self, cpus: int | None) -> int:
+        """The number of driver processes, with 'auto' resolved against a core count."""
+        if isinstance(self.procs, int):
+            return self.procs
+        if not cpus:
+            raise ValueError(f"hosts: {self.name}.procs is auto but the host's core count is "
+                             f"unknown; provision it first or set procs: N")
+        return max(1, min(256, int(cpus)))
+
+    @field_validator("code_root", "work_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or not set(value) <= set(PATH_CHARS):
+            raise ValueError("must be an absolute path of letters, digits and ./_-")
+        return value.rstrip("/")
+
+
+class BrokerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # one of the registered adapters: registering one in tasks.brokers.ADAPTERS is enough
+    kind: Literal[tuple(ADAPTERS)] = Field(  # type: ignore[valid-type]
+        "mosquitto", description="the broker adapter (tasks.brokers.ADAPTERS)")
+    host: str | None = Field(None, description="inventory host that runs the broker; may be "
+                             "left out for an unmanaged broker perfpipe only connects to")
+    managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
+    port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
+    address: str | None = Field(None, description="address clients connect to; default the host's")
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "local"
+    hosts: list[HostConfig] = Field(min_length=1)
+    broker: BrokerConfig
+    tuning_profile: str | None = None
+    tuning_mode: Literal["check", "apply"] = "check"
+    tuning_restore: bool = Field(True, description="restore applied tuning at teardown")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Inventory:
+        names = [h.name for h in self.hosts]
+        if len(names) != len(set(names)):
+            raise ValueError("hosts: host names must be unique")
+        if not self.driver_hosts():
+            raise ValueError("hosts: at least one host needs the role 'driver'")
+        if self.broker.host is None:
+            if self.broker.managed or not (self.broker.address and self.broker.port):
+                raise ValueError("broker.host: needed unless the broker is unmanaged "
+                                 "(managed: false) with its address and port")
+            return self
+        broker_host = self.host(self.broker.host) if self.broker.host in names else None
+        if broker_host is None:
+            raise ValueError(f"broker.host: {self.broker.host!r} is not a host in hosts ({names})")
+        if self.broker.managed and "broker" not in broker_host.roles:
+            raise ValueError(f"broker.host: host {broker_host.name!r} lacks the role 'broker'")
+        for host in self.hosts:
+            if host.gateway and (host.gateway not in names or host.gateway == host.name):
+                raise ValueError(f"hosts: {host.name}.gateway {host.gateway!r} must be another host")
+        if not self.broker.managed and self.broker.port is None:
+            raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
+        return self
+
+    def host(self, name: str) -> HostConfig:
+        return next(h for h in self.hosts if h.name == name)
+
+    def driver_hosts(self) -> list[HostConfig]:
+        return [h for h in self.hosts if "driver" in h.roles]
+
+    def driver_procs(self, cpus: dict[str, int | None] | None = None) -> list[tuple[str, int]]:
+        """(host, processes) of every driver host, 'auto' resolved from `cpus` (host -> the
+        fingerprint's core count), for `tasks.catalog.placement.driver_slots`."""
+        cpus = cpus or {}
+        return [(h.name, h.procs_for(cpus.get(h.name))) for h in self.driver_hosts()]
+
+    def broker_address(self) -> str:
+        return self.broker.address or self.host(self.broker.host).address
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Load and validate an inventory; relative key_file paths are relative to its folder."""
+    inventory = load_model(Inventory, path)
+    for host in inventory.hosts:
+        if host.procs == "auto" and host.transport == "local":
+            host.procs = host.procs_for(os.cpu_count())  # this machine: known at plan time
+        if host.key_file is not None and not host.key_file.is_absolute():
+            host.key_file = (Path(path).parent / host.key_file).resolve()
+    return inventory
+
+
+def connect(inventory: Inventory, name: str, work_root: str) -> Host:
+    """A Host for an inventory entry; local hosts keep run files under `work_root`."""
+    config = inventory.host(name)
+    if config.transport == "local":
+        return LocalHost(config.name, work_root=work_root, python=config.python)
+    gateway = connect(inventory, config.gateway, work_root) if config.gateway else None
+    common = dict(gateway=gateway, python=config.python or "python3", code_root=config.code_root,
+                  work_root=config.work_root)
+    if config.ssh_conn_id:
+        from ..airflow_glue.ssh import from_connection
+
+        details = from_connection(config.ssh_conn_id)
+        return SshHost(config.name, details.address, port=details.port, user=details.user,
+                       connect_kwargs=details.connect_kwargs, **common)
+    return SshHost(config.name, config.address, port=config.port, user=config.user or "root",
+                   key_file=str(config.key_file) if config.key_file else None, **common)

@@ -1,0 +1,412 @@
+"""The scenario catalog: YAML files under scenarios/, validated with errors that name the
+file, the field and the fix. A suite is a named list of scenarios in scenarios/suites.yml.
+
+A scenario is publisher and subscriber groups (TBMQ style) plus how its stages step:
+
+* topics are templates. Placeholders: ``{scenario}``, ``{group}``, ``{i}`` (the client's
+  index in its group), ``{client}`` (its client id) and, for a publisher that cycles over
+  many topics (``topic_count``), ``{n}`` (the topic number). ``{i}`` and ``{n}`` take
+  ``%K`` (modulo) and ``//K`` (integer division): ``fan/{i%5}`` puts client i on one of
+  five topics, ``idle/{i//10}`` puts ten clients on each topic;
+* a publisher group's rate is ``rate_per_client`` or ``aggregate_rate`` (the whole group,
+  split evenly over its publishers), each either one number or one per QoS
+  (``{0: 0.3, 1: 0.25, 2: 0.2}``, as the IBM report rates each QoS differently);
+* ``connection`` holds what the driver needs to connect: TLS files (paths on the driver
+  hosts), a user name with a *reference* to its password (``password_env`` or
+  ``password_file``; a password itself never goes into the catalog or a run file),
+  clean/persistent sessions, keepalive, the connection rate (connect pacing) and the QoS
+  1/2 in-flight window.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..config_files import ConfigError, load_model, read_yaml, validate
+
+GROUP = r"^[a-z][a-z0-9_]{0,30}$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+QosRate = Union[float, dict[Literal[0, 1, 2], float]]
+
+PLACEHOLDER = re.compile(r"\{([a-z]+)(?:(%|//)(\d+))?\}")
+PLACEHOLDERS = ("scenario", "group", "i", "n", "client")
+NUMERIC = ("i", "n")
+
+
+def render_template(template: str, values: dict[str, Any]) -> str:
+    """A topic template with its placeholders filled in; ValueError says what is wrong."""
+
+    def one(match: re.Match) -> str:
+        name, op, operand = match.groups()
+        if name not in values:
+            known = ", ".join("{" + p + "}" for p in PLACEHOLDERS if p in values)
+            raise ValueError(f"unknown placeholder {{{name}}} in {template!r}; use {known}")
+        value = values[name]
+        if op:
+            if name not in NUMERIC:
+                raise ValueError(f"{{{name}{op}{operand}}} in {template!r}: only {{i}} and {{n}} "
+                                 f"take % or //")
+            k = int(operand)
+            if k == 0:
+                raise ValueError(f"{{{name}{op}0}} in {template!r}: divide by a number > 0")
+            value = value % k if op == "%" else value // k
+        return str(value)
+
+    rendered = PLACEHOLDER.sub(one, template)
+    if "{" in rendered or "}" in rendered:
+        raise ValueError(f"malformed placeholder in {template!r}: write {{name}}, {{i%K}} or "
+                         f"{{i//K}} with name one of {', '.join(PLACEHOLDERS)}")
+    return rendered
+
+
+def placeholders(template: str) -> set[str]:
+    return {m.group(1) for m in PLACEHOLDER.finditer(template)}
+
+
+def rate_for(value: QosRate, qos: int) -> float:
+    return float(value[qos]) if isinstance(value, dict) else float(value)
+
+
+def _positive_rates(value: QosRate | None, field: str) -> QosRate | None:
+    rates = value.values() if isinstance(value, dict) else [] if value is None else [value]
+    if any(not r > 0 for r in rates):
+        raise ValueError(f"{field} must be > 0 messages/s (per QoS if a mapping)")
+    if isinstance(value, dict) and not value:
+        raise ValueError(f"{field}: give at least one QoS, e.g. {{0: 10, 1: 5}}")
+    return value
+
+
+class PublisherGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(pattern=GROUP)
+    count: int = Field(ge=1, description="publishers at 100% of clients")
+    topic: str = Field(description="topic template: {scenario} {group} {i} {client} {n}")
+    rate_per_client: QosRate | None = Field(
+        None, description="messages/s per publisher at 100% rate; or one per QoS")
+    aggregate_rate: QosRate | None = Field(
+        None, description="messages/s of the whole group at 100% rate, split evenly over "
+                          "its publishers; or one per QoS")
+    payload_bytes: int = Field(256, ge=32, le=268_435_455,
+                               description=">= 32: the driver's latency header")
+    scale_with_clients: bool = Field(True, description="false: count stays fixed at every "
+                                     "clients_pct step (e.g. fan-out's one publisher)")
+    topic_count: int | None = Field(None, ge=1, description="cycle over this many topics "
+                                    "({n} in the topic): message k goes to topic k mod count")
+    topic_split: Literal["shared", "partitioned"] = Field(
+        "shared", description="shared: every publisher cycles all topics; partitioned: each "
+                              "publisher cycles its own slice of them")
+    topics_scale_with_clients: bool = Field(False, description="topic_count scales with "
+                                            "clients_pct (e.g. one topic per subscriber)")
+    clean_session: bool | None = Field(None, description="default: connection.clean_session")
+
+    @field_validator("topic")
+    @classmethod
+    def _no_wildcards(cls, topic: str) -> str:
+        if "+" in topic or "#" in topic:
+            raise ValueError("a publisher topic cannot contain + or # (those are for subscribers)")
+        if topic.startswith("$"):
+            raise ValueError("a publisher topic cannot start with $ (reserved for the broker)")
+        render_template(topic, {"scenario": "s", "group": "g", "i": 0, "n": 0, "client": "c"})
+        return topic
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PublisherGroup:
+        _positive_rates(self.rate_per_client, "rate_per_client")
+        _positive_rates(self.aggregate_rate, "aggregate_rate")
+        if (self.rate_per_client is None) == (self.aggregate_rate is None):
+            raise ValueError("give exactly one of rate_per_client (each publisher) or "
+                             "aggregate_rate (the whole group)")
+        uses_n = "n" in placeholders(self.topic)
+        if self.topic_count is None and uses_n:
+            raise ValueError("topic: {n} needs topic_count (how many topics to cycle over)")
+        if self.topic_count is not None and not uses_n:
+            raise ValueError("topic_count: the topic needs {n} (the topic number), e.g. "
+                             "'fanout/{n}'")
+        if self.topic_split == "partitioned":
+            if self.topic_count is None:
+                raise ValueError("topic_split: partitioned needs topic_count")
+            if self.topic_count < self.count:
+                raise ValueError(f"topic_count: {self.topic_count} topics cannot be partitioned "
+                                 f"over {self.count} publishers; raise topic_count to >= count")
+        return self
+
+
+class SubscriberGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(pattern=GROUP)
+    count: int = Field(ge=1)
+    topics: list[str] = Field(min_length=1, description="topic filter templates: "
+                              "{scenario} {group} {i} {client}")
+    scale_with_clients: bool = Field(False, description="true: count scales with clients_pct")
+    share_group: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                                    description="subscribe as $share/<share_group>/<filter>: "
+                                    "each message goes to one member of the group")
+    clean_session: bool | None = Field(None, description="false: a persistent session; "
+                                       "default: connection.clean_session")
+    expected_publisher_groups: list[str] | None = Field(
+        None, description="publisher groups whose messages this group must receive (checked)")
+
+    @field_validator("topics")
+    @classmethod
+    def _filters(cls, topics: list[str]) -> list[str]:
+        for topic in topics:
+            if topic.startswith("$share/"):
+                raise ValueError(f"{topic!r}: write share_group: <name> instead of $share/")
+            rendered = render_template(topic, {"scenario": "s", "group": "g", "i": 0,
+                                               "client": "c"})
+            levels = rendered.split("/")
+            if any(level not in ("+", "#") and set("+#") & set(level) for level in levels) \
+                    or "#" in levels[:-1]:
+                raise ValueError(f"{topic!r}: '+' and '#' must be whole levels, '#' only last")
+        return topics
+
+
+class SearchSettings(BaseModel):
+    """Max-rate search (tasks/catalog/ratesearch.py): the scenario's rate is where it starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    growth: float = Field(2.0, gt=1.0, le=10.0, description="rate factor between probes "
+                          "until the broker first falls behind")
+    precision: float = Field(0.10, gt=0.0, le=0.5, description="stop when the highest rate "
+                             "kept up and the lowest that was not are this close")
+    max_probes: int = Field(8, ge=2, le=30)
+    tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
+                             "and received within this of what was asked")
+
+
+class StagePlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    clients_pct: list[int] = Field([100], min_length=1)
+    rate_pct: list[int] = Field([100], min_length=1)
+    warmup_s: int = Field(2, ge=0)
+    warmup_iterations: int | None = Field(
+        None, ge=1, description="TBMQ style: the warm-up lasts at least long enough for every "
+                                "publisher to send this many messages")
+    measure_s: int = Field(10, ge=1)
+    cooldown_s: int = Field(2, ge=0)
+    search: SearchSettings | None = Field(
+        None, description="search the highest rate the broker keeps up with, starting at the "
+                          "scenario's rate (one probe stage per rate tried)")
+
+    @model_validator(mode="after")
+    def _search_starts_at_one_rate(self) -> StagePlan:
+        if self.search is not None and len(self.rate_pct) != 1:
+            raise ValueError("rate_pct: a search starts from one rate; give one step (e.g. "
+                             "[100]) or drop `search`")
+        return self
+
+    @field_validator("clients_pct", "rate_pct")
+    @classmethod
+    def _percentages(cls, values: list[int]) -> list[int]:
+        if any(not 0 < v <= 1000 for v in values):
+            raise ValueError("percentages must be in 1..1000")
+        if values != sorted(set(values)):
+            raise ValueError("list the steps once each, from low to high (ramp up from below peak)")
+        return values
+
+
+class TlsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ca_file: str | None = Field(None, description="CA bundle on the driver hosts; default: "
+                                "the system's")
+    cert_file: str | None = Field(None, description="client certificate on the driver hosts")
+    key_file: str | None = Field(None, description="its private key (default: in cert_file)")
+    ciphers: str | None = Field(None, description="OpenSSL cipher string, e.g. "
+                                "AES256-GCM-SHA384")
+    insecure: bool = Field(False, description="skip the server host name check")
+    port: int | None = Field(None, ge=1, le=65535, description="the broker's TLS listener; "
+                             "default: the inventory's broker port")
+
+    @model_validator(mode="after")
+    def _key_needs_cert(self) -> TlsSettings:
+        if self.key_file and not self.cert_file:
+            raise ValueError("key_file: needs cert_file (the client certificate it belongs to)")
+        return self
+
+
+class ConnectionSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tls: TlsSettings | None = None
+    username: str | None = Field(None, min_length=1)
+    password_env: str | None = Field(None, pattern=ENV_NAME, description="environment variable "
+                                     "that holds the password on each driver host")
+    password_file: str | None = Field(None, min_length=1, description="file on each driver "
+                                      "host that holds the password, e.g. /run/secrets/mqtt")
+    clean_session: bool = True
+    keepalive_s: int | None = Field(None, ge=0, le=65535)
+    connect_rate: float | None = Field(None, gt=0, description="new connections/s over all "
+                                       "driver processes together (connect pacing)")
+    max_pending_connects: int | None = Field(None, ge=1, description="per process: CONNECTs "
+                                             "awaiting CONNACK")
+    max_inflight: int | None = Field(None, ge=1, le=65535, description="per publisher: "
+                                     "unacknowledged QoS 1/2 publishes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_literal_password(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError("password: never write a password into the catalog (it would be "
+                             "copied into plan.json and the driver specs); use password_env: "
+                             "VAR or password_file: /path on the driver hosts")
+        return data
+
+    @model_validator(mode="after")
+    def _credentials(self) -> ConnectionSettings:
+        if self.password_env and self.password_file:
+            raise ValueError("password_env, password_file: give one of them, not both")
+        if (self.password_env or self.password_file) and not self.username:
+            raise ValueError("username: a password reference needs the username it belongs to")
+        return self
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    description: str = ""
+    source: str = Field("", description="the report and test this scenario reproduces")
+    qos: list[Literal[0, 1, 2]] = Field([0], min_length=1)
+    publishers: list[PublisherGroup] = Field(min_length=1)
+    subscribers: list[SubscriberGroup] = Field(default_factory=list)
+    stages: StagePlan = Field(default_factory=StagePlan)
+    connection: ConnectionSettings = Field(default_factory=ConnectionSettings)
+    full_scale: dict[str, Any] = Field(default_factory=dict,
+                                       description="the report's full-scale values, for reference")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        groups = [g.group for g in self.publishers] + [g.group for g in self.subscribers]
+        if len(groups) != len(set(groups)):
+            raise ValueError("group names must be unique across publishers and subscribers")
+        for index, group in enumerate(self.publishers):
+            for field in ("rate_per_client", "aggregate_rate"):
+                value = getattr(group, field)
+                if isinstance(value, dict):
+                    missing = [q for q in self.qos if q not in value]
+                    if missing:
+                        raise ValueError(f"publishers.{index}.{field}: no rate for QoS "
+                                         f"{missing}; add e.g. `{missing[0]}: <msgs/s>`, or "
+                                         f"give one number for every QoS")
+        publisher_groups = {g.group for g in self.publishers}
+        for index, group in enumerate(self.subscribers):
+            expected = group.expected_publisher_groups
+            if expected is None:
+                continue
+            unknown = sorted(set(expected) - publisher_groups)
+            if unknown:
+                raise ValueError(f"subscribers.{index}.expected_publisher_groups: {unknown} are "
+                                 f"not publisher groups ({sorted(publisher_groups)})")
+            matched = _matched_publisher_groups(self, group)
+            if matched != set(expected):
+                raise ValueError(
+                    f"subscribers.{index}.expected_publisher_groups: the topics "
+                    f"{group.topics} receive from {sorted(matched) or 'no group'}, not "
+                    f"{sorted(expected)}; fix the topic filters or the list")
+        return self
+
+
+SAMPLE = 64  # clients and topics per group checked for expected_publisher_groups
+
+
+def _matched_publisher_groups(scenario: Scenario, subscribers: SubscriberGroup) -> set[str]:
+    """Publisher groups with a topic that one of the first SAMPLE subscribers matches."""
+    from paho.mqtt.client import topic_matches_sub
+
+    filters = {render_template(t, {"scenario": scenario.name, "group": subscribers.group,
+                                   "i": i, "client": f"{subscribers.group}-{i}"})
+               for i in range(min(subscribers.count, SAMPLE)) for t in subscribers.topics}
+    matched = set()
+    for group in scenario.publishers:
+        numbers = [0] if group.topic_count is None else sorted(
+            set(range(min(group.topic_count, SAMPLE))) | {group.topic_count - 1})
+        topics = {render_template(group.topic, {"scenario": scenario.name, "group": group.group,
+                                                "i": i, "n": n, "client": f"{group.group}-{i}"})
+                  for i in range(min(group.count, SAMPLE)) for n in numbers}
+        if any(topic_matches_sub(f, t) for f in filters for t in topics):
+            matched.add(group.group)
+    return matched
+
+
+class SuiteEntry(BaseModel):
+    """A suite's scenario with optional overrides (e.g. fewer steps for a nightly run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: str
+    qos: list[Literal[0, 1, 2]] | None = Field(None, min_length=1)
+    stages: dict[str, Any] | None = Field(None, description="StagePlan fields to override")
+
+
+class Suites(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    suites: dict[str, list[Union[str, SuiteEntry]]]
+
+
+def load_catalog(scenarios_dir: Path) -> dict[str, Scenario]:
+    """Every scenario under scenarios_dir/catalog/, keyed by name (file stem must match)."""
+    catalog: dict[str, Scenario] = {}
+    for path in sorted((Path(scenarios_dir) / "catalog").glob("*.yml")):
+        scenario = load_model(Scenario, path)
+        if scenario.name != path.stem:
+            raise ConfigError(f"{path}: name: {scenario.name!r} must match the file name "
+                              f"({path.stem!r}); rename one of them")
+        catalog[scenario.name] = scenario
+    return catalog
+
+
+def load_suites(scenarios_dir: Path) -> Suites:
+    path = Path(scenarios_dir) / "suites.yml"
+    return load_model(Suites, path) if path.exists() else Suites(suites={})
+
+
+def _apply(entry: SuiteEntry, scenario: Scenario, where: str) -> Scenario:
+    doc = scenario.model_dump()
+    if entry.qos is not None:
+        doc["qos"] = entry.qos
+    if entry.stages is not None:
+        doc["stages"] = {**doc["stages"], **entry.stages}
+    return validate(Scenario, doc, f"{where} (overrides of scenario {scenario.name!r})")
+
+
+def load_suite(scenarios_dir: Path, suite: str) -> list[Scenario]:
+    path = Path(scenarios_dir) / "suites.yml"
+    suites = load_suites(scenarios_dir)
+    if suite not in suites.suites:
+        raise ConfigError(f"{path}: suites: no suite {suite!r}; known: {sorted(suites.suites)}")
+    catalog = load_catalog(scenarios_dir)
+    entries = [SuiteEntry(scenario=e) if isinstance(e, str) else e for e in suites.suites[suite]]
+    missing = [e.scenario for e in entries if e.scenario not in catalog]
+    if missing:
+        raise ConfigError(f"{path}: suites.{suite}: unknown scenarios {missing}; "
+                          f"add scenarios/catalog/<name>.yml or fix the name")
+    names = [e.scenario for e in entries]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"{path}: suites.{suite}: list each scenario once (stage ids would "
+                          f"collide)")
+    return [_apply(e, catalog[e.scenario], f"{path}: suites.{suite}.{i}")
+            if e.qos is not None or e.stages is not None else catalog[e.scenario]
+            for i, e in enumerate(entries)]
+
+
+def warmup_for(plan: StagePlan, min_rate: float) -> int:
+    """The warm-up in seconds: warmup_s, or longer to fit warmup_iterations at min_rate."""
+    if plan.warmup_iterations is None or min_rate <= 0:
+        return plan.warmup_s
+    return max(plan.warmup_s, math.ceil(plan.warmup_iterations / min_rate))
+
+
+__all__ = ["Scenario", "PublisherGroup", "SubscriberGroup", "StagePlan", "ConnectionSettings",
+           "TlsSettings", "SuiteEntry", "load_catalog", "load_suite", "load_suites",
+           "render_template", "rate_for", "warmup_for", "ConfigError", "read_yaml"]

@@ -1,0 +1,46 @@
+"""The Airflow `on_failure_callback`: a short Slack message naming the task, the host or
+stage (a mapped task's rendered index) and the error's first line, with the log link.
+
+The message (built by `tasks.notify.messages.failure_message`) is written to the run folder, or
+to the state folder before a run exists, and posted when Slack is configured.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..rundir import FAILURES_DIR
+
+
+def write_message(directory: Path, task_id: str, message: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = directory / f"{stamp}-{task_id}.json"
+    path.write_text(json.dumps(message, indent=1))
+    return path
+
+
+def notify_failure(context) -> None:
+    """Never raises: a failing callback would hide the task's own failure."""
+    from ..settings import load_settings
+    from .messages import failure_message
+    from .slack import notifier_for
+
+    try:
+        ti = context["ti"]
+        settings = load_settings()
+        run_id = ti.xcom_pull(task_ids="plan") if ti.task_id != "plan" else None
+        message = failure_message(
+            dag_id=ti.dag_id, task_id=ti.task_id, item=getattr(ti, "rendered_map_index", None),
+            error=str(context.get("exception") or "unknown error"),
+            log_url=getattr(ti, "log_url", None), run_id=run_id)
+        directory = (settings.run_dir(run_id) if run_id else settings.state_dir) / FAILURES_DIR
+        path = write_message(directory, ti.task_id, message)
+        print(f"failure alert: {message['text']} ({path})")
+        notifier = notifier_for(settings, airflow=True)
+        if notifier.enabled:
+            notifier.post(message)
+    except Exception as exc:  # report, never mask the task's own failure
+        print(f"failure alert could not be sent: {type(exc).__name__}: {exc}")

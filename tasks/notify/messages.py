@@ -1,0 +1,180 @@
+"""Slack messages as Block Kit: pure functions, data in, {"text", "blocks"} out.
+
+- `run_message`: the regressions a run has to tell (new confirmed alerts), grouped by
+  scenario, each with its stage (clients, QoS, rate), metric, baseline -> tonight with
+  units, % change, confidence, nights of evidence, state and fingerprint; capped at
+  `MAX_ROWS`, the rest summarised with a count. Release runs always get one (a summary).
+- `thread_reply`: later news about alerts already told (grown, recovered), for their thread.
+- `invalid_run_message`, `missing_nightly_message`, `failure_message`: the short ones.
+Slack's limits: a header is at most 150 characters, a section text at most 3000.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..metrics import METRICS
+
+MAX_ROWS = 10
+_SECTION_LIMIT = 2900
+
+
+@dataclass(frozen=True)
+class Row:
+    """One alert's evidence: the verdict behind it and the stage it is about."""
+
+    alert_id: int
+    status: str  # the alert's status (confirmed, recovered, acked, ...) or the verdict
+    verdict: str  # the comparison's verdict: regression, suspected, unchanged, ...
+    scenario: str
+    stage_id: str
+    params: dict  # the stage's plan (qos, groups) as stored
+    metric: str
+    baseline_value: float | None
+    value: float | None
+    change_pct: float | None
+    confidence: float | None
+    nights: int
+    fingerprint: str | None
+    run_id: str  # the run the evidence comes from
+
+
+@dataclass(frozen=True)
+class Links:
+    report: str  # a URL, or the report's path when no report URL is configured
+    airflow: str | None = None
+
+
+def with_unit(value: float | None, unit: str) -> str:
+    """1234.5 us -> '1.23 ms'; 2000.0 msg/s -> '2,000 msg/s'."""
+    if value is None:
+        return "n/a"
+    if unit == "us":
+        return f"{value / 1000:.3g} ms" if abs(value) >= 1000 else f"{value:.3g} µs"
+    if unit == "bytes":
+        return f"{value / 2**20:,.1f} MiB"
+    if unit in ("ratio", "%"):
+        return f"{value:.3g}{'%' if unit == '%' else ''}"
+    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}"
+
+
+def stage_label(stage_id: str, params: dict) -> str:
+    """'fanin.q1.c100 (100 pubs, 1 sub, QoS 1, 1,000 msg/s)' from the stored stage plan."""
+    groups = params.get("groups", [])
+    pubs = sum(g.get("count", 0) for g in groups if g.get("role") == "pub")
+    subs = sum(g.get("count", 0) for g in groups if g.get("role") == "sub")
+    rate = sum(g.get("count", 0) * g.get("rate_per_client", 0) for g in groups
+               if g.get("role") == "pub")
+    qos = params.get("qos", "?")
+    return f"{stage_id} ({pubs:,} pubs, {subs:,} subs, QoS {qos}, {rate:,.0f} msg/s)"
+
+
+def _row_line(row: Row) -> str:
+    unit = METRICS[row.metric].unit if row.metric in METRICS else ""
+    change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f}%"
+    confidence = "n/a" if row.confidence is None else f"{100 * row.confidence:.1f}%"
+    nights = f"{row.nights} night{'s' if row.nights != 1 else ''}"
+    return (f"• `{row.metric}` {with_unit(row.baseline_value, unit)} → "
+            f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
+            f"{nights} · {row.status}")
+
+
+def _grouped(rows: list[Row], run_id: str) -> list[str]:
+    """Section texts: per scenario, per stage, one line per metric; at most MAX_ROWS rows."""
+    by_scenario: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows[:MAX_ROWS]:
+        by_scenario[row.scenario][row.stage_id].append(row)
+    texts = []
+    for scenario, stages in by_scenario.items():
+        lines = [f"*{scenario}*"]
+        for stage_rows in stages.values():
+            first = stage_rows[0]
+            earlier = f" — from run {first.run_id}, not told then" if first.run_id != run_id else ""
+            lines.append(stage_label(first.stage_id, first.params) + earlier)
+            lines += [_row_line(r) for r in stage_rows]
+        texts.append("\n".join(lines)[:_SECTION_LIMIT])
+    if len(rows) > MAX_ROWS:
+        texts.append(f"… and {len(rows) - MAX_ROWS} more regression(s) in the report")
+    return texts
+
+
+def _section(text: str) -> dict:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _context(*parts: str) -> dict:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": p} for p in parts if p]}
+
+
+def _link(url: str | None, label: str) -> str:
+    if not url:
+        return ""
+    return f"<{url}|{label}>" if url.startswith(("http://", "https://")) else f"{label}: {url}"
+
+
+def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links) -> dict:
+    """The run's message: its new regressions (`rows`) and the verdict counts."""
+    label = f" {run['release_label']}" if run.get("release_label") else ""
+    suspected = sum(r.status == "suspected" for r in rows)
+    parts = [f"{len(rows) - suspected} regression(s)" if len(rows) > suspected else "",
+             f"{suspected} suspected" if suspected else ""]
+    what = ", ".join(p for p in parts if p) or "no regressions"
+    head = (f"perfpipe {run['kind']}{label} run {run['run_id']}: {what} "
+            f"({run['broker_kind']} {run.get('broker_version') or ''}, suite {run['suite']})")
+    summary = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)
+    blocks = [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
+              _section(f"verdicts: {summary or 'none'}")]
+    blocks += [_section(text) for text in _grouped(rows, run["run_id"])]
+    fingerprints = sorted({r.fingerprint for r in rows if r.fingerprint})
+    blocks.append(_context(_link(links.report, "report"), _link(links.airflow, "Airflow run"),
+                           f"fingerprint {', '.join(fingerprints)}" if fingerprints else ""))
+    return {"text": head, "blocks": blocks}
+
+
+def thread_reply(run: dict, rows: list[Row], links: Links) -> dict:
+    """News in an alert's thread: a regression that grew, or one that recovered."""
+    lines = []
+    for row in rows:
+        if row.status == "recovered":
+            unit = METRICS[row.metric].unit if row.metric in METRICS else ""
+            lines.append(f":white_check_mark: {row.stage_id} `{row.metric}` recovered: "
+                         f"{with_unit(row.value, unit)} against the baseline "
+                         f"{with_unit(row.baseline_value, unit)}")
+        else:
+            lines.append(f":small_red_triangle: {row.stage_id} {_row_line(row)[2:]}")
+    text = f"run {run['run_id']}:\n" + "\n".join(lines)
+    return {"text": text[:_SECTION_LIMIT],
+            "blocks": [_section(text[:_SECTION_LIMIT]), _context(_link(links.report, "report"))]}
+
+
+def invalid_run_message(run: dict, invalid: dict[str, str], total: int, links: Links) -> dict:
+    """A run whose stages were mostly invalid: nothing in it could be judged."""
+    reasons = "\n".join(f"• {stage}: {reason}" for stage, reason in list(invalid.items())[:5])
+    text = (f":warning: perfpipe {run['kind']} run {run['run_id']}: {len(invalid)} of {total} "
+            f"stages invalid, so they were not compared")
+    return {"text": text, "blocks": [_section(text), _section(reasons or "(no reasons recorded)"),
+                                     _context(_link(links.report, "report"),
+                                              _link(links.airflow, "Airflow run"))]}
+
+
+def missing_nightly_message(last_run: dict | None, max_age_h: float) -> dict:
+    if last_run is None:
+        text = ":warning: perfpipe: no nightly run has ever been recorded"
+    else:
+        text = (f":warning: perfpipe: no nightly run in the last {max_age_h:g} h; the last one, "
+                f"{last_run['run_id']}, started {last_run['started_at']:%Y-%m-%d %H:%M} UTC "
+                f"and ended {last_run['status']}")
+    return {"text": text, "blocks": [_section(text)]}
+
+
+def failure_message(*, dag_id: str, task_id: str, item: str | None, error: str,
+                    log_url: str | None, run_id: str | None) -> dict:
+    """A task failed: which task (and host or stage, for a mapped one), the error's first
+    line, the log link."""
+    first = (error.strip().splitlines() or ["(no message)"])[0][:300]
+    where = f"{task_id}[{item}]" if item else task_id
+    text = f"perfpipe {dag_id}: {where} failed: {first}"
+    return {"text": text,
+            "blocks": [_section(f":x: {text}"),
+                       _context(f"*task* {where} · *run* {run_id or '-'}", _link(log_url, "log"))]}

@@ -1,0 +1,85 @@
+"""Slack as perfpipe uses it: post a message (top level or in a thread) and update one.
+
+`SlackNotifier` is handed its slack-sdk `WebClient`; `notifier_for` picks that client:
+under Airflow, the Slack provider's `SlackHook` on the `slack_conn_id` Connection (token
+in the password, an optional `base_url` in the extra); otherwise, or when that Connection
+does not exist, `PERFPIPE_SLACK_TOKEN`. With neither there is no client, and callers write
+the message to a file instead. The token stays inside the client: it is never logged,
+written or returned, and errors carry only Slack's error code.
+
+Rate limits (429 with Retry-After) and server errors are retried by slack-sdk's own retry
+handlers; what still fails raises `SlackError`.
+"""
+
+from __future__ import annotations
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry import RetryHandler
+from slack_sdk.http_retry.builtin_handlers import (
+    ConnectionErrorRetryHandler,
+    RateLimitErrorRetryHandler,
+    ServerErrorRetryHandler,
+)
+
+from ..settings import Settings
+
+
+class SlackError(RuntimeError):
+    """Slack could not be reached or refused the call; names the Slack error, never the token."""
+
+
+def retry_handlers() -> list[RetryHandler]:
+    return [RateLimitErrorRetryHandler(max_retry_count=3), ServerErrorRetryHandler(max_retry_count=2),
+            ConnectionErrorRetryHandler(max_retry_count=2)]
+
+
+class SlackNotifier:
+    def __init__(self, client: WebClient | None, channel: str) -> None:
+        self.client = client
+        self.channel = channel
+
+    @property
+    def enabled(self) -> bool:
+        return self.client is not None
+
+    def post(self, message: dict, *, thread_ts: str | None = None) -> str:
+        """Post `message` ({"text", "blocks"}); returns its ts (the thread's key)."""
+        response = self._call("chat_postMessage", channel=self.channel, text=message["text"],
+                              blocks=message.get("blocks"), thread_ts=thread_ts)
+        return response["ts"]
+
+    def update(self, ts: str, message: dict) -> str:
+        """Replace the message posted at `ts` (a retried step re-sends, never re-posts)."""
+        response = self._call("chat_update", channel=self.channel, ts=ts, text=message["text"],
+                              blocks=message.get("blocks"))
+        return response["ts"]
+
+    def _call(self, method: str, **kwargs):
+        if self.client is None:
+            raise SlackError("no Slack client: set PERFPIPE_SLACK_TOKEN or the Airflow Connection")
+        try:
+            return getattr(self.client, method)(**kwargs)
+        except SlackApiError as exc:
+            raise SlackError(f"Slack refused {method}: {exc.response.get('error')} "
+                             f"(HTTP {exc.response.status_code})") from None
+        except (SlackClientError, OSError) as exc:
+            raise SlackError(f"Slack unreachable for {method}: {type(exc).__name__}") from None
+
+
+def token_client(token: str, base_url: str | None = None) -> WebClient:
+    return WebClient(token=token, base_url=base_url or WebClient.BASE_URL,
+                     retry_handlers=retry_handlers())
+
+
+def notifier_for(settings: Settings, *, airflow: bool = False) -> SlackNotifier:
+    """The notifier for this process: the Airflow Connection first when running under
+    Airflow, then the token from the environment, else none (messages go to files)."""
+    client = None
+    if airflow:
+        from ..airflow_glue.slack import connection_client
+
+        client = connection_client(settings.slack_conn_id, retry_handlers())
+    if client is None and settings.slack_token is not None:
+        client = token_client(settings.slack_token.get_secret_value(), settings.slack_base_url)
+    return SlackNotifier(client, settings.slack_channel)

@@ -1,0 +1,100 @@
+"""The pipeline's steps, in order: the one list that the pipeline (`perfpipe run`), the CLI
+(`perfpipe step`, its help), the DAG graph and the DAG test all read.
+
+Each step is a module of this package named exactly as the step and its DAG task, whose
+`run(ctx, call)` does the step for one run. A step that finished says so in the run folder
+(`tasks.rundir.step_mark`); teardown decides the run's status from those marks. `plan`
+creates the run, so it is called with the run's choices instead (`tasks.steps.plan`).
+
+This module is plain data and the standard library: DAG files read it when they are
+parsed, and a step's module is imported only when the step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..run_context import RunContext
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # the module, the DAG task id and the CLI's `perfpipe step NAME`
+    doc: str  # one line: what it does
+    per_host: bool = False  # runs once per inventory host (a mapped DAG task)
+    retry: bool = False  # safe to retry with backoff; a measurement never is
+    lab: bool = False  # loads the lab hosts: holds the lab pool (one measurement at a time)
+    always: bool = False  # runs whatever happened before it
+
+
+STEPS: tuple[Step, ...] = (
+    Step("plan", "validate suite + inventory, expand stages, create the run"),
+    Step("provision", "check each host, ship the driver, record its fingerprint",
+         per_host=True, retry=True),
+    Step("tune", "apply or check the tuning profile, read it back, record it",
+         per_host=True, retry=True),
+    Step("broker", "start the broker under test (or check the running one)", lab=True),
+    Step("stages", "every stage in plan order: drivers, barrier, common start, warm-up, "
+         "measure window", lab=True),
+    Step("collect", "fetch raw driver files with checksums", retry=True),
+    Step("aggregate", "spark-submit spark/aggregate.py over the raw files"),
+    Step("load_metrics", "the Spark job's per-stage metrics and validity into SQL"),
+    Step("compare", "verdicts per stage and metric against history"),
+    Step("report", "write the HTML report"),
+    Step("alert", "Slack: new regressions, thread replies for known ones, a release summary "
+         "(written to the run folder without a token)"),
+    Step("teardown", "stop drivers and broker, restore tuning, close the run with its status",
+         lab=True, always=True),
+)
+BY_NAME: dict[str, Step] = {step.name: step for step in STEPS}
+
+
+@dataclass(frozen=True)
+class Call:
+    """How a step is called: for which host (per-host steps), where its progress lines go,
+    and whether from an Airflow task (then Slack comes from its Connection first)."""
+
+    host: str | None = None
+    say: Callable[[str], None] = print
+    airflow: bool = False
+
+
+def step(name: str) -> Step:
+    if name not in BY_NAME:
+        raise ValueError(f"unknown step {name!r}; steps: {', '.join(BY_NAME)}")
+    return BY_NAME[name]
+
+
+def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
+    """Run one step of the run in `ctx`, then mark it finished (for `call.host`, per host)."""
+    found = step(name)
+    if found.name == "plan":
+        raise ValueError("plan creates a run: use `perfpipe run` or tasks.steps.plan.plan_run")
+    if found.per_host and not call.host:
+        raise ValueError(f"step {name!r} runs per host: name one of "
+                         f"{[h.name for h in ctx.inventory.hosts]} (--host)")
+    result = import_module(f"{__name__}.{name}").run(ctx, call)
+    ctx.mark_finished(name, call.host)
+    return result
+
+
+def _context(run_id: str) -> RunContext:
+    from ..run_context import RunContext
+    from ..settings import load_settings
+
+    return RunContext.load(load_settings(), run_id)
+
+
+def run_step(name: str, run_id: str, call: Call = Call()) -> Any:
+    """One step of an existing run, by its id: what a DAG task and `perfpipe step` call."""
+    return execute(name, _context(run_id), call)
+
+
+def mark_finished(name: str, run_id: str, host: str | None = None) -> None:
+    """Mark a step that ran outside `execute` finished (the DAG runs `aggregate` through the
+    Spark provider's operator)."""
+    _context(run_id).mark_finished(step(name).name, host)

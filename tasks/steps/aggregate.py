@@ -1,0 +1,63 @@
+"""Step aggregate: spark-submit spark/aggregate.py over the run's raw files.
+
+The job writes per-stage metrics into the run's `metrics/` folder; the next step,
+`load_metrics`, judges their validity and loads them into SQL. Under Airflow the same job
+runs through the Spark provider's `SparkSubmitOperator` (`spark_job` gives its arguments).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .. import rundir
+from ..run_context import RunContext
+from ..settings import REPO_ROOT, load_settings
+from . import Call
+
+SPARK_JOB = REPO_ROOT / "spark" / "aggregate.py"
+
+
+class AggregationError(RuntimeError):
+    """spark-submit failed; the message carries the end of its output."""
+
+
+def spark_submit_binary() -> str:
+    beside_python = Path(sys.executable).parent / "spark-submit"
+    found = str(beside_python) if beside_python.exists() else shutil.which("spark-submit")
+    if not found:
+        raise AggregationError("spark-submit not found: install pyspark (make deps)")
+    return found
+
+
+def job_arguments(run_dir: Path) -> list[str]:
+    """The arguments of spark/aggregate.py for a run folder."""
+    return ["--run-dir", str(run_dir), "--out", str(Path(run_dir) / rundir.METRICS_DIR)]
+
+
+def spark_job(run_id: str) -> dict:
+    """What the DAG's SparkSubmitOperator runs: the application and its arguments."""
+    return {"application": str(SPARK_JOB),
+            "application_args": job_arguments(load_settings().run_dir(run_id))}
+
+
+def submit(run_dir: Path, master: str) -> str:
+    """Run the Spark job; returns its stdout (the timing line)."""
+    argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",
+            # the C1 JIT only: a short job starts about 10 s sooner
+            "--driver-java-options", "-XX:TieredStopAtLevel=1",
+            str(SPARK_JOB), *job_arguments(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise AggregationError(f"spark-submit exited {done.returncode}:\n{tail}")
+    return done.stdout.strip()
+
+
+def run(ctx: RunContext, call: Call) -> dict:
+    timing = submit(ctx.run_dir, ctx.settings.spark_master)
+    return {"timing": timing.splitlines()[-1] if timing else ""}

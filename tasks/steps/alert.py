@@ -1,0 +1,194 @@
+"""Step alert: tell the team in Slack what a run found, once.
+
+What is told comes from the alert lifecycle (sql/alerts.py), not from tonight's verdicts
+alone: the compare step leaves an alert *undelivered* only when it is new or changed.
+`plan_delivery` (pure) sorts the undelivered alerts:
+- confirmed and never posted: rows of the run's message (also when the evidence is from
+  an earlier run whose message could not be sent: the alert was kept for tonight);
+- already posted and changed (grown, recovered): a reply in the thread of the message
+  that first told it;
+- anything else (suspected, cleared, recovered before anyone heard of it): delivered
+  quietly, no message.
+A nightly posts a message only when it has rows; a release run always posts its summary;
+a run whose stages were mostly invalid gets a short message of its own.
+
+Everything sent is also written to `slack_message.json` in the run folder (with no Slack
+client that file is the delivery). A retried alert step updates the messages it posted
+(`chat.update`) instead of posting them again. When Slack stays unreachable after the
+SDK's retries, the alerts stay undelivered and the next run sends them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import quote
+
+from sql import Store
+from sql.alerts import alert_key
+
+from .. import rundir
+from ..metrics import FLAGGED
+from ..notify.messages import Links, Row, invalid_run_message, run_message, thread_reply
+from ..notify.slack import SlackError, SlackNotifier, notifier_for
+from ..run_context import RunContext
+from ..settings import Settings
+from . import Call
+
+TOLD_STATUSES = ("new", "confirmed")  # an alert with one of these is told at top level
+QUIET_FOR_LATER = ("suspected", "cleared")
+
+
+@dataclass
+class Delivery:
+    headline: list[Row] = field(default_factory=list)
+    replies: dict[str, list[Row]] = field(default_factory=dict)  # thread ts -> rows
+    quiet: list[int] = field(default_factory=list)  # alert ids delivered without a message
+
+
+Evidence = dict[tuple[str, str], Row]  # (alert key, metric) -> the verdict as a row
+
+
+def evidence_of(stages: list[dict], run_id: str) -> Evidence:
+    """Every comparison of a run as a Row, keyed like the alert it belongs to."""
+    out = {}
+    for stage in stages:
+        for c in stage.get("comparisons", []):
+            key = (alert_key(stage["stage_key"], c["detail"]), c["metric"])
+            out[key] = Row(alert_id=0, status=c["verdict"], verdict=c["verdict"],
+                           scenario=stage["scenario"], stage_id=stage["stage_id"],
+                           params=stage.get("params") or {}, metric=c["metric"],
+                           baseline_value=c["baseline_value"], value=c["value"],
+                           change_pct=c["change_pct"], confidence=c["confidence"],
+                           nights=int(c["detail"].get("nights") or 1),
+                           fingerprint=stage.get("fingerprint_hash"), run_id=run_id)
+    return out
+
+
+def plan_delivery(undelivered: list[dict], evidence: dict[str, Evidence]) -> Delivery:
+    """Sort undelivered alerts into message rows, thread replies and quiet deliveries.
+    `evidence`: run id -> that run's rows; an alert's row comes from its last run."""
+    plan = Delivery()
+    for a in undelivered:
+        row = evidence.get(a["last_run_id"], {}).get((a["stage_key"], a["metric"]))
+        row = row and replace(row, alert_id=a["id"], status=a["status"])
+        if row is None or a["status"] in QUIET_FOR_LATER:
+            plan.quiet.append(a["id"])
+        elif a["slack_ts"]:
+            plan.replies.setdefault(a["slack_ts"], []).append(row)
+        elif a["status"] in TOLD_STATUSES:
+            plan.headline.append(row)
+        else:  # recovered or acked before it was ever posted: nobody is waiting for it
+            plan.quiet.append(a["id"])
+    return plan
+
+
+def links_for(settings: Settings, run: dict, report_path: str) -> Links:
+    report = (f"{settings.report_base_url.rstrip('/')}/{quote(run['run_id'])}/{rundir.REPORT}"
+              if settings.report_base_url else report_path)
+    airflow = None
+    if settings.airflow_base_url and run.get("dag_run_id") and "/" in run["dag_run_id"]:
+        dag_id, airflow_run = run["dag_run_id"].split("/", 1)
+        airflow = (f"{settings.airflow_base_url.rstrip('/')}/dags/{quote(dag_id)}"
+                   f"/runs/{quote(airflow_run, safe='')}")
+    return Links(report, airflow)
+
+
+def mostly_invalid(stages: list[dict]) -> dict[str, str]:
+    """stage id -> reason, when more than half the stages with results are invalid."""
+    judged = [s for s in stages if s.get("validity") is not None]
+    invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in judged
+               if s["validity"] != "valid"}
+    return invalid if judged and 2 * len(invalid) > len(judged) else {}
+
+
+class Courier:
+    """Sends one run's messages and keeps what was sent in the run folder; a message sent
+    by an earlier attempt of this step is updated in place."""
+
+    def __init__(self, notifier: SlackNotifier, run_dir: Path) -> None:
+        self.notifier = notifier
+        self.path = run_dir / rundir.SLACK_MESSAGE
+        self.sent: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.record: dict = {"channel": notifier.channel, "replies": []}
+
+    def send(self, slot: str, message: dict) -> str | None:
+        earlier = (self.sent.get(slot) or {}).get("ts")
+        ts = None
+        if self.notifier.enabled:
+            ts = self.notifier.update(earlier, message) if earlier else self.notifier.post(message)
+        self.keep(slot, message, ts)
+        return ts
+
+    def keep(self, slot: str, message: dict, ts: str | None = None) -> None:
+        self.record[slot] = {**message, "ts": ts}
+
+    def reply(self, thread_ts: str, message: dict) -> None:
+        if self.notifier.enabled:
+            self.notifier.post(message, thread_ts=thread_ts)
+        self.record["replies"].append({**message, "thread_ts": thread_ts})
+
+    def save(self, **extra) -> str:
+        run_message_doc = self.record.get("run") or {}
+        self.path.write_text(json.dumps({**run_message_doc, **self.record, **extra}, indent=1))
+        return str(self.path)
+
+
+def _rows_to_tell(run: dict, plan: Delivery, tonight: Evidence) -> list[Row]:
+    """The run message's rows: the new alerts; a release summary adds every bad verdict of
+    tonight against its baseline, told before or not."""
+    if run["kind"] != "release":
+        return plan.headline
+    shown = {(r.stage_id, r.metric) for r in plan.headline if r.run_id == run["run_id"]}
+    return plan.headline + [r for r in tonight.values()
+                            if r.verdict in FLAGGED and (r.stage_id, r.metric) not in shown]
+
+
+def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
+            run_dir: Path) -> dict:
+    """Send what run `run_id` has to tell; mark what was delivered; keep the rest."""
+    run, stages = store.run(run_id), store.stages(run_id)
+    undelivered = store.undelivered_alerts()
+    evidence = {r: evidence_of(store.stages(r), r)
+                for r in {a["last_run_id"] for a in undelivered} - {run_id}}
+    evidence[run_id] = evidence_of(stages, run_id)
+    plan = plan_delivery(undelivered, evidence)
+    counts = Counter(c["verdict"] for s in stages for c in s.get("comparisons", []))
+    message = run_message(run, _rows_to_tell(run, plan, evidence[run_id]), dict(counts), links)
+    needs_attention = bool(plan.headline) or run["kind"] == "release"
+    courier = Courier(notifier, run_dir)
+    delivered: list[tuple[int, str | None]] = [(i, None) for i in plan.quiet]
+    error = None
+    try:
+        if needs_attention:
+            ts = courier.send("run", message)
+            delivered += [(r.alert_id, ts) for r in plan.headline]
+        else:
+            courier.keep("run", message)
+        for thread_ts, rows in plan.replies.items():
+            courier.reply(thread_ts, thread_reply(run, rows, links))
+            delivered += [(r.alert_id, thread_ts) for r in rows]
+        invalid = mostly_invalid(stages)
+        if invalid:
+            courier.send("invalid", invalid_run_message(run, invalid, len(stages), links))
+    except SlackError as exc:
+        error = str(exc)
+        print(f"alert: {error}; undelivered alerts are kept for the next run")
+    for alert_id, ts in delivered:
+        store.mark_alert_delivered(alert_id, ts)
+    kept = len(undelivered) - len(delivered)
+    posted = notifier.enabled and error is None and needs_attention
+    path = courier.save(needs_attention=needs_attention, posted=posted, error=error, kept=kept)
+    print(f"alert: {message['text']}" + ("" if notifier.enabled else f" (written to {path})"))
+    return {"posted": posted, "message": path, "text": message["text"],
+            "alerts_told": len({i for i, _ in delivered} & {r.alert_id for r in plan.headline}),
+            "replies": len(plan.replies), "kept": kept}
+
+
+def run(ctx: RunContext, call: Call) -> dict:
+    store = ctx.store()
+    links = links_for(ctx.settings, store.run(ctx.run_id), str(ctx.run_dir / rundir.REPORT))
+    return deliver(store, ctx.run_id, notifier_for(ctx.settings, airflow=call.airflow), links,
+                   ctx.run_dir)

@@ -1,0 +1,103 @@
+"""Step compare: judge every stage of a run, record the verdicts, keep alerts in step.
+
+The I/O around `tasks.analysis.detector` (pure): per stage it reads the comparable history (same
+stage key and fingerprint, since the last accepted change, flagged values held out), the
+previous night's verdicts (which tonight confirms or clears) and, for a release run, the
+pinned release baseline; then records the verdicts and opens, updates or closes one alert
+per stage key and metric. Only alerts that are new or changed are undelivered afterwards,
+so the alert step never re-posts the same regression.
+
+A run is compared with a pinned release baseline when its trigger chose one (plan.json
+options.baseline: "rolling" or a release label; a release run that did not say takes the
+baseline pinned most recently when it started). Those verdicts' alerts live under
+`<stage key> vs release <label>`, apart from the nightly lifecycle. Release runs never feed
+a rolling history.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from sql import Store
+from sql.alerts import alert_key
+
+from .. import rundir
+from ..analysis.detector import Policy, Verdict, compare_stage
+from ..run_context import RunContext
+from . import Call
+
+
+def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None, dict[str, dict]] | None:
+    """(label, run id or None when not pinned, stage key -> stage) of the release baseline
+    this run is compared with, or None for the rolling history. The trigger chooses: the
+    plan's options.baseline ("rolling" or a release label); a release run whose plan does
+    not say takes the baseline pinned most recently when it started."""
+    choice = (plan.get("options") or {}).get("baseline")
+    if choice == "rolling" or (choice is None and run["kind"] != "release"):
+        return None
+    chosen = (choice, store.release_baseline(choice)) if choice \
+        else store.release_baseline_for(run["run_id"])
+    if chosen is None:
+        return None
+    label, base_run = chosen
+    return label, base_run, {s["stage_key"]: s for s in store.stages(base_run)} if base_run else {}
+
+
+def judge_stage(store: Store, run_id: str, stage: dict, policy: Policy,
+                release: tuple[str, str | None, dict[str, dict]] | None) -> list[Verdict]:
+    key, fp = stage["stage_key"], stage["fingerprint_hash"]
+    history = store.history(key, fp, before_run=run_id, limit=2 * policy.window)
+    new_history = None
+    if not history:
+        last = store.last_fingerprint(key, before_run=run_id)
+        if last is not None and last != fp:
+            new_history = f"fingerprint changed ({last} -> {fp}): a new history starts here"
+    pinned = None
+    if release is not None:
+        label, base_run, stages = release
+        base = stages.get(key)
+        pinned = None if base is None else {
+            "label": label, "run_id": base_run, "metrics": base["metrics"],
+            "series": base["series"], "fingerprint_matches": base["fingerprint_hash"] == fp}
+    baseline = f"release:{release[0]}" if release else "rolling"
+    previous = store.previous_verdicts(key, fp, before_run=run_id, baseline=baseline)
+    if release is not None and pinned is None:
+        history, new_history = [], (f"stage not in the release baseline run {release[1]}"
+                                    if release[1] else f"release {release[0]} is not pinned")
+    return compare_stage(stage["stage_id"], stage["metrics"], stage["series"], stage["validity"],
+                         history, policy, previous=previous, release=pinned, run_id=run_id,
+                         new_history=new_history)
+
+
+def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
+                    stage_keys: dict[str, str]) -> list[int]:
+    """Record a run's verdicts and keep one alert per stage key and metric in step with
+    them; returns the ids of the alerts that are new or changed (undelivered again)."""
+    store.record_comparisons(run_id, rows)
+    changed = []
+    for v in rows:
+        followed = store.follow_verdict(stage_key=alert_key(stage_keys[v["stage_id"]], v["detail"]),
+                                        metric=v["metric"], run_id=run_id, verdict=v["verdict"],
+                                        change_pct=v["change_pct"])
+        if followed is not None and followed[1]:
+            changed.append(followed[0])
+    return changed
+
+
+def run(ctx: RunContext, call: Call, policy: Policy = Policy()) -> dict[str, Any]:
+    store = ctx.store()
+    run = store.run(ctx.run_id)
+    release = release_stages(store, run, ctx.plan)
+    verdicts: list[Verdict] = []
+    keys: dict[str, str] = {}
+    for stage in store.stages(ctx.run_id):
+        if (stage["params"] or {}).get("probe_of"):
+            continue  # a search probe's rate depends on the night: its search is compared
+        keys[stage["stage_id"]] = stage["stage_key"]
+        verdicts += judge_stage(store, ctx.run_id, stage, policy, release)
+    rows = [v.to_dict() for v in verdicts]
+    changed = record_verdicts(store, ctx.run_id, rows, keys)
+    ctx.write_json(rundir.VERDICTS, {"verdicts": rows, "changed_alerts": changed,
+                                   "release_baseline": release[:2] if release else None})
+    return {**Counter(v.verdict for v in verdicts), "changed_alerts": len(changed)}

@@ -1,0 +1,67 @@
+"""Step load_metrics: the Spark job's per-stage metrics, judged by the validity gates, into
+SQL; each max-rate search becomes a stage of its own whose one metric is `max_rate`."""
+
+from __future__ import annotations
+
+import json
+
+from .. import rundir
+from ..analysis.validity import judge
+from ..run_context import RunContext
+from . import Call
+from .provision import run_fingerprint
+
+
+def stage_key(broker_kind: str, stage_id: str) -> str:
+    """What a stage is compared by across runs: the broker kind and the stage id."""
+    return f"{broker_kind}|{stage_id}"
+
+
+def load_results(ctx: RunContext) -> list[dict]:
+    """Record every stage's metrics and validity in the store; returns one row per stage."""
+    document = json.loads((ctx.run_dir / rundir.STAGE_METRICS).read_text())
+    stages = {stage.stage_id: stage for stage in ctx.measured_stages}
+    fingerprint = run_fingerprint(ctx)
+    broker_kind = ctx.inventory.broker.kind
+    store = ctx.store()
+    rows = []
+    for result in document["stages"]:
+        stage = stages[result["stage_id"]]
+        validity, reasons = judge(result["metrics"], qos=stage.qos, series=result.get("series"),
+                                  aggregation_status=result["status"], problems=result["problems"])
+        stopped = ctx.run_dir / rundir.failfast_file(stage.stage_id)
+        if stopped.exists():
+            validity = "invalid"
+            reasons.insert(0, "stopped early: " + json.loads(stopped.read_text())["reason"])
+        store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
+                           stage_key=stage_key(broker_kind, stage.stage_id), params=stage.to_dict(),
+                           fingerprint_hash=fingerprint)
+        store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
+                             series=result.get("series", {}), validity=validity,
+                             reason="; ".join(reasons) or None)
+        rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
+    return rows + record_searches(ctx, store, fingerprint)
+
+
+def record_searches(ctx: RunContext, store, fingerprint: str) -> list[dict]:
+    """Each max-rate search as a stage of its own whose one metric is `max_rate`: valid
+    only when the search converged (its probes are stages too, never compared)."""
+    templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
+    rows = []
+    for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
+        template = templates[template_id]
+        store.record_stage(ctx.run_id, template_id, scenario=template.scenario,
+                           stage_key=stage_key(ctx.inventory.broker.kind, template_id),
+                           params={**template.to_dict(), "search_outcome": outcome},
+                           fingerprint_hash=fingerprint)
+        validity = "valid" if outcome["converged"] else "invalid"
+        store.record_results(ctx.run_id, template_id, metrics={"max_rate": outcome["max_rate"]},
+                             series={}, validity=validity, reason=outcome["reason"])
+        rows.append({"stage_id": template_id, "validity": validity,
+                     "reasons": [outcome["reason"]] if outcome["reason"] else []})
+    return rows
+
+
+def run(ctx: RunContext, call: Call) -> dict:
+    rows = load_results(ctx)
+    return {"stages": len(rows), "invalid": [r["stage_id"] for r in rows if r["validity"] != "valid"]}

@@ -1,0 +1,91 @@
+"""Step plan: validate the suite and inventory, expand stages, create the run.
+
+`plan_run` creates the run folder, `plan.json` and the run row, and returns the run id that
+every later step takes. A release trigger with `dry_run` stops after it (`close_dry_run`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sql import Store
+
+from .. import rundir
+from ..catalog.inventory import load_inventory
+from ..catalog.scenarios import load_suite
+from ..catalog.stages import Stage, expand_all, stage_rows
+from ..metrics import RUN_KINDS
+from ..run_context import RunContext
+from ..settings import Settings, load_settings
+from ..views.tables import table
+
+
+def new_run_id(kind: str, dag_run_id: str | None = None) -> str:
+    """A readable, unique run id; the same Airflow DAG run always maps to the same id."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    if dag_run_id:
+        digest = hashlib.sha256(dag_run_id.encode()).hexdigest()[:8]
+        return f"{kind}-{digest}"
+    return f"{kind}-{stamp}-{secrets.token_hex(2)}"
+
+
+def suite_stages(settings: Settings, suite: str) -> list[Stage]:
+    """Every stage of a suite, in run order."""
+    return expand_all(load_suite(settings.scenarios_dir, suite))
+
+
+def plan_run(settings: Settings | None = None, *, suite: str | None = None,
+             inventory: Path | str | None = None, kind: str = "manual",
+             release_label: str | None = None, dag_run_id: str | None = None,
+             options: dict | None = None) -> str:
+    """Create the run directory, plan.json and the run row; returns the run id.
+
+    `options` are the run's choices that later steps read from plan.json: the baseline to
+    compare with ("rolling" or a pinned release label), the broker version expected
+    (checked at the broker step), promote on success.
+    """
+    settings = settings or load_settings()
+    if kind not in RUN_KINDS:
+        raise ValueError(f"kind: {kind!r} is not one of {RUN_KINDS}")
+    suite = suite or settings.suite
+    inventory_path = Path(inventory or settings.inventory)
+    scenarios = load_suite(settings.scenarios_dir, suite)
+    inv = load_inventory(inventory_path)
+    stages = expand_all(scenarios)
+    run_id = new_run_id(kind, dag_run_id)
+    run_dir = settings.run_dir(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = {
+        "run_id": run_id, "kind": kind, "suite": suite, "release_label": release_label,
+        "dag_run_id": dag_run_id, "inventory_path": str(inventory_path),
+        "inventory": inv.model_dump(mode="json"),
+        "scenarios": [s.model_dump(mode="json") for s in scenarios],
+        "stages": [stage.to_dict() for stage in stages],
+        "options": dict(options or {}),
+        "created_at": datetime.now(timezone.utc).isoformat(),
+    }
+    ctx = RunContext(settings, run_id, run_dir, plan)
+    if not (run_dir / rundir.PLAN).exists():  # a retried task keeps the first plan
+        ctx.write_json(rundir.PLAN, plan)
+    store = Store(settings.database_url())
+    store.migrate()
+    store.create_run(run_id, kind=kind, suite=suite, broker_kind=inv.broker.kind,
+                     artifact_dir=str(run_dir), release_label=release_label,
+                     dag_run_id=dag_run_id)
+    ctx.mark_finished("plan")
+    return run_id
+
+
+def stage_table(run_id: str) -> str:
+    """The run's planned stages as a text table."""
+    return table(stage_rows(RunContext.load(load_settings(), run_id).stages))
+
+
+def close_dry_run(run_id: str) -> str:
+    """A dry run stops after planning: closed as excluded, so it never feeds a baseline."""
+    RunContext.load(load_settings(), run_id).store().finish_run(
+        run_id, "invalid", excluded=True, reason="dry run: planned, no load")
+    return stage_table(run_id)

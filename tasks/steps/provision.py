@@ -1,0 +1,156 @@
+"""Step provision (per host): check the host can run the driver, ship it, record the
+host's fingerprint.
+
+The fingerprint (CPU, memory, kernel, OS, Python, paho version, clock offset) is stored
+with the run; comparisons only match stages whose hosts have the same fingerprint
+(`tasks.fingerprint`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .. import bundle, rundir
+from ..fingerprint import host_facts, host_hash, run_hash
+from ..hosts import Host, HostError, LocalHost
+from ..run_context import RunContext
+from . import Call
+
+# Runs on the host with its own Python: standard library plus paho (the driver's runtime).
+_FINGERPRINT_SCRIPT = r"""
+import json, os, platform, time
+def cpu_model():
+    try:
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+def mem_bytes():
+    for line in open('/proc/meminfo'):
+        if line.startswith('MemTotal:'):
+            return int(line.split()[1]) * 1024
+def os_name():
+    try:
+        for line in open('/etc/os-release'):
+            if line.startswith('PRETTY_NAME='):
+                return line.split('=', 1)[1].strip().strip('"')
+    except OSError:
+        return platform.system()
+try:
+    import paho.mqtt
+    paho_version = paho.mqtt.__version__
+except ImportError:
+    paho_version = None
+print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'memory_bytes': mem_bytes(),
+    'kernel': platform.release(), 'arch': platform.machine(), 'os': os_name(),
+    'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': 0}))
+"""
+
+CLOCK_TOLERANCE_S = 0.001
+
+
+class ProvisionError(RuntimeError):
+    """A host cannot take part in the run; the message says what to install or fix."""
+
+
+def ship_driver(ctx: RunContext, host: Host) -> str:
+    """Make the driver importable on the host; returns the PYTHONPATH that runs it."""
+    if isinstance(host, LocalHost):
+        return host.code_root
+    local = bundle.build(ctx.settings.state_dir / "bundles")
+    remote = f"{host.code_root}/{local.name}"
+    if not host.run(["test", "-f", remote], check=False).ok:
+        host.run(["mkdir", "-p", host.code_root])
+        host.put(local, remote)
+    return remote
+
+
+_CLOCK_ECHO = "import sys, time\nfor _ in sys.stdin:\n    print(repr(time.time()), flush=True)"
+
+
+def clock_offset(host: Host, samples: int = 20) -> tuple[float, float]:
+    """(offset, uncertainty) in seconds of the host's clock against ours, NTP style.
+
+    One long-lived command echoes its clock for each line we send; the exchange with the
+    shortest round trip wins, and half of that round trip bounds the error.
+    """
+    echo = host.interactive([host.python, "-u", "-c", _CLOCK_ECHO])
+    best = None
+    try:
+        for _ in range(samples):
+            sent = time.time()
+            remote = float(echo.ask("t"))
+            received = time.time()
+            if best is None or received - sent < 2 * best[1]:
+                best = (remote - (sent + received) / 2, (received - sent) / 2)
+    finally:
+        echo.close()
+    return round(best[0], 6), round(best[1], 6)
+
+
+def fingerprint(host: Host, pythonpath: str) -> dict:
+    out = host.run(["env", f"PYTHONPATH={pythonpath}", host.python, "-c", _FINGERPRINT_SCRIPT],
+                   timeout=60).stdout
+    facts = json.loads(out.strip().splitlines()[-1])
+    facts.pop("time")
+    offset, uncertainty = clock_offset(host)
+    facts["clock_offset_s"] = offset
+    facts["clock_uncertainty_s"] = uncertainty
+    # Cross-host latency (publisher and subscriber on different hosts) is only trusted when
+    # the clocks agree well below the latencies measured.
+    facts["clock_trusted"] = abs(offset) <= CLOCK_TOLERANCE_S + uncertainty
+    return facts
+
+
+def run(ctx: RunContext, call: Call) -> dict:
+    """Check one host and record its fingerprint; returns it (small, XCom-safe)."""
+    host_name = call.host
+    host = ctx.host(host_name)
+    try:
+        pythonpath = ship_driver(ctx, host)
+        facts = fingerprint(host, pythonpath)
+    except HostError as exc:
+        raise ProvisionError(f"{host_name}: cannot run the driver with {host.python}: {exc}") from exc
+    finally:
+        host.close()
+    if tuple(int(part) for part in facts["python"].split(".")[:2]) < (3, 10):
+        raise ProvisionError(f"{host_name}: {host.python} is Python {facts['python']}; the "
+                             f"driver needs 3.10 or newer (set `python:` in the inventory)")
+    if not facts["paho_mqtt"]:
+        raise ProvisionError(f"{host_name}: paho-mqtt does not import with {host.python}; "
+                             f"install the pinned version (pip install -r requirements.txt)")
+    facts["host"] = host_name
+    facts["roles"] = list(ctx.inventory.host(host_name).roles)
+    facts["pythonpath"] = pythonpath
+    facts["hash"] = host_hash(facts)
+    ctx.write_json(rundir.host_file(host_name), facts)
+    ctx.store().record_fingerprint(ctx.run_id, host_name, host_facts(facts))
+    return {"host": host_name, "hash": facts["hash"], "clock_offset_s": facts["clock_offset_s"]}
+
+
+def host_pythonpath(ctx: RunContext, host_name: str) -> str:
+    """The PYTHONPATH provisioning set up for the driver on this host."""
+    path = ctx.run_dir / rundir.host_file(host_name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: host {host_name} was not provisioned in this run")
+    return json.loads(path.read_text())["pythonpath"]
+
+
+def host_cpus(ctx: RunContext) -> dict[str, int]:
+    """host -> core count, from the fingerprints provisioning recorded (resolves procs: auto)."""
+    return {path.stem: json.loads(path.read_text())["cpus"]
+            for path in (ctx.run_dir / rundir.HOSTS_DIR).glob("*.json")}
+
+
+def run_fingerprint(ctx: RunContext) -> str:
+    """The run's fingerprint (`tasks.fingerprint.run_hash`) from what provision and tune
+    recorded: every host's hash and every tuning hash."""
+    def hashes(folder: str, key: str) -> list[str]:
+        return [json.loads(path.read_text()).get(key, "")
+                for path in sorted((ctx.run_dir / folder).glob("*.json"))]
+
+    return run_hash(hashes(rundir.HOSTS_DIR, "hash"), hashes(rundir.TUNING_DIR, "values_hash"),
+                    ctx.broker()["kind"])

@@ -1,0 +1,54 @@
+"""Step report: the run's HTML report, rendered from the results store
+(`tasks.views.report` draws it) and written into the run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sql import Store
+
+from .. import rundir
+from ..run_context import RunContext
+from ..settings import load_settings
+from ..views.report import render
+from . import Call
+
+
+def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
+    """The hosts as the store has them, with what provisioning wrote beside them (roles,
+    clock offset) when the run folder still has it."""
+    files = {}
+    if run_dir is not None:
+        files = {p.stem: json.loads(p.read_text())
+                 for p in (run_dir / rundir.HOSTS_DIR).glob("*.json")}
+    return [{**files.get(h["host"], {}), **h} for h in store.fingerprints(run_id)]
+
+
+def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str:
+    """The report of a stored run: everything comes from the results store."""
+    run = store.run(run_id)
+    if run is None:
+        raise ValueError(f"unknown run {run_id!r} in {store.url_for_display} "
+                         "(see `perfpipe show` for recent runs)")
+    return render(run, store.stages(run_id), stored_hosts(store, run_id, run_dir),
+                  store.tuning(run_id))
+
+
+def run(ctx: RunContext, call: Call) -> str:
+    path = ctx.run_dir / rundir.REPORT
+    path.write_text(render_stored(ctx.store(), ctx.run_id, ctx.run_dir))
+    return str(path)
+
+
+def rerender(run_id: str, out: Path | None = None) -> str:
+    """`perfpipe report RUN_ID`: the report of a stored run, from the results store, written
+    to `out` (default: the run folder's report.html); returns its path."""
+    settings = load_settings()
+    run_dir = settings.run_dir(run_id)
+    path = out or run_dir / rundir.REPORT
+    html = render_stored(Store(settings.database_url()), run_id,
+                         run_dir if run_dir.exists() else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html)
+    return str(path)

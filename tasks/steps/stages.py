@@ -1,0 +1,245 @@
+"""Step stages: run each stage's driver processes on the driver hosts, in plan order.
+
+Per stage: place clients on every driver process, start the processes, wait until all
+are connected and subscribed (readiness barrier), hand them one common start time, sample
+the broker over the same window, and wait for every process to finish within a bound.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import rundir
+from ..analysis.failfast import FailFast, breach, progress_line
+from ..catalog.placement import (
+    ProcessPlan,
+    driver_slots,
+    expected_delivery_rate,
+    place,
+    process_spec,
+    receivers,
+)
+from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
+from ..catalog.stages import Stage, probe
+from ..driver.output import COUNTERS_FILE, PROGRESS_FILE, READY_FILE, START_FILE
+from ..hosts import Host
+from ..run_context import RunContext
+from . import Call
+from .provision import host_cpus, host_pythonpath
+
+READY_TIMEOUT_S = 60.0
+START_LEAD_S = 2  # seconds between the barrier and the common start
+PROGRESS_EVERY_S = 5.0  # live progress lines while a stage runs
+
+
+class StageError(RuntimeError):
+    """A stage could not be run (a driver failed to start or never got ready)."""
+
+
+@dataclass
+class Launched:
+    host: Host
+    plan: ProcessPlan
+    out_dir: str
+    group_pid: int
+
+
+def _put_json(host: Host, document: dict, remote: str) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(document, handle)
+    try:
+        host.put(Path(handle.name), remote)
+    finally:
+        Path(handle.name).unlink()
+
+
+def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> Launched:
+    host = ctx.host(plan.host)
+    out_dir = f"{ctx.remote_run_dir(host)}/{rundir.process_dir(stage.stage_id, plan.host, plan.proc)}"
+    host.mkdir(out_dir)
+    endpoint = {"host": broker["address"], "port": broker["port"]}
+    _put_json(host, process_spec(stage, plan, run_id=ctx.run_id, broker=endpoint),
+              f"{out_dir}/spec.json")
+    argv = ["env", f"PYTHONPATH={host_pythonpath(ctx, plan.host)}", host.python, "-m", "tasks.driver",
+            "--spec", f"{out_dir}/spec.json", "--out", out_dir]
+    return Launched(host, plan, out_dir, host.launch(argv, f"{out_dir}/driver.log"))
+
+
+def _wait_ready(launched: list[Launched], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = list(launched)
+    while waiting and time.monotonic() < deadline:
+        for proc in list(waiting):
+            if proc.host.exists(f"{proc.out_dir}/{READY_FILE}"):
+                waiting.remove(proc)
+            elif proc.host.exit_code(f"{proc.out_dir}/driver.log") is not None:
+                log = proc.host.run(["tail", "-n", "3", f"{proc.out_dir}/driver.log"], check=False)
+                raise StageError(f"driver {proc.plan.host}/{proc.plan.proc} exited before it was "
+                                 f"ready: {log.stdout.strip()}")
+        time.sleep(0.1)
+    if waiting:
+        names = [f"{p.plan.host}/{p.plan.proc}" for p in waiting]
+        raise StageError(f"drivers not ready after {timeout_s:.0f} s: {names}")
+
+
+def _progress(launched: list[Launched]) -> list[dict]:
+    docs = []
+    for proc in launched:
+        text = proc.host.read_file(f"{proc.out_dir}/{PROGRESS_FILE}")
+        try:
+            docs.append(json.loads(text) if text else {})
+        except ValueError:
+            docs.append({})  # being replaced right now: next time
+    return docs
+
+
+def _wait_done(launched: list[Launched], until: float, *, started: float,
+               progress=print, rule: FailFast = FailFast()) -> tuple[dict, str | None]:
+    """Wait for every process to exit; meanwhile say how the stage goes every few seconds
+    and stop it early when a fail-fast rule is broken. (exit codes, fail-fast reason)."""
+    codes: dict[str, int | None] = {}
+    pending = list(launched)
+    stopped, said_at = None, time.monotonic()
+    while pending and time.time() < until:
+        for proc in list(pending):
+            code = proc.host.exit_code(f"{proc.out_dir}/driver.log")
+            if code is not None:
+                codes[f"{proc.plan.host}/{proc.plan.proc}"] = code
+                pending.remove(proc)
+        if pending and time.monotonic() - said_at >= PROGRESS_EVERY_S:
+            said_at = time.monotonic()
+            snapshot = _progress(launched)
+            progress(progress_line(snapshot, max(0.0, time.time() - started)))
+            if stopped is None and (stopped := breach(snapshot, rule)) is not None:
+                progress(f"    stopping the stage: {stopped}")
+                for proc in pending:
+                    proc.host.kill_group(proc.group_pid)  # SIGTERM: partial files are written
+                until = min(until, time.time() + 15)
+        time.sleep(0.2)
+    for proc in pending:  # overran its bound: stop it, the partial files say the rest
+        proc.host.kill_group(proc.group_pid)
+        codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
+    return codes, stopped
+
+
+def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> None:
+    if not broker.get("pid"):
+        return  # an unmanaged broker: perfpipe does not know its process
+    host = ctx.host(broker["host"])
+    out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, broker['host'])}"
+    host.mkdir(out_dir)
+    host.launch(["env", f"PYTHONPATH={host_pythonpath(ctx, broker['host'])}", host.python, "-m",
+                 "tasks.driver.sampler", "--pid", str(broker["pid"]), "--until", str(until),
+                 "--out", out_dir], f"{out_dir}/sampler.log")
+
+
+def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
+    inventory = ctx.inventory
+    plans = place(stage, driver_slots(inventory.driver_procs(host_cpus(ctx))))
+    launched = [_launch(ctx, stage, plan, broker) for plan in plans]
+    ctx.write_json(rundir.processes_file(stage.stage_id),
+                   {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})
+    try:
+        _wait_ready(launched, READY_TIMEOUT_S)
+    except StageError:
+        for proc in launched:
+            proc.host.kill_group(proc.group_pid)
+        raise
+    refused = breach(_progress(launched))  # connection failures show at the barrier
+    if refused:
+        progress(f"    not starting the stage: {refused}")
+        for proc in launched:
+            proc.host.kill_group(proc.group_pid)
+        ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": refused})
+    start_at = int(time.time()) + START_LEAD_S
+    windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
+               "measure_end": start_at + stage.warmup_s + stage.measure_s,
+               "end": start_at + stage.duration_s}
+    expected = expected_delivery_rate(plans)
+    ctx.write_json(rundir.stage_file(stage.stage_id), {
+        "run_id": ctx.run_id, "stage_id": stage.stage_id, "scenario": stage.scenario,
+        "qos": stage.qos, "clients": stage.publishers + stage.subscribers,
+        "windows": windows, "target_publish_rate": stage.target_publish_rate,
+        "expected_delivery_rate": expected, "receivers": receivers(plans),
+        "processes": [{"host": p.host, "proc": p.proc} for p in plans],
+        # no sampler for a refused stage: nothing runs to sample
+        "broker_host": broker["host"] if broker.get("pid") and not refused else None,
+    })
+    if not refused:
+        _start_sampler(ctx, broker, stage, windows["end"])
+    for proc in launched:
+        _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
+    codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
+                                progress=progress)
+    stopped = refused or stopped
+    if stopped:
+        ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": stopped})
+    return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes,
+            "stopped": stopped,
+            "windows": windows, "expected_delivery_rate": expected,
+            "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
+
+
+def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
+    """How a probe stage went, from its processes' per-second counters over the measure
+    window (read straight from the hosts: the search decides before the next probe)."""
+    first, last = ran["windows"]["measure_start"], ran["windows"]["measure_end"]
+    totals = dict.fromkeys(("published", "received", "duplicated", "errors"), 0)
+    for host_name, out_dir in ran["out_dirs"]:
+        text = ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
+        for row in csv.DictReader(io.StringIO(text)):
+            if first <= int(row["second"]) < last:
+                for name in totals:
+                    totals[name] += int(row[name])
+    seconds = last - first
+    offered = stage.target_publish_rate * seconds
+    expected = ran["expected_delivery_rate"] * seconds
+    return ProbeResult(rate=stage.target_publish_rate,
+                       sent_ratio=totals["published"] / offered if offered else 0.0,
+                       received_ratio=(totals["received"] - totals["duplicated"]) / expected
+                       if expected else 0.0, errors=totals["errors"])
+
+
+def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -> dict:
+    """A max-rate search: probe stages at rates chosen by `tasks.catalog.ratesearch` from how the
+    previous probes went. Each probe is recorded in search.json before it runs, so the
+    later steps collect, aggregate and report it like any stage."""
+    search = RateSearch(template.target_publish_rate, SearchPolicy(**template.search))
+    record = ctx.searches()
+    while (rate := search.next_rate()) is not None:
+        stage = probe(template, rate, len(search.probes) + 1)
+        record["probes"].append(stage.to_dict())
+        ctx.write_json(rundir.SEARCH, record)
+        result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
+        kept = search.record(result)
+        progress(f"  probe {stage.stage_id}: {rate:,.0f} msg/s "
+                 f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}")
+    record["outcomes"][template.stage_id] = search.outcome()
+    ctx.write_json(rundir.SEARCH, record)
+    outcome = record["outcomes"][template.stage_id]
+    progress(f"  {template.stage_id}: max rate {outcome['max_rate'] or 0:,.0f} msg/s"
+             + (f" ({outcome['reason']})" if outcome["reason"] else ""))
+    return {"stage_id": template.stage_id, "search": outcome}
+
+
+def run(ctx: RunContext, call: Call) -> list[dict]:
+    """Every planned stage in order (a search template runs its probes); one result per
+    planned stage, each said as it ends."""
+    progress = call.say
+    broker = ctx.broker()
+    results = []
+    for number, stage in enumerate(ctx.stages, 1):
+        progress(f"stage {number}/{len(ctx.stages)} {stage.stage_id}: {stage.publishers} pubs, "
+                 f"{stage.subscribers} subs, {stage.target_publish_rate:g} msg/s, "
+                 f"{stage.duration_s} s")
+        if stage.search is not None:
+            results.append(run_search(ctx, stage, broker, progress))
+        else:
+            results.append(run_stage(ctx, stage, broker, progress))
+    return results

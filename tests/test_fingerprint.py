@@ -1,0 +1,24 @@
+"""One fingerprint hash: the host hash the report shows is the one run fingerprints (what
+comparisons key on) are built from, for a host provisioned for real."""
+
+from __future__ import annotations
+
+import json
+
+from tasks.fingerprint import run_hash
+from tasks.steps.provision import run_fingerprint
+from tasks.steps.report import render_stored
+from tests.conftest import unmanaged_run
+
+
+def test_the_host_hash_the_report_shows_is_the_one_comparisons_key_on(tiny_suite, broker,
+                                                                       tmp_path):
+    ctx = unmanaged_run(tmp_path, broker.port, "tiny")
+
+    written = json.loads((ctx.run_dir / "hosts" / "localhost.json").read_text())
+    (stored,) = ctx.store().fingerprints(ctx.run_id)
+    assert stored["hash"] == written["hash"]  # the store and provisioning agree
+    html = render_stored(ctx.store(), ctx.run_id, ctx.run_dir)
+    assert f">{stored['hash']}<" in html  # the report shows it
+    # and the run fingerprint that stages are compared by is built from that same hash
+    assert run_fingerprint(ctx) == run_hash([stored["hash"]], [], "mosquitto")
