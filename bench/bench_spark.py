@@ -284,7 +284,10 @@ class Generator:
         rss = (40_000_000 + 60_000_000 * level + self.rng.normal(0, 1e6, len(seconds))).astype(int)
         path = stage_dir / BROKER_HOST / "sampler" / SAMPLER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_csv(path, SAMPLER_COLUMNS, zip(seconds.tolist(), cpu.tolist(), rss.tolist()))
+        n = len(seconds)  # one broker process: user CPU only, 8 threads, 100 files, 50 switches/s
+        write_csv(path, SAMPLER_COLUMNS, zip(seconds.tolist(), cpu.tolist(), rss.tolist(),
+                                             cpu.tolist(), [0.0] * n, [1] * n, [8] * n,
+                                             [100] * n, [50.0] * n))
         self.rows["broker"] += len(seconds)
 
 
@@ -331,7 +334,7 @@ def naive(run_dir: Path) -> dict[str, dict]:
         with open(stage_dir / BROKER_HOST / "sampler" / SAMPLER_FILE, newline="") as handle:
             reader = csv.reader(handle)
             next(reader)
-            for second, cpu_pct, _rss in reader:
+            for second, cpu_pct, *_ in reader:
                 if lo <= int(second) < hi:
                     cpu.append(float(cpu_pct))
         metrics = {"delivered_rate": delivered / (hi - lo),

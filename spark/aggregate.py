@@ -5,8 +5,8 @@
 
 Input is the raw-output contract of `tasks.driver.output`: ``RUN_DIR/raw/<stage>/stage.json``
 (what the orchestrator intended), ``RUN_DIR/raw/<stage>/<host>/<proc>/{counters.csv,
-histograms.csv,summary.json}`` for every driver process and
-``RUN_DIR/raw/<stage>/<broker_host>/sampler/broker.csv``.
+histograms.csv,summary.json}`` for every driver process and the broker sampler's
+``RUN_DIR/raw/<stage>/<broker_host>/sampler/`` (a row a second: read on the driver).
 
 The heavy part runs on Spark: the CSVs of one kind, of every stage and process, are one
 text scan whose lines are split and cast to the contract's typed columns (`parse_lines`);
@@ -14,8 +14,8 @@ malformed rows are counted (and named per file when there are any) and dropped, 
 kept or dropped by their ``second`` column against the stage's measure window
 [measure_start, measure_end), counters are summed per (stage, second) and histogram bucket
 counts per (stage, kind, bucket) (first per file and window segment, then joined to the
-stage: `aggregate_histograms`). The three datasets are planned and summed in threads
-of their own (`read_and_sum`), so the small ones run while the histogram scan keeps the
+stage: `aggregate_histograms`). The two datasets are planned and summed in threads
+of their own (`read_and_sum`), so the counters run while the histogram scan keeps the
 cores busy. ``--timings FILE`` writes the phases' durations
 (bench/bench_spark.py times the job on a generated hour of driver output).
 Only those small sums reach the driver, where percentiles are read from the summed buckets
@@ -66,13 +66,13 @@ from tasks.driver.output import (
     COUNTER_COLUMNS,
     HISTOGRAM_COLUMNS,
     HISTOGRAM_KINDS,
-    SAMPLER_COLUMNS,
 )
 from tasks.rundir import STAGE_METRICS_JSON as JSON_FILE
 from tasks.rundir import STAGE_METRICS_PARQUET as PARQUET_DIR
 
 WHOLE_STAGE_KINDS = ("connect", "subscribe")  # happen before the window: use every second
-_COLUMN_TYPES = {"kind": T.StringType(), "cpu_pct": T.DoubleType()}  # others are integers
+_COLUMN_TYPES = {"kind": T.StringType()}  # others are integers
+SESSION_SETTINGS = ("spark.sql.shuffle.partitions", "spark.sql.session.timeZone")  # per session
 SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
@@ -225,18 +225,6 @@ def aggregate_histograms(data: Dataset) -> list[Row]:
                  F.sum("malformed").alias("malformed")).collect())
 
 
-def aggregate_broker(data: Dataset) -> list[Row]:
-    """Broker CPU and RSS over the samples inside the measure window, per stage."""
-    frame = data.tagged().withColumn("inside", F.col("valid") & _in_window())
-    return frame.groupBy("stage_id").agg(
-        F.count(_if("inside", "second")).alias("samples"),
-        F.avg(_if("inside", "cpu_pct")).alias("cpu_avg"),
-        F.max(_if("inside", "cpu_pct")).alias("cpu_max"),
-        F.avg(_if("inside", "rss_bytes")).alias("rss_avg"),
-        F.max(_if("inside", "rss_bytes")).alias("rss_max"), _malformed(),
-    ).collect()
-
-
 def count_malformed(data: Dataset, stage_ids: list[str]) -> list[tuple[str, str, int]]:
     """(stage_id, file URI, rows) of rows that did not parse; run only when some did not."""
     bad = (data.tagged().filter(F.col("stage_id").isin(*stage_ids))
@@ -270,13 +258,6 @@ def collect_histograms(sums: Sums, rows: list[Row]) -> None:
             kinds.setdefault(row["kind"], {})[row["bucket"]] = row["count"]
 
 
-def collect_broker(sums: Sums, rows: list[Row]) -> None:
-    for row in rows:
-        sums.flag("broker", row)
-        if row["samples"]:
-            sums.broker[row["stage_id"]] = row.asDict()
-
-
 def report_malformed(stages: list[StageFiles], bad: list[tuple[str, str, int]]) -> None:
     by_id = {s.stage_id: s for s in stages}
     for stage_id, uri, rows in bad:
@@ -290,7 +271,6 @@ def report_malformed(stages: list[StageFiles], bad: list[tuple[str, str, int]]) 
 _DATASETS = (
     ("counters", COUNTER_COLUMNS, aggregate_counters, collect_counters),
     ("histograms", HISTOGRAM_COLUMNS, aggregate_histograms, collect_histograms),
-    ("broker", SAMPLER_COLUMNS, aggregate_broker, collect_broker),
 )
 
 
@@ -299,7 +279,7 @@ def read_and_sum(spark: SparkSession, stages: list[StageFiles]) -> tuple[Sums, d
     """Plan each dataset's scan and run its job in a thread of its own, histograms first.
 
     Locally the job's time goes to a cold JVM: planning and code generation on the driver
-    and the first job's fixed cost. In threads, the small counters and broker datasets are
+    and the first job's fixed cost. In threads, the small counters dataset is
     planned and summed while the histogram scan keeps both cores busy, instead of one after
     the other. Results are handed to the driver-side code in the fixed order of _DATASETS,
     so the output does not depend on which job finished first. Returns the sums, the
@@ -355,9 +335,19 @@ def write_parquet(spark: SparkSession, out_dir: Path, document: dict) -> None:
 
 
 # ---- entry point -------------------------------------------------------------------------
+def is_connect(master: str | None) -> bool:
+    """A Spark Connect URL (sc://HOST:PORT) rather than a master."""
+    return bool(master) and master.startswith("sc://")
+
+
 def build_session(master: str | None) -> SparkSession:
     """A small local session: few partitions, no UI, WARN logs (sized for 2 cores)."""
     warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
+    if is_connect(master):  # Spark Connect: a client of a running Spark
+        spark = SparkSession.builder.remote(master).getOrCreate()
+        for key in SESSION_SETTINGS:
+            spark.conf.set(key, SPARK_SETTINGS[key])
+        return spark
     builder = SparkSession.builder.appName("perfpipe-aggregate")
     for key, value in SPARK_SETTINGS.items():
         builder = builder.config(key, value)
@@ -376,7 +366,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--stage", action="append", metavar="STAGE_ID",
                         help="aggregate only this stage (repeatable); default: all of raw/")
-    parser.add_argument("--master", help="Spark master, e.g. local[*] (default: spark-submit's)")
+    parser.add_argument("--master", help="Spark master, e.g. local[*] (default: spark-submit's), "
+                        "or a Spark Connect server, sc://HOST:PORT (run with python, not "
+                        "spark-submit: the job is then a client of that Spark)")
     parser.add_argument("--timings", type=Path, metavar="FILE",
                         help="write the phases' Unix timestamps and durations here as JSON "
                              "(bench/bench_spark.py)")
@@ -410,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, document)
     write_parquet(spark, args.out, document)
     ends["write"] = time.time()
-    master = spark.sparkContext.master
+    master = args.master if is_connect(args.master) else spark.sparkContext.master
     spark.stop()
     ends["stop"] = time.time()
     if args.timings:

@@ -1,15 +1,17 @@
 """The small files of a run's raw output, read and checked on the Spark driver: each
-stage's ``stage.json`` and every process's ``summary.json``, and whether every CSV the
-job will scan is there and whole.
+stage's ``stage.json``, every process's ``summary.json``, the broker sampler's per-second
+rows (one row a second from one host: `read_samples`), and whether every CSV the job will
+scan is there and whole.
 
 A listed process without summary.json, a missing/empty/truncated CSV or a driver that
 reported an error makes the stage "incomplete"; a clock offset over
-`CLOCK_OFFSET_LIMIT_S` is a problem line. Every reason is a "problems" line of the stage.
-Plain Python: no Spark here.
+`CLOCK_OFFSET_LIMIT_S` or broker samples that are missing is a problem line. Every reason
+is a "problems" line of the stage. Plain Python: no Spark here.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +19,13 @@ from pathlib import Path
 from tasks.driver.output import (
     COUNTERS_FILE,
     HISTOGRAMS_FILE,
+    HOST_COLUMNS,
+    HOST_FILE,
+    SAMPLER_COLUMNS,
     SAMPLER_FILE,
     STAGE_FILE,
+    STATS_COLUMNS,
+    STATS_FILE,
     SUMMARY_FILE,
 )
 from tasks.rundir import RAW_DIR
@@ -39,8 +46,11 @@ class StageFiles:
     incomplete: bool = False
     summaries: list[dict] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    files: dict[str, list[Path]] = field(default_factory=dict)  # counters/histograms/broker
+    files: dict[str, list[Path]] = field(default_factory=dict)  # counters/histograms
     labels: dict[str, str] = field(default_factory=dict)  # resolved file path -> "host/proc"
+    # the broker sampler's rows inside the measure window: "broker" (its processes),
+    # "host" (its host), "stats" (its own view); column -> number or None
+    samples: dict[str, list[dict]] = field(default_factory=dict)
 
     def problem(self, text: str, incomplete: bool = False, notice: bool = True) -> None:
         """Record a problem; `incomplete` ones (and status-setting ones) are listed first."""
@@ -135,13 +145,53 @@ def _check_process(stage: StageFiles, stage_dir: Path, host: str, proc: str, lis
     _check_csv(stage, "histograms", proc_dir / HISTOGRAMS_FILE, label)
 
 
-def _check_broker(stage: StageFiles, stage_dir: Path) -> None:
+SAMPLE_FILES = {"broker": (SAMPLER_FILE, SAMPLER_COLUMNS), "host": (HOST_FILE, HOST_COLUMNS),
+                "stats": (STATS_FILE, STATS_COLUMNS)}
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text) if text != "" else None
+    except ValueError:
+        return None
+
+
+def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int]) -> list[dict]:
+    """The rows of a sampler CSV inside [start, end): column -> float, or None where empty.
+    Raises ValueError on a header that is not the contract's."""
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(rows[0]) != columns:
+        raise ValueError(f"header is not {','.join(columns)}")
+    start, end = window
+    out = []
+    for row in rows[1:]:
+        if len(row) == len(columns) and (second := _number(row[0])) is not None \
+                and start <= second < end:
+            out.append({c: _number(v) for c, v in zip(columns, row)})
+    return out
+
+
+def _check_samples(stage: StageFiles, stage_dir: Path) -> None:
+    """The broker sampler's files named by stage.json's ``sampler`` (processes, host, stats)."""
     host = stage.doc.get("broker_host")
     if not host:
         stage.problem("no broker samples: broker_host is null in stage.json")
         return
-    _check_csv(stage, "broker", stage_dir / str(host) / SAMPLER_DIR / SAMPLER_FILE,
-               f"{host}/{SAMPLER_DIR}")
+    sampled = stage.doc.get("sampler") or {"processes": True}
+    wanted = {"broker": sampled.get("processes"), "host": sampled.get("host"),
+              "stats": sampled.get("stats")}
+    for kind, (name, columns) in SAMPLE_FILES.items():
+        if not wanted[kind] or stage.window is None:
+            continue
+        path = stage_dir / str(host) / SAMPLER_DIR / name
+        try:
+            stage.samples[kind] = read_samples(path, columns, stage.window)
+        except FileNotFoundError:
+            stage.problem(f"no {name} from the broker sampler on {host} ({kind}: "
+                          f"{wanted[kind]})")
+        except (OSError, ValueError) as exc:
+            stage.problem(f"unreadable {name} on {host}: {exc}")
 
 
 def load_stage(raw_dir: Path, stage_id: str) -> StageFiles:
@@ -160,7 +210,7 @@ def load_stage(raw_dir: Path, stage_id: str) -> StageFiles:
     listed = _listed_processes(stage)
     for host, proc in sorted(listed | _process_dirs(stage_dir)):
         _check_process(stage, stage_dir, host, proc, (host, proc) in listed)
-    _check_broker(stage, stage_dir)
+    _check_samples(stage, stage_dir)
     return stage
 
 

@@ -1,6 +1,7 @@
 """Per-stage metrics from what Spark summed: rates and series of the measure window,
 loss, whole-stage counters, connection rate, driver CPU, latency percentiles from the
-summed histogram buckets, broker CPU/RSS, and the stage's entry of stage_metrics.json.
+summed histogram buckets, the broker's CPU, RSS and cost per message from its sampler's
+rows, and the stage's entry of stage_metrics.json.
 Plain Python on small tables: no Spark here.
 
 Metric names are those of `tasks.metrics.METRICS`; a metric that cannot be computed is
@@ -32,7 +33,6 @@ class Sums:
     whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
     totals: dict[str, dict[str, int]] = field(default_factory=dict)
     histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
-    broker: dict[str, dict] = field(default_factory=dict)
     malformed: dict[str, set[str]] = field(default_factory=dict)  # dataset -> stage ids
 
     def flag(self, dataset: str, row: Mapping) -> None:
@@ -166,13 +166,73 @@ def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
     return metrics
 
 
-def broker_metrics(stage: StageFiles, broker: dict | None, delivered_rate: float | None) -> dict:
-    if not broker:
-        if stage.files.get("broker"):
-            stage.problem("no broker samples in the measure window")
-        return {}
-    metrics = {f"broker_{k}": broker[k] for k in ("cpu_avg", "cpu_max", "rss_avg", "rss_max")}
-    metrics["broker_cpu_per_10k"] = _ratio(broker["cpu_avg"], (delivered_rate or 0) / 10000)
+def _column(rows: list[dict], column: str) -> list[float]:
+    return [r[column] for r in rows if r.get(column) is not None]
+
+
+def _avg(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _max(values: list[float]) -> float | None:
+    return max(values) if values else None
+
+
+def _broker_source(stage: StageFiles) -> tuple[str, list[dict]]:
+    """Where the broker's CPU and RSS come from, and those rows: its processes, else what it
+    reports itself, else its host when the broker has that host to itself."""
+    processes = [r for r in stage.samples.get("broker", []) if r.get("processes")]
+    if processes:
+        return "processes", processes
+    if stage.samples.get("broker"):
+        stage.problem("the broker sampler found none of the broker's processes "
+                      f"({(stage.doc.get('sampler') or {}).get('processes')})")
+    own = [r for r in stage.samples.get("stats", []) if r.get("cpu_pct") is not None]
+    if own:
+        return "its own metrics", own
+    if (stage.doc.get("sampler") or {}).get("dedicated") and stage.samples.get("host"):
+        return "its host", [{**r, "rss_bytes": r.get("mem_used_bytes")}
+                            for r in stage.samples["host"]]
+    return "nothing", []
+
+
+def broker_metrics(stage: StageFiles, delivered_rate: float | None) -> dict:
+    """The broker over the measure window: CPU, RSS and what a message costs, from the best
+    source `_broker_source` finds (said in a problem line when it is not its processes),
+    plus its processes' detail, its own counts and its host."""
+    source, rows = _broker_source(stage)
+    if source not in ("processes", "nothing"):
+        stage.problem(f"broker CPU and RSS from {source}: its processes were not sampled",
+                      notice=False)
+    metrics = {}
+    if rows:
+        cpu, rss = _column(rows, "cpu_pct"), _column(rows, "rss_bytes")
+        metrics.update(broker_cpu_avg=_avg(cpu), broker_cpu_max=_max(cpu),
+                       broker_rss_avg=_avg(rss), broker_rss_max=_max(rss))
+        # CPU-seconds per second, over messages per second, for 10,000 messages
+        metrics["broker_cpu_s_per_10k"] = _ratio(
+            None if metrics["broker_cpu_avg"] is None else metrics["broker_cpu_avg"] / 100,
+            (delivered_rate or 0) / 10_000)
+        metrics["broker_rss_per_1k_conn"] = _ratio(metrics["broker_rss_avg"],
+                                                   (stage.doc.get("clients") or 0) / 1000)
+    elif stage.doc.get("broker_host"):
+        stage.problem("no broker CPU or RSS in the measure window")
+    if source == "processes":
+        metrics.update(
+            broker_cpu_user_avg=_avg(_column(rows, "cpu_user_pct")),
+            broker_cpu_sys_avg=_avg(_column(rows, "cpu_sys_pct")),
+            broker_processes=_max(_column(rows, "processes")),
+            broker_threads_max=_max(_column(rows, "threads")),
+            broker_open_files_max=_max(_column(rows, "open_files")),
+            broker_ctx_switches_per_s=_avg(_column(rows, "ctx_switches_per_s")))
+    own = stage.samples.get("stats", [])
+    metrics.update(broker_connections_max=_max(_column(own, "connections")),
+                   broker_backlog_max=_max(_column(own, "backlog")))
+    host = stage.samples.get("host", [])
+    metrics.update(host_cpu_avg=_avg(_column(host, "cpu_pct")),
+                   host_mem_used_max=_max(_column(host, "mem_used_bytes")),
+                   host_net_rx_avg=_avg(_column(host, "net_rx_bytes_per_s")),
+                   host_net_tx_avg=_avg(_column(host, "net_tx_bytes_per_s")))
     return metrics
 
 
@@ -196,8 +256,7 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         metrics.update(connect_metrics(stage))
         metrics.update(driver_metrics(stage))
         metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
-        metrics.update(broker_metrics(stage, sums.broker.get(stage.stage_id),
-                                      metrics["delivered_rate"]))
+        metrics.update(broker_metrics(stage, metrics["delivered_rate"]))
     unknown = set(metrics) - set(METRICS)
     if unknown:
         raise KeyError(f"metrics missing from tasks.metrics: {sorted(unknown)}")

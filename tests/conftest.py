@@ -43,7 +43,7 @@ class Broker:
         conf = workdir / "mosquitto.conf"
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
                         "persistence false\nmax_queued_messages 1000000\n"
-                        "max_inflight_messages 0\nlog_dest stderr\n" + extra_conf)
+                        "max_inflight_messages 0\nsys_interval 1\nlog_dest stderr\n" + extra_conf)
         self.log = open(workdir / "mosquitto.log", "w")
         self.process = subprocess.Popen([mosquitto_binary(), "-c", str(conf)],
                                         stdout=self.log, stderr=subprocess.STDOUT)
@@ -98,6 +98,46 @@ def perfpipe_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                  "PERFPIPE_SCENARIOS_DIR", "PERFPIPE_SUITE"):
         monkeypatch.delenv(name, raising=False)
     return state
+
+
+@pytest.fixture(scope="session")
+def spark_connect_server(tmp_path_factory):
+    """A Spark Connect server for the whole session, on a free loopback port: pipeline runs
+    pointed at it (PERFPIPE_SPARK_MASTER=sc://...) run the real Spark job as its client and
+    skip a JVM start each. spark-submit stays what the DAG tests and test_aggregate run."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    work = tmp_path_factory.mktemp("spark-connect")
+    port = free_port()
+    env = {**os.environ, "SPARK_HOME": str(home), "SPARK_PID_DIR": str(work),
+           "SPARK_LOG_DIR": str(work), "SPARK_IDENT_STRING": f"perfpipe-test-{port}"}
+    subprocess.run([str(home / "sbin" / "start-connect-server.sh"), "--master", "local[2]",
+                    "--conf", "spark.ui.enabled=false", "--conf",
+                    "spark.connect.grpc.binding.address=127.0.0.1",
+                    "--conf", f"spark.connect.grpc.binding.port={port}"],
+                   env=env, check=True, capture_output=True, timeout=60)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.25)
+        else:
+            pytest.fail(f"Spark Connect did not listen on {port}: see {work}")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(home / "sbin" / "stop-connect-server.sh")], env=env,
+                       capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def spark_connect(spark_connect_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This test's pipeline runs aggregate on the session's Spark Connect server."""
+    monkeypatch.setenv("PERFPIPE_SPARK_MASTER", spark_connect_server)
+    return spark_connect_server
 
 
 @pytest.fixture

@@ -169,10 +169,11 @@ def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
 
 
 def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect) -> None:
-    rows = [(s, 999.0, 10**12) for s in OUTSIDE]
+    # second, cpu %, rss, user %, sys %, processes, threads, open files, context switches/s
+    rows = [(s, 999.0, 10**12, 999.0, 0.0, 1, 4, 10, 5.0) for s in OUTSIDE]
     for second in MEASURE:
         cpu, rss = round(float(rng.uniform(20, 90)), 2), int(rng.integers(10**7, 10**8))
-        rows.append((second, cpu, rss))
+        rows.append((second, cpu, rss, cpu, 0.0, 1, 4, 10, 5.0))
         expect.cpu.append(cpu)
         expect.rss.append(rss)
     (stage_dir / "h1" / "sampler").mkdir(parents=True)
@@ -429,8 +430,8 @@ def test_broker_metrics_from_window_samples(run: Run):
     assert metrics["broker_cpu_max"] == max(expect.cpu)
     assert metrics["broker_rss_avg"] == pytest.approx(np.mean(expect.rss), rel=1e-9)
     assert metrics["broker_rss_max"] == max(expect.rss)
-    per_10k = np.mean(expect.cpu) / (metrics["delivered_rate"] / 10_000)
-    assert metrics["broker_cpu_per_10k"] == pytest.approx(per_10k, rel=1e-8)
+    per_10k = np.mean(expect.cpu) / 100 / (metrics["delivered_rate"] / 10_000)  # CPU-seconds
+    assert metrics["broker_cpu_s_per_10k"] == pytest.approx(per_10k, rel=1e-8)
 
 
 def test_clock_offset_is_reported(run: Run):

@@ -55,12 +55,13 @@ def test_unknown_kind_is_refused_by_the_inventory():
 # ---- RabbitMQ (pure parts; the real start is tests/test_rabbitmq.py) ---------------------
 
 def test_rabbitmq_config_binds_mqtt_to_the_run_and_amqp_to_loopback():
-    text = render_config("10.250.77.11", 41883, 45672)
+    text = render_config("10.250.77.11", 41883, 45672, 45692)
     lines = set(text.splitlines())
     assert "mqtt.listeners.tcp.default = 10.250.77.11:41883" in lines
     assert "listeners.tcp.default = 127.0.0.1:45672" in lines
     assert {"mqtt.allow_anonymous = true", "loopback_users.guest = false",
             "log.file.level = warning"} <= lines
+    assert {"prometheus.tcp.ip = 10.250.77.11", "prometheus.tcp.port = 45692"} <= lines
 
 
 def test_rabbitmq_node_is_private_to_the_run_folder():

@@ -19,9 +19,10 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tasks.brokers import BrokerError
-from tasks.brokers.mosquitto import Mosquitto, health_check, make_certificates
-from tasks.brokers.tls import GENERATED_CA
-from tasks.driver import sampler
+from tasks.brokers.health import health_check
+from tasks.brokers.mosquitto import Mosquitto
+from tasks.brokers.tls import GENERATED_CA, make_certificates
+from tasks.driver import broker_stats, sampler
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
 from tasks.hosts import LocalHost
 from tasks.steps.broker import tls_wanted
@@ -94,9 +95,9 @@ def test_the_sampler_records_sys_next_to_cpu_and_rss(tls_broker, tmp_path):
     with open(out / SAMPLER_FILE) as handle:
         rows = list(csv.reader(handle))
     assert tuple(rows[0]) == SAMPLER_COLUMNS  # the Spark contract, unchanged
-    with open(out / sampler.SYS_FILE) as handle:
+    with open(out / broker_stats.SYS_FILE) as handle:
         sys_rows = list(csv.DictReader(handle))
-    assert tuple(sys_rows[0]) == sampler.SYS_COLUMNS
+    assert tuple(sys_rows[0]) == broker_stats.SYS_COLUMNS
     assert [r["second"] for r in sys_rows] == [r[0] for r in rows[1:]]  # the same seconds
     last = sys_rows[-1]
     assert int(last["clients_connected"]) >= 2  # the publisher and the sampler itself
@@ -109,10 +110,10 @@ def test_the_sampler_finds_the_plain_listener_in_the_broker_config():
     config = ("user mosquitto\nlistener 8883 10.0.0.1\ncafile /x/ca.pem\ncertfile /x/s.pem\n"
               "keyfile /x/s.key\nlistener 1883 10.0.0.1\nallow_anonymous true\n"
               "listener 9001\nprotocol websockets\n")
-    assert sampler.plain_listener(config) == ("10.0.0.1", 1883)
-    assert sampler.plain_listener("listener 1884\n") == ("127.0.0.1", 1884)
-    assert sampler.plain_listener("port 1885\n") == ("127.0.0.1", 1885)
-    assert sampler.plain_listener("listener 8883\ncertfile /s.pem\n") is None
+    assert broker_stats.plain_listener(config) == ("10.0.0.1", 1883)
+    assert broker_stats.plain_listener("listener 1884\n") == ("127.0.0.1", 1884)
+    assert broker_stats.plain_listener("port 1885\n") == ("127.0.0.1", 1885)
+    assert broker_stats.plain_listener("listener 8883\ncertfile /s.pem\n") is None
 
 
 def test_sys_rows_derive_rates_from_updates_and_backlog():
@@ -122,11 +123,11 @@ def test_sys_rows_derive_rates_from_updates_and_backlog():
                 "$SYS/broker/store/messages/count": str(store),
                 "$SYS/broker/retained messages/count": "52"}
 
-    rows = [sampler.sys_row(10, values(100, 100, 60), None)]
+    rows = [broker_stats.sys_row(10, values(100, 100, 60), None)]
     # Mosquitto updates $SYS every other second with sys_interval 1
     for second, (uptime, received, store) in enumerate(
             [(100, 100, 60), (102, 600, 52), (102, 600, 52), (104, 1100, 53)], start=11):
-        rows.append(sampler.sys_row(second, values(uptime, received, store), rows[-1]))
+        rows.append(broker_stats.sys_row(second, values(uptime, received, store), rows[-1]))
     assert [r["pub_received_per_s"] for r in rows] == [None, None, 250, 250, 250]
     assert [r["queued_messages"] for r in rows] == [8, 8, 0, 0, 1]
     assert rows[-1]["broker_uptime_s"] == 104

@@ -3,7 +3,9 @@
 perfpipe starts a private RabbitMQ node on this machine (Debian's rabbitmq-server 3.10,
 installed by `make deps`), the tiny suite drives QoS 0 and QoS 1 stages through it, and
 teardown stops it. The node takes 5-15 s to start (more on a busy machine): the test
-reads the measured start time from broker.json, prints it and bounds it.
+reads the measured start time from broker.json, prints it and bounds it. A second test
+runs the pipeline against a node somebody else started, reachable only over the network:
+its cost comes from its own Prometheus endpoint (the bundled rabbitmq_prometheus plugin).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sql import Store
+from tasks.driver.output import SAMPLER_FILE, STATS_FILE
 from tests.checks import assert_plausible
 
 START_BOUND_S = 60.0
@@ -49,7 +52,7 @@ def bystander_epmd():
 
 
 def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_path: Path,
-                                                                 bystander_epmd, capsys):
+                                                                 bystander_epmd, capsys, spark_connect):
     from tasks.brokers.rabbitmq import RabbitMQ
     from tasks.hosts import LocalHost
     from tasks.pipeline import run_pipeline
@@ -80,7 +83,8 @@ def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_
     assert state["version"] == state["running_version"] == installed
     assert state["connect_s"] < 5
     assert state["base"].startswith(str(run_dir))  # config, Mnesia, logs in the run folder
-    assert (run_dir / "broker" / "enabled_plugins").read_text() == "[rabbitmq_mqtt].\n"
+    assert (run_dir / "broker" / "enabled_plugins").read_text() == \
+        "[rabbitmq_mqtt,rabbitmq_prometheus].\n"
     assert (run_dir / "broker" / "mnesia" / state["node"]).is_dir()
     with capsys.disabled():
         print(f"\nRabbitMQ start (launch to first CONNACK): {state['start_s']:.1f} s; "
@@ -97,3 +101,55 @@ def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_
         assert not listening(port), f"{name} port {port} still listens"
     assert bystander_epmd.poll() is None, "perfpipe stopped an epmd it did not start"
     assert epmd_pids() == epmd_before  # its own epmd is gone, every other one still runs
+    # the node's own account of its CPU (Prometheus) against /proc: the same within a third
+    for stage in stages:
+        sampler = run_dir / "raw" / stage["stage_id"] / "localhost" / "sampler"
+        own = mean_column(sampler / STATS_FILE, "cpu_pct")
+        assert own == pytest.approx(mean_column(sampler / SAMPLER_FILE, "cpu_pct"), rel=0.35)
+
+
+def mean_column(path: Path, column: str) -> float:
+    import csv
+
+    with open(path) as handle:
+        values = [float(r[column]) for r in csv.DictReader(handle) if r[column]]
+    return sum(values) / len(values)
+
+
+def test_a_node_reachable_only_over_the_network_is_costed_from_its_prometheus_endpoint(
+        tiny_suite, tmp_path: Path, spark_connect):
+    """Somebody else's node (started here with the adapter, outside any run), no broker host
+    in the inventory: the sampler reads the node's Prometheus endpoint from a driver host."""
+    from tasks.brokers.rabbitmq import RabbitMQ
+    from tasks.hosts import LocalHost
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    host = LocalHost()
+    adapter, port = RabbitMQ(host), host.free_port()
+    node = adapter.start(str(tmp_path / "someone-elses-node"), "127.0.0.1", port)
+    try:
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(
+            "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+            f"broker: {{kind: rabbitmq, managed: false, address: 127.0.0.1, port: {port}, "
+            f"metrics_url: 'http://127.0.0.1:{node['metrics_port']}/metrics'}}\n")
+        outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory,
+                               say=lambda _: None)
+        assert listening(port), "perfpipe stopped a broker it did not start"
+    finally:
+        adapter.stop(node["group_pid"])
+    stages = assert_plausible(Store(load_settings().database_url()), outcome.run_id)
+    for stage in stages:
+        metrics = stage["metrics"]
+        assert metrics["broker_cpu_avg"] > 0 and metrics["broker_rss_avg"] > 10_000_000
+        cost = metrics["broker_cpu_avg"] / 100 / (metrics["delivered_rate"] / 10_000)
+        assert metrics["broker_cpu_s_per_10k"] == pytest.approx(cost, rel=1e-6)
+        assert metrics["broker_connections_max"] >= 21  # 20 publishers and a subscriber
+        assert metrics["broker_backlog_max"] is not None  # its queue depth
+        assert metrics["broker_processes"] is None and metrics["host_cpu_avg"] is None
+    job = json.loads((Path(outcome.report).parent / "metrics" / "stage_metrics.json").read_text())
+    assert all("broker CPU and RSS from its own metrics: its processes were not sampled"
+               in stage["problems"] for stage in job["stages"])  # the source is said
+    report = Path(outcome.report).read_text()
+    assert "broker CPU-s / 10K msgs" in report

@@ -84,6 +84,7 @@ def verify_heap(options: list[str], running: dict[str, int], host_name: str) -> 
 class ActiveMQ(BrokerAdapter):
     kind = "activemq"
     title = "ActiveMQ"
+    process_pattern = r"activemq\.jar"  # its JVM (JMX, its own statistics, is off)
 
     def version(self) -> str:
         out = self.host.run(["sh", "-c", "ls /usr/share/java/activemq-broker-*.jar"], check=False)

@@ -22,6 +22,14 @@ class BrokerAdapter:
     kind = ""  # the inventory's broker.kind
     title = ""  # the broker's name for people
     supports_tls = False  # the broker step can give a broker it starts a TLS listener
+    # the command line of its processes, to find a broker perfpipe did not start on its host
+    # (`tasks.driver.procfs`; the inventory's broker.processes names another way)
+    process_pattern: str | None = None
+    # its own Prometheus endpoint (port and path on the broker's address), and where each
+    # column of the broker's own view comes from (`tasks.driver.broker_stats`)
+    metrics_port: int | None = None
+    metrics_path = "/metrics"
+    prometheus: dict[str, str] = {}
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host
@@ -47,3 +55,21 @@ class BrokerAdapter:
         """The running broker's version over the network ($SYS/broker/version), or
         "unknown"."""
         return sys_version(address, port)
+
+    def stats_args(self, state: dict, metrics_url: str | None = None) -> list[str]:
+        """The broker sampler's arguments that read the broker's own view while a stage runs
+        (`tasks.driver.sampler`): its Prometheus endpoint (`metrics_url`, else the adapter's
+        port on the broker's address, or the port the adapter opened), or nothing."""
+        port = state.get("metrics_port") or self.metrics_port
+        url = metrics_url or (port and f"http://{url_host(state['address'])}:{port}"
+                                       f"{self.metrics_path}")
+        if not self.prometheus or not url:
+            return []
+        return ["--prometheus", url,
+                *(arg for column, source in self.prometheus.items()
+                  for arg in ("--prom", f"{column}={source}"))]
+
+
+def url_host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address

@@ -36,10 +36,6 @@ def http_json(url: str, timeout_s: float = 3.0) -> dict | None:
     return body if isinstance(body, dict) else None
 
 
-def url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
 class ConfigOnlyBroker(BrokerAdapter):
     """Base of the configuration-only adapters (see the module docstring)."""
 

@@ -23,7 +23,8 @@ Benchmark settings, each against a default that would distort a measurement:
 
 from __future__ import annotations
 
-from .config_only import ConfigOnlyBroker, http_json, url_host
+from .base import url_host
+from .config_only import ConfigOnlyBroker, http_json
 from .sys_topics import version_number
 
 IMAGE = "emqx/emqx:5.8.6"  # docker-compose.yml's emqx service (tests check they agree)
@@ -56,6 +57,15 @@ class Emqx(ConfigOnlyBroker):
                    f"`python -m tasks.brokers.render emqx`) and set managed: false with its "
                    f"address and port")
     sys_stats_topics = ("$SYS/brokers/+/stats/#",)
+    process_pattern = r"beam\.smp.*emqx"
+    # /api/v5/prometheus/stats on the dashboard port (the erlang_vm_* collectors must be
+    # enabled for the node's CPU: prometheus.collectors.vm_statistics = enabled)
+    metrics_port = DASHBOARD_PORT
+    metrics_path = "/api/v5/prometheus/stats"
+    prometheus = {"cpu_seconds": "erlang_vm_statistics_runtime_milliseconds*0.001",
+                  "rss_bytes": "erlang_vm_memory_bytes_total",
+                  "connections": "emqx_connections_count",
+                  "delivered": "emqx_messages_delivered"}
 
     def version(self) -> str:
         address = getattr(self.host, "address", "127.0.0.1")

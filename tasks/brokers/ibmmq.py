@@ -111,6 +111,9 @@ class IbmMq(ConfigOnlyBroker):
                    "of `python -m tasks.brokers.render ibmmq` on the queue manager host, then set "
                    "managed: false with the channel's address and port")
     sys_stats_topics = ()  # MQXR publishes no $SYS topics
+    # the queue manager's processes and the MQXR JVM (its resource-usage topics,
+    # $SYS/MQ/INFO/QMGR/..., are PCF messages for MQI clients, not readable over MQTT)
+    process_pattern = r"\b(amqzxma0|amqzlaa0|amqzmuc0|amqzmur0|amqrmppa|amqfqpub|runmqchi)\b|MQXR"
 
     def version(self) -> str:
         if self.host is None:

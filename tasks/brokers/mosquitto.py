@@ -32,10 +32,12 @@ from .tls import CA_FILE, CERT_FILE, KEY_FILE, make_certificates
 MOSQUITTO_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "mosquitto")
 
 
-def render_config(port: int, bind: str, tls: dict | None = None) -> str:
+def render_config(port: int, bind: str, tls: dict | None = None,
+                  extra: list[str] = ()) -> str:
     """A mosquitto.conf for benchmarking: no persistence, queues large enough not to discard,
     $SYS every second; `tls` ({port, cafile, certfile, keyfile, user}) adds a TLS listener
-    (`user`: who Mosquitto runs as when started as root, if not its default)."""
+    (`user`: who Mosquitto runs as when started as root, if not its default); `extra`
+    lines (the inventory's broker.extra_config) come last."""
     lines = [f"user {tls['user']}"] if tls and tls.get("user") else []
     lines += [
         f"listener {port} {bind}",
@@ -55,13 +57,18 @@ def render_config(port: int, bind: str, tls: dict | None = None) -> str:
             f"certfile {tls['certfile']}",
             f"keyfile {tls['keyfile']}",
         ]
-    return "\n".join(lines + [""])
+    return "\n".join(lines + list(extra) + [""])
 
 
 class Mosquitto(BrokerAdapter):
     kind = "mosquitto"
     title = "Mosquitto"
     supports_tls = True
+    process_pattern = r"(^|/)mosquitto( |$)"
+
+    def stats_args(self, state: dict, metrics_url: str | None = None) -> list[str]:
+        """Its own view comes from $SYS on the address and plain port clients use."""
+        return ["--sys", f"{state['address']}:{state['port']}"]
 
     def binary(self) -> str:
         for candidate in MOSQUITTO_BINARIES:
@@ -115,7 +122,8 @@ class Mosquitto(BrokerAdapter):
                 "user": user}
 
     def start(self, run_dir: str, address: str, port: int, *, tls_port: int | None = None,
-              tls_names: list[str] | None = None, local_dir: Path | None = None) -> dict:
+              tls_names: list[str] | None = None, local_dir: Path | None = None,
+              extra_config: list[str] = ()) -> dict:
         """Write the config, start the broker detached, wait until it answers CONNECT (and,
         with `tls_port`, a CONNECT over TLS that verifies the generated certificate)."""
         conf = f"{run_dir}/{BROKER_DIR}/mosquitto.conf"
@@ -128,7 +136,7 @@ class Mosquitto(BrokerAdapter):
             tls = {"port": tls_port, **self.install_tls(run_dir, local_dir,
                                                         tls_names or [address])}
         local_conf = Path("/tmp") / f"perfpipe-mosquitto-{port}.conf"
-        local_conf.write_text(render_config(port, bind_address(address), tls))
+        local_conf.write_text(render_config(port, bind_address(address), tls, extra_config))
         self.host.put(local_conf, conf)
         local_conf.unlink()
         group = self.host.launch([self.binary(), "-c", conf], log)

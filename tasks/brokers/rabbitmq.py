@@ -3,11 +3,14 @@
 perfpipe never touches the packaged service. It starts a private node for the run:
 
 - its own node name (``perfpipe-<mqtt port>@localhost``), and everything under
-  ``<run dir>/broker``: rabbitmq.conf, enabled_plugins (``[rabbitmq_mqtt].``), an empty
+  ``<run dir>/broker``: rabbitmq.conf, enabled_plugins (``[rabbitmq_mqtt,
+  rabbitmq_prometheus].``: the bundled Prometheus endpoint is the node's own view of its
+  CPU, memory, connections and queue depth, read while stages run), an empty
   rabbitmq-env.conf (so /etc/rabbitmq is not read), Mnesia, logs, the Erlang cookie
   (``HOME`` is that folder) and the pid file;
-- its own ports, each chosen free on the host: MQTT (the run's broker port), AMQP and
-  Erlang distribution (both on loopback only), and an epmd of its own on a private port
+- its own ports, each chosen free on the host: MQTT (the run's broker port) and its
+  Prometheus endpoint (on the same address), AMQP and Erlang distribution (both on
+  loopback only), and an epmd of its own on a private port
   started in the broker's process group. The system epmd (4369), if one runs, is never
   used, started or stopped.
 
@@ -39,7 +42,7 @@ LIB = "/usr/lib/rabbitmq/lib"
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 START_TIMEOUT_S = 90.0
-PLUGINS = "[rabbitmq_mqtt].\n"
+PLUGINS = "[rabbitmq_mqtt,rabbitmq_prometheus].\n"
 
 # Run by the launched process group: a private epmd first (same group, so stopping the
 # group stops it), then the server in its place. Values come from the environment.
@@ -59,8 +62,9 @@ exec "$PERFPIPE_RABBITMQ_SERVER"
 """
 
 
-def render_config(bind: str, mqtt_port: int, amqp_port: int) -> str:
-    """rabbitmq.conf for benchmarking: MQTT on the run's port, AMQP on loopback only."""
+def render_config(bind: str, mqtt_port: int, amqp_port: int, metrics_port: int) -> str:
+    """rabbitmq.conf for benchmarking: MQTT on the run's port, AMQP on loopback only, the
+    Prometheus endpoint (the node's own statistics) on the MQTT address."""
     return "\n".join([
         "# perfpipe: a private RabbitMQ node for one run (MQTT plugin); see tasks/brokers/rabbitmq.py",
         f"listeners.tcp.default = 127.0.0.1:{amqp_port}",
@@ -72,6 +76,8 @@ def render_config(bind: str, mqtt_port: int, amqp_port: int) -> str:
         "mqtt.exchange = amq.topic",
         "mqtt.tcp_listen_options.backlog = 4096",
         "mqtt.tcp_listen_options.nodelay = true",
+        f"prometheus.tcp.ip = {bind}",
+        f"prometheus.tcp.port = {metrics_port}",
         "# drivers on other hosts connect as the anonymous (guest) user of this private node",
         "loopback_users.guest = false",
         "# a full disk must fail the run, not throttle publishers silently",
@@ -124,6 +130,15 @@ def parse_version(listing: str) -> str | None:
 class RabbitMQ(BrokerAdapter):
     kind = "rabbitmq"
     title = "RabbitMQ"
+    process_pattern = r"beam\.smp.*\brabbit\b"  # the Erlang VM of a node (epmd apart)
+    # the bundled rabbitmq_prometheus plugin: the node's CPU is the Erlang runtime's own
+    # account of its threads' CPU time (statistics(runtime)), the backlog the messages in
+    # its queues (one per MQTT subscription)
+    metrics_port = 15692
+    prometheus = {"cpu_seconds": "erlang_vm_statistics_runtime_milliseconds*0.001",
+                  "rss_bytes": "rabbitmq_process_resident_memory_bytes",
+                  "connections": "rabbitmq_connections", "backlog": "rabbitmq_queue_messages",
+                  "delivered": "rabbitmq_global_messages_delivered_total"}
 
     def version(self) -> str:
         """The installed server's version (from the package's library folder)."""
@@ -148,11 +163,11 @@ class RabbitMQ(BrokerAdapter):
         """Start a private node with the MQTT plugin; returns when it accepts MQTT CONNECT."""
         base = f"{run_dir}/{BROKER_DIR}"
         node = node_name(port)
-        amqp, dist, epmd = self._free_ports(port, 3)
-        ports = {"mqtt": port, "amqp": amqp, "dist": dist, "epmd": epmd}
+        amqp, dist, epmd, metrics = self._free_ports(port, 4)
+        ports = {"mqtt": port, "amqp": amqp, "dist": dist, "epmd": epmd, "metrics": metrics}
         for folder in (base, f"{base}/mnesia", f"{base}/log"):
             self.host.mkdir(folder)
-        files = {"rabbitmq.conf": render_config(bind_address(address), port, amqp),
+        files = {"rabbitmq.conf": render_config(bind_address(address), port, amqp, metrics),
                  "enabled_plugins": PLUGINS, "rabbitmq-env.conf": ""}
         for name, text in files.items():
             local = Path("/tmp") / f"perfpipe-rabbitmq-{port}-{name}"
@@ -173,7 +188,8 @@ class RabbitMQ(BrokerAdapter):
         start_s = time.monotonic() - started
         pid = int(self.host.read_text(f"{base}/rabbitmq.pid").strip())  # the Erlang VM
         state = {"group_pid": group, "pid": pid, "config": f"{base}/rabbitmq.conf", "log": log,
-                 "node": node, "base": base, "ports": ports, "start_s": round(start_s, 2),
+                 "node": node, "base": base, "ports": ports, "metrics_port": metrics,
+                 "start_s": round(start_s, 2),
                  "connect_s": round(connect_s, 4)}
         state["running_version"] = self.running_version(state)
         return state

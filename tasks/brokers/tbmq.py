@@ -46,6 +46,13 @@ def environment(mqtt_port: int = 1883, heap: str = "2048M") -> dict[str, str]:
 class Tbmq(ConfigOnlyBroker):
     kind = "tbmq"
     title = "TBMQ"
+    process_pattern = r"java .*(tbmq|thingsboard)"
+    # Spring Boot's actuator (METRICS_ENABLED=true): process_cpu_usage is the JVM's share
+    # of all the host's CPUs
+    metrics_port = 8083
+    metrics_path = "/actuator/prometheus"
+    prometheus = {"cpu_pct": "process_cpu_usage*system_cpu_count*100",
+                  "rss_bytes": "jvm_memory_used_bytes"}
     managed_fix = (f"run {IMAGE} with its Kafka, PostgreSQL and Redis (`python -m "
                    f"tasks.brokers.render tbmq` writes the compose file) and set managed: false "
                    f"with its address and port")

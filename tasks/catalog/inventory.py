@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -63,6 +64,38 @@ class HostConfig(BaseModel):
         return value.rstrip("/")
 
 
+class BrokerProcesses(BaseModel):
+    """How the sampler finds an already running broker's processes on its host (exactly one
+    way; `tasks.driver.procfs`): a pid file, a systemd unit, or a command-line pattern.
+    Every process found counts (a JVM and its helpers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pid_file: str | None = Field(None, pattern=r"^/[A-Za-z0-9_./@-]+$",
+                                 description="e.g. /run/mosquitto/mosquitto.pid")
+    unit: str | None = Field(None, pattern=r"^[A-Za-z0-9_.@:-]+$",
+                             description="a systemd unit, e.g. mosquitto.service")
+    match: str | None = Field(None, min_length=1, max_length=200,
+                              description="a regular expression on the command line")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> BrokerProcesses:
+        given = [name for name in ("pid_file", "unit", "match") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of pid_file, unit or match")
+        if self.match:
+            try:
+                re.compile(self.match)
+            except re.error as exc:
+                raise ValueError(f"match: not a regular expression ({exc})") from None
+        return self
+
+    def way(self) -> tuple[str, str]:
+        """(way, value) as the sampler takes it."""
+        return next((name, getattr(self, name)) for name in ("pid_file", "unit", "match")
+                    if getattr(self, name))
+
+
 class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -74,6 +107,25 @@ class BrokerConfig(BaseModel):
     managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
     port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
     address: str | None = Field(None, description="address clients connect to; default the host's")
+    processes: BrokerProcesses | None = Field(
+        None, description="an unmanaged broker: how to find its processes on broker.host "
+        "(default: its adapter's command-line pattern)")
+    extra_config: list[str] = Field(
+        [], description="lines appended to the config of a Mosquitto perfpipe starts (a "
+        "plugin, a limit); perfpipe's own settings come first")
+    metrics_url: str | None = Field(
+        None, pattern=r"^https?://[A-Za-z0-9_.:\[\]-]+(:\d+)?(/[A-Za-z0-9_./?=&-]*)?$",
+        description="the broker's own Prometheus endpoint (default: its adapter's, on the "
+        "broker's address)")
+
+
+    @field_validator("extra_config")
+    @classmethod
+    def _config_lines(cls, lines: list[str]) -> list[str]:
+        if any(not line.strip() or any(ord(c) < 32 for c in line) for line in lines):
+            raise ValueError("one config line per entry: no empty entries, no line breaks or "
+                             "control characters")
+        return lines
 
 
 class Inventory(BaseModel):
@@ -106,6 +158,10 @@ class Inventory(BaseModel):
         for host in self.hosts:
             if host.gateway and (host.gateway not in names or host.gateway == host.name):
                 raise ValueError(f"hosts: {host.name}.gateway {host.gateway!r} must be another host")
+        if self.broker.extra_config and (self.broker.kind != "mosquitto" or not self.broker.managed):
+            raise ValueError("broker.extra_config: only for a Mosquitto perfpipe starts "
+                             "(kind: mosquitto, managed: true); configure your own broker "
+                             "yourself")
         if not self.broker.managed and self.broker.port is None:
             raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
         return self

@@ -65,8 +65,21 @@ One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>
                               latency and at most 20 ms) and the longest hold; 0 and 0.0
                               when never backlogged
 
-Broker-side samples go to ``raw/<stage_id>/<host>/sampler/broker.csv`` with
-``SAMPLER_COLUMNS`` (second, broker CPU % of one core, broker RSS bytes).
+Broker-side samples (`tasks.driver.sampler`) go to ``raw/<stage_id>/<host>/sampler/``, one
+row per second:
+``broker.csv``    ``SAMPLER_COLUMNS``, the broker's processes as /proc tells them, summed
+                  over every process found (`tasks.driver.procfs`): CPU % of one core
+                  (user + system, and each), RSS bytes, processes, threads, open files
+                  (empty when they cannot be read), context switches per second
+``host.csv``      ``HOST_COLUMNS``, the broker host itself: CPU % of one core over all
+                  its CPUs (busy: not idle, not iowait), CPUs, memory used (MemTotal -
+                  MemAvailable), bytes per second received and sent on every interface
+                  but the loopback
+``broker_stats.csv``  ``STATS_COLUMNS``, the broker's own view (`tasks.driver.broker_stats`:
+                  its $SYS topics or its Prometheus endpoint): CPU % of one core, resident
+                  bytes, connections, the backlog it holds, messages it delivers per
+                  second; a cell is empty when the broker does not tell it
+``broker_sys.csv`` Mosquitto's $SYS as published (``tasks.driver.broker_stats.SYS_COLUMNS``)
 
 ``raw/<stage_id>/stage.json`` is written by the orchestrator (`tasks.steps.stages`) when it
 starts the stage, and tells the aggregation what was intended:
@@ -81,7 +94,11 @@ starts the stage, and tells the aggregation what was intended:
              publisher_index .. publisher_index + N - 1, each a key here and in
              ``last_seq``,
   processes: [{"host": ..., "proc": ...}, ...] every driver process that should report,
-  broker_host: the host whose ``sampler/`` holds broker.csv, or null.
+  broker_host: the host whose ``sampler/`` holds the broker samples (the broker's host, or
+           a driver host for a broker reachable only over the network), or null,
+  sampler: {processes (how the broker's processes were found, e.g. "session 1234", or
+           null), host (whether host.csv is the broker host's), stats (where the broker's
+           own view came from: "sys", "prometheus URL" or null)}.
 ``raw/<stage_id>/failfast.json`` ({reason}) is written by the orchestrator when it stopped
 the stage early on a fail-fast rule (`tasks.analysis.failfast`); the stage is then invalid.
 """
@@ -100,7 +117,11 @@ COUNTER_COLUMNS = (
 )
 HISTOGRAM_COLUMNS = ("second", "kind", "bucket", "count")
 HISTOGRAM_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
-SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes")
+SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes", "cpu_user_pct", "cpu_sys_pct", "processes",
+                   "threads", "open_files", "ctx_switches_per_s")
+HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per_s",
+                "net_tx_bytes_per_s")
+STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 
 COUNTERS_FILE = "counters.csv"
@@ -108,6 +129,8 @@ HISTOGRAMS_FILE = "histograms.csv"
 EVENTS_FILE = "events.jsonl"
 SUMMARY_FILE = "summary.json"
 SAMPLER_FILE = "broker.csv"
+HOST_FILE = "host.csv"
+STATS_FILE = "broker_stats.csv"
 READY_FILE = "ready.json"
 START_FILE = "start.json"
 PROGRESS_FILE = "progress.json"

@@ -1,4 +1,5 @@
-"""Step aggregate: spark-submit spark/aggregate.py over the run's raw files.
+"""Step aggregate: spark/aggregate.py over the run's raw files, through spark-submit, or as a
+client of a running Spark Connect server (PERFPIPE_SPARK_MASTER=sc://HOST:PORT).
 
 The job writes per-stage metrics into the run's `metrics/` folder; the next step,
 `load_metrics`, judges their validity and loads them into SQL. Under Airflow the same job
@@ -45,11 +46,16 @@ def spark_job(run_id: str) -> dict:
 
 
 def submit(run_dir: Path, master: str) -> str:
-    """Run the Spark job; returns its stdout (the timing line)."""
-    argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",
-            # the C1 JIT only: a short job starts about 10 s sooner
-            "--driver-java-options", "-XX:TieredStopAtLevel=1",
-            str(SPARK_JOB), *job_arguments(run_dir)]
+    """Run the Spark job; returns its stdout (the timing line). `master`: a Spark master for
+    spark-submit, or a Spark Connect server (sc://HOST:PORT), whose client the job then
+    is: no JVM of its own to start."""
+    if master.startswith("sc://"):
+        argv = [sys.executable, str(SPARK_JOB), "--master", master, *job_arguments(run_dir)]
+    else:
+        argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",
+                # the C1 JIT only: a short job starts about 10 s sooner
+                "--driver-java-options", "-XX:TieredStopAtLevel=1",
+                str(SPARK_JOB), *job_arguments(run_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:

@@ -70,13 +70,13 @@ def run(ctx: RunContext, call: Call) -> dict:
             stop_broker(ctx)
         port = config.port or host.free_port()
         tls = tls_wanted(ctx)
-        options = {}
+        options = {"extra_config": config.extra_config} if config.extra_config else {}
         if tls:
             if not adapter.supports_tls:
                 raise BrokerError(f"{config.kind}: perfpipe cannot give it a TLS listener; leave "
                                   f"the TLS scenarios out of the suite")
-            options = {"tls_port": tls["port"], "local_dir": ctx.run_dir / rundir.TLS_DIR,
-                       "tls_names": [address, config.host, "localhost", "127.0.0.1"]}
+            options.update(tls_port=tls["port"], local_dir=ctx.run_dir / rundir.TLS_DIR,
+                           tls_names=[address, config.host, "localhost", "127.0.0.1"])
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
                                                  **options))
         if tls:

@@ -40,12 +40,21 @@ def load_results(ctx: RunContext) -> list[dict]:
                              series=result.get("series", {}), validity=validity,
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
-    return rows + record_searches(ctx, store, fingerprint)
+    results = {r["stage_id"]: r for r in document["stages"]}
+    return rows + record_searches(ctx, store, fingerprint, results)
 
 
-def record_searches(ctx: RunContext, store, fingerprint: str) -> list[dict]:
-    """Each max-rate search as a stage of its own whose one metric is `max_rate`: valid
-    only when the search converged (its probes are stages too, never compared)."""
+# What a search stage records of its hold, beside max_rate: the broker's cost at capacity.
+AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
+               "broker_rss_per_1k_conn")
+
+
+def record_searches(ctx: RunContext, store, fingerprint: str,
+                    results: dict[str, dict]) -> list[dict]:
+    """Each max-rate search as a stage of its own whose metrics are `max_rate` and the
+    broker's cost during the hold that confirmed it (`results`: the job's stage results by
+    id): valid only when the search converged (its probes are stages too, never
+    compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
@@ -55,8 +64,13 @@ def record_searches(ctx: RunContext, store, fingerprint: str) -> list[dict]:
                            params={**template.to_dict(), "search_outcome": outcome},
                            fingerprint_hash=fingerprint)
         validity = "valid" if outcome["converged"] else "invalid"
-        store.record_results(ctx.run_id, template_id, metrics={"max_rate": outcome["max_rate"]},
-                             series={}, validity=validity, reason=outcome["reason"])
+        held = [f"{template_id}.h{i}" for i, h in enumerate(outcome.get("holds", []), 1)
+                if h["kept_up"]]
+        at_capacity = results.get(held[0], {}).get("metrics", {}) if held else {}
+        metrics = {"max_rate": outcome["max_rate"],
+                   **{name: at_capacity.get(name) for name in AT_CAPACITY}}
+        store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
+                             validity=validity, reason=outcome["reason"])
         rows.append({"stage_id": template_id, "validity": validity,
                      "reasons": [outcome["reason"]] if outcome["reason"] else []})
     return rows

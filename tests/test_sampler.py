@@ -1,0 +1,136 @@
+"""The broker sampler's readings on real processes and a real HTTP endpoint: finding a
+broker's processes without being told its pid, its CPU to the nanosecond, the host's
+counters, and a Prometheus endpoint's counters turned into rates."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tasks.driver import procfs, sampler
+from tasks.driver.broker_stats import PrometheusReader, evaluate, parse_prometheus
+from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE
+
+SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+@pytest.fixture
+def spinning(tmp_path: Path):
+    """A process busy on one CPU with a child of its own, its pid in a file: a stand-in
+    for a broker somebody else started (a JVM and a helper)."""
+    script = tmp_path / "fake-broker-7b1f.py"
+    script.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                      f"'import time; time.sleep(30)'])\n{SPIN}")
+    process = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    (tmp_path / "broker.pid").write_text(f"{process.pid}\n")
+    time.sleep(0.5)  # the child is started
+    yield process, tmp_path
+    os.killpg(process.pid, 9)
+    process.wait(5)
+
+
+def reading(finder: procfs.ProcessFinder) -> procfs.ProcessReading:
+    stats = procfs.all_stats()
+    return procfs.read_processes(finder.find(stats), stats)
+
+
+def test_a_broker_is_found_by_pid_file_session_or_command_line(spinning):
+    process, folder = spinning
+    ways = [("pid", str(process.pid)), ("pid_file", str(folder / "broker.pid")),
+            ("session", str(process.pid)), ("match", r"fake-broker-7b1f\.py")]
+    found = {way: procfs.ProcessFinder(way, value).find(procfs.all_stats()) for way, value in ways}
+    assert len(found["pid"]) == 2 and process.pid in found["pid"]  # the process and its child
+    assert found["pid_file"] == found["pid"] == found["session"]
+    assert found["match"] == {process.pid}  # only the command line that matches
+    with pytest.raises(ValueError, match="use one of pid, session, pid_file, unit, match"):
+        procfs.ProcessFinder("name", "mosquitto")
+
+
+def test_cpu_is_read_in_nanoseconds_and_summed_over_the_processes(spinning):
+    process, _ = spinning
+    finder = procfs.ProcessFinder("pid", str(process.pid))
+    before, started = reading(finder), time.time()
+    time.sleep(1.0)
+    after = reading(finder)
+    row = procfs.process_row(before, after, time.time() - started)
+    assert row["processes"] == 2 and row["threads"] >= 2 and row["rss_bytes"] > 1_000_000
+    assert 70 < row["cpu_pct"] < 105  # one busy process, the other asleep
+    assert row["cpu_pct"] == pytest.approx(row["cpu_user_pct"] + row["cpu_sys_pct"], abs=4)
+    assert row["cpu_pct"] != round(row["cpu_pct"])  # not whole ticks: schedstat's nanoseconds
+    assert row["open_files"] >= 3
+
+
+def test_the_sampler_writes_the_processes_and_the_host(spinning, tmp_path):
+    process, folder = spinning
+    out = tmp_path / "sampler"
+    assert sampler.main(["--pid-file", str(folder / "broker.pid"), "--host-counters",
+                         "--until", str(time.time() + 2.5), "--out", str(out)]) == 0
+    with open(out / SAMPLER_FILE) as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == SAMPLER_COLUMNS and len(rows) >= 2
+    assert all(float(r["cpu_pct"]) > 50 and r["processes"] == "2" for r in rows)
+    with open(out / HOST_FILE) as handle:
+        host = list(csv.DictReader(handle))
+    assert tuple(host[0]) == HOST_COLUMNS and [r["second"] for r in host] == [r["second"] for r in rows]
+    assert all(float(r["cpu_pct"]) >= float(b["cpu_pct"]) * 0.8 for r, b in zip(host, rows))
+    assert all(int(r["cpus"]) == os.cpu_count() and int(r["mem_used_bytes"]) > 0 for r in host)
+
+
+EXPOSITION = """# HELP erlang_vm_statistics_runtime_milliseconds runtime
+# TYPE erlang_vm_statistics_runtime_milliseconds counter
+erlang_vm_statistics_runtime_milliseconds {runtime}
+rabbitmq_process_resident_memory_bytes 155275264
+rabbitmq_queue_messages{{queue="a"}} 10
+rabbitmq_queue_messages{{queue="b"}} 5
+rabbitmq_connections 21
+rabbitmq_global_messages_delivered_total {delivered}
+broken_line NaN
+"""
+
+
+def test_a_prometheus_endpoint_becomes_the_brokers_own_view():
+    state = {"runtime": 1000.0, "delivered": 100}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = EXPOSITION.format(**state).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        metrics = parse_prometheus(EXPOSITION.format(**state))
+        assert metrics["rabbitmq_queue_messages"] == 15  # summed over label sets
+        assert "broken_line" not in metrics
+        assert evaluate("erlang_vm_statistics_runtime_milliseconds*0.001", metrics) == 1.0
+        assert evaluate("missing_metric*2", metrics) is None
+        from tasks.brokers.rabbitmq import RabbitMQ
+
+        reader = PrometheusReader(f"http://127.0.0.1:{server.server_port}/metrics",
+                                  RabbitMQ.prometheus)
+        first = reader.row()
+        assert first["cpu_pct"] is None and first["delivered_per_s"] is None  # no rate yet
+        assert (first["rss_bytes"], first["connections"], first["backlog"]) == (155275264, 21, 15)
+        time.sleep(0.5)
+        state.update(runtime=1250.0, delivered=1100)  # 250 ms of CPU, 1,000 deliveries
+        second = reader.row()
+        assert second["cpu_pct"] == pytest.approx(50, rel=0.2)
+        assert second["delivered_per_s"] == pytest.approx(2000, rel=0.2)
+        with pytest.raises(ValueError, match="prometheus columns"):
+            PrometheusReader("http://x", {"temperature": "t"})
+    finally:
+        server.shutdown()
