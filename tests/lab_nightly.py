@@ -1,5 +1,5 @@
-"""What a run of the shipped `nightly` suite on the lab must show (used by
-tests/test_lab_pipeline.py): the broker on broker1 with a plain and a TLS listener (a CA
+"""What a run of the shipped `rated` suite (the rated half of the nightly) on the lab must
+show (used by tests/test_lab_pipeline.py): the broker on broker1 with a plain and a TLS listener (a CA
 generated for the run), the drivers on driver1 and driver2 over SSH. IBM fan-in and
 fan-out at QoS 0/1/2, BROADCAST, CONNBURST plain and over TLS; every rated stage delivers
 within 2% of its expected rate, and the broker sampler records Mosquitto's $SYS
@@ -13,8 +13,8 @@ import json
 
 from sql import Store
 from tasks.brokers.tls import GENERATED_CA
+from tasks.driver.broker_stats import SYS_COLUMNS, SYS_FILE
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE, STAGE_FILE, SUMMARY_FILE
-from tasks.driver.sampler import SYS_COLUMNS, SYS_FILE
 from tasks.run_context import RunContext
 
 TOLERANCE = 0.02
@@ -31,7 +31,7 @@ def read_csv(text: str) -> list[dict]:
     return list(csv.DictReader(io.StringIO(text)))
 
 
-def check_nightly_suite(settings, run_id: str) -> str:
+def check_rated_suite(settings, run_id: str) -> str:
     """Assert everything above of a finished run; returns its per-stage table."""
     run_dir = settings.run_dir(run_id)
     stages = Store(settings.database_url()).stages(run_id)
@@ -40,7 +40,7 @@ def check_nightly_suite(settings, run_id: str) -> str:
             if s["scenario"] in ("ibm_fanin", "ibm_fanout")} == {
         (name, qos) for name in ("ibm_fanin", "ibm_fanout") for qos in (0, 1, 2)}
 
-    table = [f"nightly on the lab: run {run_id}",
+    table = [f"the rated suite on the lab: run {run_id}",
              f"{'stage':42} {'target':>8} {'expected':>9} {'delivered':>10} {'ratio':>7}  validity"]
     problems = []
     for stage in stages:

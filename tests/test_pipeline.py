@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sql import Store
 from tests.checks import assert_plausible
 
@@ -39,7 +41,8 @@ def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: P
     assert verdicts["delivered_rate"]["verdict"] in ("unchanged", "improvement", "suspected")
 
 
-def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite, broker, tmp_path):
+def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite, broker, tmp_path,
+                                                                      spark_connect):
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
 
@@ -53,6 +56,17 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
     assert outcome.status == "ok"
     assert broker.process.poll() is None, "perfpipe stopped a broker it did not start"
     stages = assert_plausible(Store(load_settings().database_url()), outcome.run_id)
-    assert all(s["metrics"]["broker_cpu_avg"] is None for s in stages)  # not its process
+    for stage in stages:  # its processes found by the adapter's pattern, as a user's own broker
+        metrics = stage["metrics"]
+        assert metrics["broker_processes"] == 1 and metrics["broker_cpu_avg"] > 0
+        assert metrics["broker_rss_avg"] > 1_000_000
+        cost = metrics["broker_cpu_avg"] / 100 / (metrics["delivered_rate"] / 10_000)
+        assert metrics["broker_cpu_s_per_10k"] == pytest.approx(cost, rel=1e-6)
+        assert metrics["broker_rss_per_1k_conn"] == pytest.approx(
+            metrics["broker_rss_avg"] / (21 / 1000), rel=1e-6)  # 20 publishers, 1 subscriber
+        assert metrics["broker_connections_max"] >= 21  # $SYS: what the broker itself counts
+        assert metrics["host_cpu_avg"] >= metrics["broker_cpu_avg"] * 0.5
     output = "\n".join(lines)
     assert "no baseline yet" in output and outcome.report in output
+    report = Path(outcome.report).read_text()
+    assert "broker CPU-s / 10K msgs" in report and "RSS / 1K conns MiB" in report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
+from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
 
 
 def run(search: RateSearch, capacity: float) -> list[float]:
@@ -71,3 +71,75 @@ def test_a_search_scenario_plans_one_template_and_probes_scale_it():
     assert p.target_publish_rate == pytest.approx(1250.0) and p.rate_pct == 250
     with pytest.raises(ValueError, match="rate_pct: a search starts from one rate"):
         Scenario.model_validate({**doc, "stages": {"rate_pct": [50, 100], "search": {}}})
+
+
+def held(capacity: float, hold_capacity: float | None = None):
+    """A simulated broker for probes and holds: a hold may sustain less than a short probe."""
+    def result(rate: float, sustained: float) -> ProbeResult:
+        return ProbeResult(rate, sent_ratio=min(1.0, sustained / rate),
+                           received_ratio=min(1.0, sustained / rate))
+    return lambda rate, hold: result(rate, hold_capacity if hold and hold_capacity else capacity)
+
+
+def search_and_hold(search: RateSearch, broker) -> list[tuple[str, float]]:
+    steps = []
+    while (rate := search.next_rate()) is not None:
+        steps.append(("probe", rate))
+        search.record(broker(rate, False))
+    while (rate := search.next_hold()) is not None:
+        steps.append(("hold", rate))
+        search.record_hold(broker(rate, True))
+    return steps
+
+
+def test_a_probe_that_fell_behind_says_where_to_look_next():
+    search = RateSearch(1_000, SearchPolicy(precision=0.02, max_probes=20))
+    rates = [rate for _, rate in search_and_hold(search, held(5_100))]
+    # 8,000 fell behind having delivered 5,100: the next probe is just below that, not at
+    # the geometric middle of 4,000 and 8,000 (5,657)
+    assert rates[:5] == [1_000, 2_000, 4_000, 8_000, pytest.approx(5_100 * 0.99)]
+    outcome = search.outcome()
+    assert outcome["converged"] and 5_100 * 0.98 <= outcome["max_rate"] <= 5_100 / 0.95
+    assert len(rates) <= 8
+
+
+def test_the_answer_is_held_and_steps_down_when_it_does_not_hold():
+    policy = SearchPolicy(precision=0.02, max_probes=20, hold_s=10)
+    search = RateSearch(1_000, policy)
+    search_and_hold(search, held(5_000, hold_capacity=1))  # the search phase only ...
+    search.held.clear()
+    best = search.best
+    # ... then over 10 s the broker sustains less: enough for one precision step down
+    sustained = 0.95 * best / 1.01
+    holds = [rate for kind, rate in search_and_hold(search, held(5_000, sustained))
+             if kind == "hold"]
+    assert holds == [best, pytest.approx(best / 1.02)] and len(holds) <= policy.holds
+    outcome = search.outcome()
+    assert [h["kept_up"] for h in outcome["holds"]] == [False, True]
+    assert outcome["converged"] and outcome["max_rate"] == holds[1] and outcome["hold_s"] == 10
+
+    never = RateSearch(1_000, policy)
+    search_and_hold(never, held(5_000, hold_capacity=1_000))
+    assert never.outcome()["converged"] is False
+    assert never.outcome()["reason"].startswith("no rate held for 10 s: tried ")
+
+
+def test_a_warm_start_ramps_up_from_below_the_last_capacity_in_small_steps():
+    policy = SearchPolicy(growth=2.0, precision=0.02, max_probes=20)
+    start, warm = warm_start(1_000, policy, last_capacity=5_000)
+    assert (start, warm.growth) == (4_500, 1.1)
+    assert warm_start(1_000, policy, last_capacity=None) == (1_000, policy)
+    rates = [rate for _, rate in search_and_hold(RateSearch(start, warm), held(5_000))]
+    assert rates[0] < 5_000 and len(rates) <= 5
+
+
+def test_a_driver_at_its_limit_at_the_answer_makes_the_search_say_so():
+    search = RateSearch(1_000, SearchPolicy(precision=0.1))
+    for rate in (1_000, 2_000, 4_000):
+        search.record(ProbeResult(rate, 1.0, 1.0, driver_cpu=40.0))
+    search.record(ProbeResult(8_000, 0.5, 0.5, driver_cpu=99.0))
+    search.probes[-2] = (ProbeResult(4_000, 1.0, 1.0, driver_cpu=97.0), True)
+    search.record(ProbeResult(4_300, 0.9, 0.9))
+    outcome = search.outcome()
+    assert outcome["converged"] is False
+    assert outcome["reason"].startswith("a driver process used 97% of a core at 4000 msg/s")

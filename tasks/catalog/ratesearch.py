@@ -1,19 +1,30 @@
-"""Max-rate search: raise the offered rate while the broker keeps up, back off when it
-does not, and narrow down to the highest sustained rate. Pure: no I/O.
+"""Max-rate search: the highest rate the broker sustains, found the way the reports find it
+(ramped up from below, then held long enough to show the throughput stable and the backlog
+not rising). Pure: no I/O.
 
 A probe is one short stage at one rate. It *keeps up* when the publishers sent what they
 were asked to (no send backlog building up in the driver) and the subscribers received
-what was expected, both within `tolerance`, with no client errors. The search grows the
-rate by `growth` until a probe fails, backs off by the same factor while the first one
-fails, and then bisects geometrically between the highest probe that kept up and the
-lowest that did not, until they are within `precision` of each other (so the answer is
-within `precision` of the rate where the backlog starts to grow) or `max_probes` ran.
+what was expected, both within `tolerance`, with no client errors and a subscription
+backlog that did not keep rising. The search grows the rate by `growth` until a probe
+fails, backs off by the same factor while the first one fails, and then narrows the
+bracket between the highest probe that kept up and the lowest that did not until they are
+within `precision` of each other (or `max_probes` ran). Narrowing bisects geometrically,
+but a probe that fell behind also says what the broker did deliver: when that estimate
+lies inside the bracket, the next probe goes just below it (a broker that fell behind at
+8,000 msg/s having delivered 5,100 is next probed near 5,100, not at 5,700), and no rate
+above delivered / (1 - tolerance) can keep up, which bounds the bracket from above.
+
+With `hold_s`, the answer is then held: one more probe at the rate found, `hold_s` seconds
+long; when it does not keep up over that longer window, the rate steps down by `precision`
+and is held again, at most `holds` times. The search's answer is the rate that held.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ..analysis.validity import Gates
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,24 @@ class SearchPolicy:
     max_probes: int = 8
     tolerance: float = 0.05  # sent and received within 5% of what was asked
     min_rate: float = 1.0  # msg/s: below this, give up backing off
+    hold_s: int = 0  # hold the rate found for this long (0: no hold)
+    holds: int = 2  # hold attempts, each one `precision` lower than the last
+    # % of a core: a busier driver may be the bottleneck (the validity gates' threshold)
+    max_driver_cpu: float = Gates().max_driver_cpu_pct
+
+
+WARM_BELOW = 0.9  # a warm start begins this far below the last capacity measured
+WARM_GROWTH = 1.1  # ... and grows in steps of at most this
+
+
+def warm_start(start_rate: float, policy: SearchPolicy,
+               last_capacity: float | None) -> tuple[float, SearchPolicy]:
+    """Where a search starts: 10% below the capacity the stage last measured, growing in
+    steps of at most 10% (still ramping up from below, in a few probes), or at the
+    scenario's rate with its growth when there is no earlier capacity."""
+    if not last_capacity:
+        return start_rate, policy
+    return last_capacity * WARM_BELOW, replace(policy, growth=min(policy.growth, WARM_GROWTH))
 
 
 @dataclass(frozen=True)
@@ -31,10 +60,17 @@ class ProbeResult:
     sent_ratio: float  # published / offered over the measure window
     received_ratio: float  # unique deliveries / expected over the measure window
     errors: int = 0
+    backlog: str | None = None  # why the subscription backlog kept rising, if it did
+    driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
 
     def keeps_up(self, tolerance: float) -> bool:
         return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
-                and self.errors == 0)
+                and self.errors == 0 and self.backlog is None)
+
+    @property
+    def delivered_rate(self) -> float:
+        """What the broker took and delivered, as a rate of this probe's offer."""
+        return self.rate * min(self.sent_ratio, self.received_ratio)
 
     def reason(self, tolerance: float) -> str:
         if self.keeps_up(tolerance):
@@ -46,6 +82,8 @@ class ProbeResult:
             parts.append(f"received {self.received_ratio:.1%} of the expected deliveries")
         if self.errors:
             parts.append(f"{self.errors} client errors")
+        if self.backlog:
+            parts.append(self.backlog)
         return "; ".join(parts)
 
 
@@ -54,6 +92,7 @@ class RateSearch:
     start_rate: float
     policy: SearchPolicy = SearchPolicy()
     probes: list[tuple[ProbeResult, bool]] = field(default_factory=list)
+    held: list[tuple[ProbeResult, bool]] = field(default_factory=list)
 
     @property
     def best(self) -> float | None:
@@ -61,52 +100,113 @@ class RateSearch:
         ok = [p.rate for p, kept in self.probes if kept]
         return max(ok) if ok else None
 
-    @property
-    def ceiling(self) -> float | None:
-        """The lowest rate that did not keep up above `best`, if any."""
-        best = self.best or 0.0
-        failed = [p.rate for p, kept in self.probes if not kept and p.rate > best]
-        return min(failed) if failed else None
-
     def record(self, probe: ProbeResult) -> bool:
         kept = probe.keeps_up(self.policy.tolerance)
         self.probes.append((probe, kept))
         return kept
 
+    def record_hold(self, probe: ProbeResult) -> bool:
+        kept = probe.keeps_up(self.policy.tolerance)
+        self.held.append((probe, kept))
+        return kept
+
+    @property
+    def top(self) -> float | None:
+        """The lowest rate known not to keep up: the lowest failed probe above `best`, or
+        less where a failed probe delivered less (above delivered / (1 - tolerance) no probe
+        can keep up, if a broker that fell behind delivers no more when offered more)."""
+        best = self.best or 0.0
+        bounds = [min(p.rate, p.delivered_rate / (1 - self.policy.tolerance))
+                  for p, kept in self.probes if not kept and p.rate > best]
+        bounds = [b for b in bounds if b > best]
+        return min(bounds) if bounds else None
+
     @property
     def converged(self) -> bool:
-        best, ceiling = self.best, self.ceiling
-        return best is not None and ceiling is not None and ceiling <= best * (1 + self.policy.precision)
+        best, top = self.best, self.top
+        return best is not None and top is not None and top <= best * (1 + self.policy.precision)
+
+    def _narrowed(self, best: float, top: float) -> float:
+        """The next rate inside (best, top): just below what the lowest failed probe
+        delivered when that lies inside, else the geometric middle."""
+        step = 1 + self.policy.precision
+        failed = [p for p, kept in self.probes if not kept and p.rate > best]
+        estimate = min(p.rate for p in failed)
+        estimate = min(p for p in failed if p.rate == estimate).delivered_rate \
+            * (1 - self.policy.precision / 2)
+        if best * step <= estimate <= top / step:
+            return estimate
+        return math.sqrt(best * top)
 
     def next_rate(self) -> float | None:
-        """The next rate to probe, or None when the search is over."""
+        """The next rate to probe, or None when the search phase is over."""
         if not self.probes:
             return self.start_rate
         if self.converged or len(self.probes) >= self.policy.max_probes:
             return None
-        best, ceiling = self.best, self.ceiling
+        best, top = self.best, self.top
         if best is None:  # even the lowest probe failed: back off
             rate = min(p.rate for p, _ in self.probes) / self.policy.growth
             return rate if rate >= self.policy.min_rate else None
-        if ceiling is None:  # never failed yet: keep growing
+        if top is None:  # never failed yet: keep growing
             return best * self.policy.growth
-        return math.sqrt(best * ceiling)
+        return self._narrowed(best, top)
+
+    def next_hold(self) -> float | None:
+        """The next rate to hold for hold_s, or None when holding is over (or not asked)."""
+        if not self.policy.hold_s or self.best is None or not self.converged:
+            return None
+        if any(kept for _, kept in self.held) or len(self.held) >= self.policy.holds:
+            return None
+        if not self.held:
+            return self.best
+        return self.held[-1][0].rate / (1 + self.policy.precision)
+
+    @property
+    def max_rate(self) -> float | None:
+        """The search's answer: the rate that held (with a hold), else the best probe."""
+        if not self.policy.hold_s:
+            return self.best
+        held = [p.rate for p, kept in self.held if kept]
+        return held[0] if held else None
+
+    def _driver_at_answer(self) -> float | None:
+        """The busiest driver's CPU at the answer, when it is over max_driver_cpu."""
+        answer = [p for p, kept in (self.held if self.policy.hold_s else self.probes)
+                  if kept and p.rate == self.max_rate]
+        busy = answer[0].driver_cpu if answer else None
+        return busy if busy is not None and busy > self.policy.max_driver_cpu else None
 
     def outcome(self) -> dict:
         """What the run records: the answer and whether it can be trusted."""
-        best, ceiling = self.best, self.ceiling
-        if self.converged:
-            verdict = None
-        elif best is None:
-            verdict = f"no probe kept up, down to {min(p.rate for p, _ in self.probes):.0f} msg/s"
-        elif ceiling is None:
-            verdict = f"the broker kept up at every probe, up to {best:.0f} msg/s: raise the start rate"
+        best, ceiling = self.best, self.top
+        holding = bool(self.policy.hold_s)
+        if not self.converged:
+            if best is None:
+                verdict = f"no probe kept up, down to {min(p.rate for p, _ in self.probes):.0f} msg/s"
+            elif ceiling is None:
+                verdict = (f"the broker kept up at every probe, up to {best:.0f} msg/s: raise "
+                           "the start rate")
+            else:
+                verdict = (f"not converged after {len(self.probes)} probes: between {best:.0f} "
+                           f"and {ceiling:.0f} msg/s")
+        elif holding and self.max_rate is None:
+            verdict = (f"no rate held for {self.policy.hold_s} s: tried "
+                       + ", ".join(f"{p.rate:.0f} ({p.reason(self.policy.tolerance)})"
+                                   for p, _ in self.held))
+        elif (busy := self._driver_at_answer()) is not None:
+            verdict = (f"a driver process used {busy:.0f}% of a core at "
+                       f"{self.max_rate:.0f} msg/s (over {self.policy.max_driver_cpu:.0f}%): "
+                       "the load generator may be what ran out, not the broker; add driver "
+                       "processes or hosts")
         else:
-            verdict = (f"not converged after {len(self.probes)} probes: between {best:.0f} "
-                       f"and {ceiling:.0f} msg/s")
-        return {"max_rate": best, "ceiling": ceiling, "converged": self.converged,
-                "reason": verdict,
-                "probes": [{"rate": p.rate, "sent_ratio": p.sent_ratio,
-                            "received_ratio": p.received_ratio, "errors": p.errors,
-                            "kept_up": kept, "why": p.reason(self.policy.tolerance)}
-                           for p, kept in self.probes]}
+            verdict = None
+
+        def listed(probes: list[tuple[ProbeResult, bool]]) -> list[dict]:
+            return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
+                     "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance)}
+                    for p, kept in probes]
+
+        return {"max_rate": self.max_rate if verdict is None else best, "ceiling": ceiling,
+                "converged": verdict is None, "reason": verdict, "probes": listed(self.probes),
+                "holds": listed(self.held), "hold_s": self.policy.hold_s}

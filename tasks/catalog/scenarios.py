@@ -180,6 +180,12 @@ class SearchSettings(BaseModel):
     max_probes: int = Field(8, ge=2, le=30)
     tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
                              "and received within this of what was asked")
+    hold_s: int = Field(0, ge=0, le=3600, description="hold the rate found this many seconds, "
+                        "throughput stable and backlog not rising, before it counts (0: no hold)")
+    holds: int = Field(2, ge=1, le=5, description="hold attempts, each a precision lower")
+    warm_start: bool = Field(True, description="start at 90% of the capacity this stage last "
+                             "measured on the same fingerprint, in steps of at most 10%, when "
+                             "there is one")
 
 
 class StagePlan(BaseModel):
@@ -348,10 +354,33 @@ class SuiteEntry(BaseModel):
     stages: dict[str, Any] | None = Field(None, description="StagePlan fields to override")
 
 
+class SuiteInclude(BaseModel):
+    """Every entry of another suite, in its order (a nightly made of a rated and a capacity
+    suite)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str
+
+
 class Suites(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    suites: dict[str, list[Union[str, SuiteEntry]]]
+    suites: dict[str, list[Union[str, SuiteEntry, SuiteInclude]]]
+
+    def entries(self, suite: str, seen: tuple[str, ...] = ()) -> list[SuiteEntry]:
+        """The suite's scenario entries, included suites expanded (KeyError: no such suite)."""
+        if suite in seen:
+            raise ValueError(f"suites.{suite}: includes itself (through {' -> '.join(seen)})")
+        out: list[SuiteEntry] = []
+        for entry in self.suites[suite]:
+            if isinstance(entry, SuiteInclude):
+                if entry.suite not in self.suites:
+                    raise KeyError(entry.suite)
+                out += self.entries(entry.suite, (*seen, suite))
+            else:
+                out.append(SuiteEntry(scenario=entry) if isinstance(entry, str) else entry)
+        return out
 
 
 def load_catalog(scenarios_dir: Path) -> dict[str, Scenario]:
@@ -386,7 +415,13 @@ def load_suite(scenarios_dir: Path, suite: str) -> list[Scenario]:
     if suite not in suites.suites:
         raise ConfigError(f"{path}: suites: no suite {suite!r}; known: {sorted(suites.suites)}")
     catalog = load_catalog(scenarios_dir)
-    entries = [SuiteEntry(scenario=e) if isinstance(e, str) else e for e in suites.suites[suite]]
+    try:
+        entries = suites.entries(suite)
+    except KeyError as exc:
+        raise ConfigError(f"{path}: suites.{suite}: includes the unknown suite {exc.args[0]!r}; "
+                          f"known: {sorted(suites.suites)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     missing = [e.scenario for e in entries if e.scenario not in catalog]
     if missing:
         raise ConfigError(f"{path}: suites.{suite}: unknown scenarios {missing}; "

@@ -116,15 +116,17 @@ def expand_all(scenarios: list[Scenario]) -> list[Stage]:
     return [stage for scenario in scenarios for stage in expand(scenario)]
 
 
-def probe(template: Stage, rate: float, number: int) -> Stage:
+def probe(template: Stage, rate: float, number: int, hold_s: int = 0) -> Stage:
     """Probe `number` of a search template: the same clients, all publishers scaled so
-    they offer `rate` msg/s together."""
+    they offer `rate` msg/s together. A hold (`hold_s`) is a probe whose measure window is
+    that long, named `<template>.h<number>`."""
     factor = rate / template.target_publish_rate
     groups = tuple(replace(g, rate_per_client=g.rate_per_client * factor) if g.role == "pub"
                    else g for g in template.groups)
-    return replace(template, stage_id=f"{template.stage_id}.p{number}", groups=groups,
-                   rate_pct=max(1, round(template.rate_pct * factor)), search=None,
-                   probe_of=template.stage_id)
+    return replace(template, stage_id=f"{template.stage_id}.{'h' if hold_s else 'p'}{number}",
+                   groups=groups, rate_pct=max(1, round(template.rate_pct * factor)),
+                   search=None, probe_of=template.stage_id,
+                   measure_s=hold_s or template.measure_s)
 
 
 def stage_rows(stages: list[Stage]) -> list[dict]:
@@ -140,6 +142,8 @@ def stage_rows(stages: list[Stage]) -> list[dict]:
         if stage.search:  # the probes' rates are chosen while the run goes
             row["target msg/s"] = f"search from {stage.target_publish_rate:g}"
             row["duration s"] = (f"{stage.duration_s} per probe, at most "
-                                 f"{stage.search['max_probes']} probes")
+                                 f"{stage.search['max_probes']} probes"
+                                 + (f", then a {stage.search['hold_s']} s hold"
+                                    if stage.search.get("hold_s") else ""))
         rows.append(row)
     return rows

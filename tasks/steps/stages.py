@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
+from ..analysis.validity import backlog_rising
+from ..brokers import ADAPTERS
 from ..catalog.placement import (
     ProcessPlan,
     driver_slots,
@@ -25,16 +28,25 @@ from ..catalog.placement import (
     process_spec,
     receivers,
 )
-from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
+from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
 from ..catalog.stages import Stage, probe
-from ..driver.output import COUNTERS_FILE, PROGRESS_FILE, READY_FILE, START_FILE
+from ..driver.output import (
+    COUNTERS_FILE,
+    PROGRESS_FILE,
+    READY_FILE,
+    START_FILE,
+    SUMMARY_FILE,
+)
 from ..hosts import Host
 from ..run_context import RunContext
 from . import Call
-from .provision import host_cpus, host_pythonpath
+from .load_metrics import stage_key
+from .provision import host_cpus, host_pythonpath, run_fingerprint
 
 READY_TIMEOUT_S = 60.0
-START_LEAD_S = 2  # seconds between the barrier and the common start
+# seconds at least between the barrier and the common start (a whole second): enough to
+# hand every process its start file, over SSH or on this machine
+START_LEAD_S = {"ssh": 1.0, "local": 0.3}
 PROGRESS_EVERY_S = 5.0  # live progress lines while a stage runs
 
 
@@ -128,14 +140,49 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
     return codes, stopped
 
 
-def _start_sampler(ctx: RunContext, broker: dict, stage: Stage, until: int) -> None:
-    if not broker.get("pid"):
-        return  # an unmanaged broker: perfpipe does not know its process
-    host = ctx.host(broker["host"])
-    out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, broker['host'])}"
+@dataclass(frozen=True)
+class BrokerSampler:
+    """Where the broker sampler runs and what it reads (`tasks.driver.sampler`)."""
+
+    host: str
+    args: list[str]
+    sampled: dict  # stage.json's "sampler": what the aggregation finds in its folder
+
+
+def broker_sampler(ctx: RunContext, broker: dict) -> BrokerSampler | None:
+    """The broker's sampler, whether perfpipe started the broker or not. On the broker's
+    host: its processes (the process group perfpipe launched; else the inventory's
+    broker.processes, else the adapter's command-line pattern), the host's own counters,
+    and the broker's own view; with no broker host, only the broker's own view, read from
+    the first driver host (None when the broker publishes none)."""
+    config = ctx.inventory.broker
+    adapter = ADAPTERS[broker["kind"]]
+    stats = adapter(None).stats_args(broker, config.metrics_url)
+    described = stats[0].lstrip("-") + " " + stats[1] if stats else None
+    if not broker.get("host"):
+        if not stats:
+            return None
+        return BrokerSampler(ctx.inventory.driver_hosts()[0].name, stats,
+                             {"processes": None, "host": False, "stats": described})
+    if broker.get("group_pid"):
+        way = ("session", str(broker["group_pid"]))
+    elif config.processes is not None:
+        way = config.processes.way()
+    else:
+        way = ("match", adapter.process_pattern) if adapter.process_pattern else None
+    args = [f"--{way[0].replace('_', '-')}", way[1]] if way else []
+    dedicated = "driver" not in ctx.inventory.host(broker["host"]).roles
+    return BrokerSampler(broker["host"], [*args, "--host-counters", *stats],
+                         {"processes": way and f"{way[0]} {way[1]}", "host": True,
+                          "dedicated": dedicated, "stats": described})
+
+
+def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until: int) -> None:
+    host = ctx.host(sampler.host)
+    out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, sampler.host)}"
     host.mkdir(out_dir)
-    host.launch(["env", f"PYTHONPATH={host_pythonpath(ctx, broker['host'])}", host.python, "-m",
-                 "tasks.driver.sampler", "--pid", str(broker["pid"]), "--until", str(until),
+    host.launch(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python, "-m",
+                 "tasks.driver.sampler", *sampler.args, "--until", str(until),
                  "--out", out_dir], f"{out_dir}/sampler.log")
 
 
@@ -157,22 +204,24 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         for proc in launched:
             proc.host.kill_group(proc.group_pid)
         ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": refused})
-    start_at = int(time.time()) + START_LEAD_S
+    lead = max(START_LEAD_S[ctx.inventory.host(p.host).transport] for p in plans)
+    start_at = math.ceil(time.time() + lead)
     windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
                "measure_end": start_at + stage.warmup_s + stage.measure_s,
                "end": start_at + stage.duration_s}
     expected = expected_delivery_rate(plans)
+    sampler = None if refused else broker_sampler(ctx, broker)  # a refused stage: nothing runs
     ctx.write_json(rundir.stage_file(stage.stage_id), {
         "run_id": ctx.run_id, "stage_id": stage.stage_id, "scenario": stage.scenario,
         "qos": stage.qos, "clients": stage.publishers + stage.subscribers,
         "windows": windows, "target_publish_rate": stage.target_publish_rate,
         "expected_delivery_rate": expected, "receivers": receivers(plans),
         "processes": [{"host": p.host, "proc": p.proc} for p in plans],
-        # no sampler for a refused stage: nothing runs to sample
-        "broker_host": broker["host"] if broker.get("pid") and not refused else None,
+        "broker_host": sampler and sampler.host,
+        "sampler": sampler and sampler.sampled,
     })
-    if not refused:
-        _start_sampler(ctx, broker, stage, windows["end"])
+    if sampler is not None:
+        _start_sampler(ctx, sampler, stage, windows["end"])
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
@@ -190,36 +239,69 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
     """How a probe stage went, from its processes' per-second counters over the measure
     window (read straight from the hosts: the search decides before the next probe)."""
     first, last = ran["windows"]["measure_start"], ran["windows"]["measure_end"]
-    totals = dict.fromkeys(("published", "received", "duplicated", "errors"), 0)
+    columns = ("published", "received", "duplicated", "errors")
+    per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
     for host_name, out_dir in ran["out_dirs"]:
         text = ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
         for row in csv.DictReader(io.StringIO(text)):
-            if first <= int(row["second"]) < last:
-                for name in totals:
-                    totals[name] += int(row[name])
+            if int(row["second"]) in per_second:
+                for name in columns:
+                    per_second[int(row["second"])][name] += int(row[name])
+    totals = {name: sum(s[name] for s in per_second.values()) for name in columns}
+    busiest = []
+    for host_name, out_dir in ran["out_dirs"]:
+        summary = json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
+        cpu = summary.get("publish_cpu") or {}
+        if cpu.get("wall_s"):
+            busiest.append(100 * cpu["cpu_s"] / cpu["wall_s"])
     seconds = last - first
     offered = stage.target_publish_rate * seconds
     expected = ran["expected_delivery_rate"] * seconds
+    series = {"published_per_s": [s["published"] for s in per_second.values()],
+              "delivered_per_s": [s["received"] - s["duplicated"] for s in per_second.values()]}
+    fan_out = ran["expected_delivery_rate"] / stage.target_publish_rate
     return ProbeResult(rate=stage.target_publish_rate,
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
-                       if expected else 0.0, errors=totals["errors"])
+                       if expected else 0.0, errors=totals["errors"],
+                       backlog=backlog_rising(series, fan_out),
+                       driver_cpu=max(busiest, default=None))
+
+
+def last_capacity(ctx: RunContext, template: Stage) -> float | None:
+    """The capacity this search stage last measured on this run's fingerprint (its newest
+    comparable night's max_rate), for a warm start."""
+    key = stage_key(ctx.inventory.broker.kind, template.stage_id)
+    nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1)
+    return nights[0]["metrics"].get("max_rate") if nights else None
 
 
 def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -> dict:
     """A max-rate search: probe stages at rates chosen by `tasks.catalog.ratesearch` from how the
     previous probes went. Each probe is recorded in search.json before it runs, so the
     later steps collect, aggregate and report it like any stage."""
-    search = RateSearch(template.target_publish_rate, SearchPolicy(**template.search))
+    settings = dict(template.search)
+    warm = settings.pop("warm_start", False)
+    last = last_capacity(ctx, template) if warm else None
+    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings), last))
+    if last:
+        progress(f"  warm start at {search.start_rate:,.0f} msg/s: 90% of the capacity last "
+                 f"measured here, {last:,.0f} msg/s")
     record = ctx.searches()
-    while (rate := search.next_rate()) is not None:
-        stage = probe(template, rate, len(search.probes) + 1)
+
+    def run_probe(stage: Stage, record_result) -> None:
         record["probes"].append(stage.to_dict())
         ctx.write_json(rundir.SEARCH, record)
         result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
-        kept = search.record(result)
-        progress(f"  probe {stage.stage_id}: {rate:,.0f} msg/s "
+        kept = record_result(result)
+        progress(f"  {stage.stage_id}: {result.rate:,.0f} msg/s "
                  f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}")
+
+    while (rate := search.next_rate()) is not None:
+        run_probe(probe(template, rate, len(search.probes) + 1), search.record)
+    while (rate := search.next_hold()) is not None:
+        run_probe(probe(template, rate, len(search.held) + 1, hold_s=search.policy.hold_s),
+                  search.record_hold)
     record["outcomes"][template.stage_id] = search.outcome()
     ctx.write_json(rundir.SEARCH, record)
     outcome = record["outcomes"][template.stage_id]
