@@ -38,6 +38,7 @@ class Row:
     nights: int
     fingerprint: str | None
     run_id: str  # the run the evidence comes from
+    history: tuple[float, ...] = ()  # earlier nights' values, oldest first (capacity, cost)
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,11 @@ def _row_line(row: Row) -> str:
     change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f}%"
     confidence = "n/a" if row.confidence is None else f"{100 * row.confidence:.1f}%"
     nights = f"{row.nights} night{'s' if row.nights != 1 else ''}"
+    earlier = (" · before: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
+               if row.history else "")
     return (f"• `{row.metric}` {with_unit(row.baseline_value, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
-            f"{nights} · {row.status}")
+            f"{nights} · {row.status}{earlier}")
 
 
 def _grouped(rows: list[Row], run_id: str) -> list[str]:

@@ -35,7 +35,9 @@ from ..notify.messages import Links, Row, invalid_run_message, run_message, thre
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
+from ..views.report import History
 from . import Call
+from .report import stored_histories
 
 TOLD_STATUSES = ("new", "confirmed")  # an alert with one of these is told at top level
 QUIET_FOR_LATER = ("suspected", "cleared")
@@ -51,11 +53,13 @@ class Delivery:
 Evidence = dict[tuple[str, str], Row]  # (alert key, metric) -> the verdict as a row
 
 
-def evidence_of(stages: list[dict], run_id: str) -> Evidence:
-    """Every comparison of a run as a Row, keyed like the alert it belongs to."""
+def evidence_of(stages: list[dict], run_id: str, histories: History | None = None) -> Evidence:
+    """Every comparison of a run as a Row, keyed like the alert it belongs to; `histories`
+    gives capacity and cost rows their earlier nights."""
     out = {}
     for stage in stages:
         for c in stage.get("comparisons", []):
+            nights = (histories or {}).get(stage["stage_id"], {}).get(c["metric"], [])[:-1]
             key = (alert_key(stage["stage_key"], c["detail"]), c["metric"])
             out[key] = Row(alert_id=0, status=c["verdict"], verdict=c["verdict"],
                            scenario=stage["scenario"], stage_id=stage["stage_id"],
@@ -63,7 +67,8 @@ def evidence_of(stages: list[dict], run_id: str) -> Evidence:
                            baseline_value=c["baseline_value"], value=c["value"],
                            change_pct=c["change_pct"], confidence=c["confidence"],
                            nights=int(c["detail"].get("nights") or 1),
-                           fingerprint=stage.get("fingerprint_hash"), run_id=run_id)
+                           fingerprint=stage.get("fingerprint_hash"), run_id=run_id,
+                           history=tuple(v for _, v in nights if v is not None))
     return out
 
 
@@ -153,7 +158,7 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
     undelivered = store.undelivered_alerts()
     evidence = {r: evidence_of(store.stages(r), r)
                 for r in {a["last_run_id"] for a in undelivered} - {run_id}}
-    evidence[run_id] = evidence_of(stages, run_id)
+    evidence[run_id] = evidence_of(stages, run_id, stored_histories(store, run_id, stages))
     plan = plan_delivery(undelivered, evidence)
     counts = Counter(c["verdict"] for s in stages for c in s.get("comparisons", []))
     message = run_message(run, _rows_to_tell(run, plan, evidence[run_id]), dict(counts), links)

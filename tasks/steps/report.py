@@ -11,7 +11,7 @@ from sql import Store
 from .. import rundir
 from ..run_context import RunContext
 from ..settings import load_settings
-from ..views.report import render
+from ..views.report import HISTORY_METRICS, History, render
 from . import Call
 
 
@@ -25,14 +25,30 @@ def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
     return [{**files.get(h["host"], {}), **h} for h in store.fingerprints(run_id)]
 
 
+def stored_histories(store: Store, run_id: str, stages: list[dict], nights: int = 14) -> History:
+    """stage -> metric -> (run, value) of its comparable earlier nights and tonight, for the
+    capacity and cost metrics the stage measured."""
+    out: History = {}
+    for stage in stages:
+        metrics = [m for m in HISTORY_METRICS if stage["metrics"].get(m) is not None]
+        if not metrics:
+            continue
+        earlier = store.history(stage["stage_key"], stage["fingerprint_hash"],
+                                before_run=run_id, limit=nights)[::-1]
+        out[stage["stage_id"]] = {m: [(n["run_id"], n["metrics"].get(m)) for n in earlier]
+                                  + [(run_id, stage["metrics"][m])] for m in metrics}
+    return out
+
+
 def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str:
     """The report of a stored run: everything comes from the results store."""
     run = store.run(run_id)
     if run is None:
         raise ValueError(f"unknown run {run_id!r} in {store.url_for_display} "
                          "(see `perfpipe show` for recent runs)")
-    return render(run, store.stages(run_id), stored_hosts(store, run_id, run_dir),
-                  store.tuning(run_id))
+    stages = store.stages(run_id)
+    return render(run, stages, stored_hosts(store, run_id, run_dir), store.tuning(run_id),
+                  stored_histories(store, run_id, stages))
 
 
 def run(ctx: RunContext, call: Call) -> str:

@@ -20,7 +20,20 @@ SCORE_CARD = (("delivered_rate", "delivered msg/s"), ("target_rate", "target msg
               ("e2e_latency_avg", "avg"), ("e2e_latency_p50", "p50"), ("e2e_latency_p95", "p95"),
               ("e2e_latency_p99", "p99"), ("e2e_latency_stddev", "stddev"), ("lost", "lost"),
               ("errors", "errors"), ("broker_cpu_avg", "broker CPU % avg"),
-              ("broker_cpu_max", "max"), ("broker_rss_max", "broker RSS MB max"))
+              ("broker_cpu_max", "max"), ("broker_rss_max", "broker RSS MiB max"))
+# What the broker spent (from its processes, its own metrics or its host: see the stage's
+# problems), and a search stage's capacity
+COST = (("max_rate", "capacity msg/s"), ("broker_cpu_s_per_10k", "broker CPU-s / 10K msgs"),
+        ("broker_rss_per_1k_conn", "RSS / 1K conns MiB"), ("broker_rss_avg", "RSS MiB avg"),
+        ("broker_cpu_user_avg", "user %"), ("broker_cpu_sys_avg", "sys %"),
+        ("broker_threads_max", "threads"), ("broker_open_files_max", "open files"),
+        ("broker_ctx_switches_per_s", "ctx switches/s"), ("broker_connections_max", "connections"),
+        ("broker_backlog_max", "backlog (its own)"), ("host_cpu_avg", "host CPU %"),
+        ("host_net_rx_avg", "host rx B/s"), ("host_net_tx_avg", "host tx B/s"))
+MIB_METRICS = ("broker_rss_avg", "broker_rss_max", "broker_rss_per_1k_conn", "host_mem_used_max")
+# Drawn night by night where a stage measured them (`histories` of `render`)
+HISTORY_METRICS = ("max_rate", "broker_cpu_s_per_10k", "broker_rss_per_1k_conn")
+History = dict[str, dict[str, list[tuple[str, float | None]]]]  # stage -> metric -> (run, value)
 PERCENTILES = ("p50", "p95", "p99", "p99_9", "max")
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -33,7 +46,7 @@ figure{margin:0}figcaption{font-size:12px;color:#555}"""
 def fmt(value, name: str = "") -> str:
     if value is None:
         return "–"
-    if name.startswith("broker_rss"):
+    if name in MIB_METRICS:
         value = value / 2**20
     if isinstance(value, float) and value.is_integer():
         return f"{int(value):,}"
@@ -110,6 +123,43 @@ def score_card(stages: list[dict]) -> str:
             f"{head}</tr>{rows}</table><p>latency columns: end-to-end, microseconds</p>")
 
 
+def cost_table(stages: list[dict]) -> str:
+    """Capacity and what the broker spent, for the stages that measured any of it."""
+    shown = [s for s in stages if any(s["metrics"].get(name) is not None for name, _ in COST)]
+    if not shown:
+        return "<p>No stage measured capacity or broker cost.</p>"
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in COST)
+    rows = "".join(
+        f'<tr><td class="l">{escape(s["stage_id"])}</td>'
+        + "".join(f"<td>{fmt(s['metrics'].get(name), name)}</td>" for name, _ in COST)
+        + "</tr>" for s in shown)
+    return f'<table id="cost"><tr><th class="l">stage</th>{head}</tr>{rows}</table>'
+
+
+def history_charts(stages: list[dict], histories: History) -> str:
+    """Per stage and capacity or cost metric: its value night by night (oldest first,
+    tonight last), tonight's verdict in the caption."""
+    figures = []
+    for stage in stages:
+        verdict_of = {c["metric"]: c["verdict"] for c in stage.get("comparisons", [])}
+        for metric, nights in histories.get(stage["stage_id"], {}).items():
+            points = [(i + 1, v) for i, (_, v) in enumerate(nights) if v is not None]
+            if not points:
+                continue
+            chart = line_chart({metric: points}, x_label="night (tonight last)", y_label=metric,
+                               title=f"{stage['stage_id']}: {metric} night by night",
+                               width=360, height=200,
+                               chart_id=f"history-{stage['stage_id']}-{metric}")
+            values = " · ".join(fmt(v, metric) for _, v in points)
+            figures.append(f"<figure>{chart}<figcaption>{escape(stage['stage_id'])} "
+                           f"{escape(metric)}: {values} "
+                           f"(tonight: {escape(verdict_of.get(metric, 'not judged'))})"
+                           f"</figcaption></figure>")
+    if not figures:
+        return "<p>No stage has a capacity or cost history yet.</p>"
+    return f'<div class="charts" id="history">{"".join(figures)}</div>'
+
+
 def verdicts(stages: list[dict]) -> str:
     found = [(s["stage_id"], c) for s in stages for c in s.get("comparisons", [])]
     found.sort(key=lambda item: VERDICTS.index(item[1]["verdict"])
@@ -156,7 +206,8 @@ def hosts_section(hosts: list[dict], tuning: list[dict]) -> str:
     return table + "<h3>Tuning</h3>" + tuning_table
 
 
-def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] = ()) -> str:
+def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] = (),
+           histories: History | None = None) -> str:
     stages = _ordered(stages)
     title = f"perfpipe run {run['run_id']}"
     counts = defaultdict(int)
@@ -173,6 +224,8 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
             + f"</p><p>verdicts: {escape(summary)}</p>"
             f"<h2>Delivered rate against clients</h2>{rate_charts(stages)}"
             f"<h2>Score card</h2>{score_card(stages)}"
+            f"<h2>Capacity and broker cost</h2>{cost_table(stages)}"
+            f"{history_charts(stages, histories or {})}"
             f"<h2>Verdicts</h2>{verdicts(stages)}"
             f"<h2>Invalid stages</h2>{invalid_stages(stages)}"
             f"<h2>Latency percentiles</h2>{latency_table(stages)}"
