@@ -8,7 +8,7 @@ VENV := $(STATE)/venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
-APT_PACKAGES := mosquitto mosquitto-clients openssh-server openssh-client iproute2 postgresql openjdk-17-jdk-headless procps util-linux activemq libmqtt-client-java chromium rabbitmq-server
+APT_PACKAGES := mosquitto mosquitto-clients mosquitto-dev libmosquitto-dev gcc openssh-server openssh-client iproute2 postgresql openjdk-17-jdk-headless procps util-linux activemq libmqtt-client-java chromium rabbitmq-server
 
 export AIRFLOW_HOME := $(STATE)/airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
@@ -48,6 +48,7 @@ $(STATE)/.os-deps: Makefile
 	@mkdir -p $(STATE)
 	@missing=""; \
 	  [ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing="$$missing mosquitto"; \
+	  [ -e /usr/include/mosquitto_plugin.h ] && [ -e /usr/include/mosquitto.h ] && command -v gcc >/dev/null || missing="$$missing mosquitto-dev"; \
 	  [ -x /usr/sbin/sshd ] || missing="$$missing sshd"; \
 	  command -v ip >/dev/null || missing="$$missing ip"; \
 	  command -v ssh-keygen >/dev/null || missing="$$missing ssh-keygen"; \

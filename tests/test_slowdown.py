@@ -1,0 +1,202 @@
+"""A broker made slower or costlier in a known way, caught by the nightly: A nights of the
+real pipeline (real Mosquitto, drivers, Spark, SQLite, the Slack Web API server) build a
+history, then B nights run the same broker with the slowdown. The A nights must raise no
+alert; the B nights must raise the regression by the second night at the latest, told in
+Slack exactly once.
+
+- An unmanaged broker with a host (a Mosquitto started here, found by its command line):
+  capacity comes through a proxy whose deliveries share one token bucket, so the broker
+  can deliver `CAPACITY` msg/s exactly; B nights cut the bucket by `CAPACITY_STEP` and load
+  the burn plugin, which adds `BURN_US` of the broker's own CPU time to every message
+  (infra/slowdown). Each night runs one capacity search, held, with the cost at capacity.
+- A managed broker (perfpipe starts it): B nights load the burn plugin through the
+  inventory's broker.extra_config. Each night runs one rated stage, whose cost per message
+  is judged.
+
+`bench/bench_capacity.py` measures the same on more nights and prints the figures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.slowdown.slowdown import (
+    ThrottledProxy,
+    build_burn_plugin,
+    burn_config,
+    unmanaged_inventory,
+)
+from sql import Store
+from tasks.driver.wire import Template
+from tests.conftest import Broker
+
+pytestmark = pytest.mark.slow  # 14 pipeline runs
+
+A_NIGHTS, B_NIGHTS = 5, 2  # the detector knows a stage's noise after 5 nights
+# The steps are large on purpose: with 5 nights of history the detector reads a night
+# against a Student t of 0.37 x 4 degrees of freedom, whose tail needs a change of some 30
+# noise sigmas to pass alpha / 7 (the rated stage judges 7 metrics). How small a step it
+# catches, and at which noise, is bench/bench_capacity.py's and bench_detector.py's job.
+TOPIC, PAYLOAD, PUBLISHERS = "perfpipe/slowdown", 256, 10
+PACKET = len(Template(TOPIC, 0, PAYLOAD, 0, 0).packet)  # a QoS 0 delivery, as sent
+CAPACITY = 2_000  # msg/s the proxy lets the broker deliver to the one subscriber
+CAPACITY_STEP = -0.25  # B nights: the bucket 25% smaller
+BURN_US = 160  # B nights: CPU microseconds the broker spends more on every message
+RATED = 2_000  # msg/s of the managed broker's rated stage
+
+SEARCH = f"""
+name: slow_capacity
+source: "perfpipe's slowdown test: fan-in capacity through a throttled delivery path"
+qos: [0]
+publishers:
+  - {{group: pub, count: {PUBLISHERS}, topic: "{TOPIC}", aggregate_rate: 500,
+     payload_bytes: {PAYLOAD}}}
+subscribers:
+  - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
+stages:
+  warmup_s: 1
+  measure_s: 2
+  cooldown_s: 0
+  search: {{growth: 2.0, precision: 0.05, max_probes: 10, hold_s: 2, holds: 2}}
+"""
+RATED_STAGE = f"""
+name: slow_rated
+source: "perfpipe's slowdown test: fan-in at a rated load"
+qos: [0]
+publishers:
+  - {{group: pub, count: {PUBLISHERS}, topic: "{TOPIC}", aggregate_rate: {RATED},
+     payload_bytes: {PAYLOAD}}}
+subscribers:
+  - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
+stages: {{warmup_s: 1, measure_s: 3, cooldown_s: 0}}
+"""
+
+
+@pytest.fixture
+def slowdown_env(tmp_path, monkeypatch, perfpipe_env, spark_connect, slack):
+    scenarios = tmp_path / "scenarios"
+    (scenarios / "catalog").mkdir(parents=True)
+    (scenarios / "catalog" / "slow_capacity.yml").write_text(SEARCH)
+    (scenarios / "catalog" / "slow_rated.yml").write_text(RATED_STAGE)
+    (scenarios / "suites.yml").write_text(
+        "suites: {capacity: [slow_capacity], rated: [slow_rated]}\n")
+    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(scenarios))
+    monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", "xoxb-slowdown")
+    monkeypatch.setenv("PERFPIPE_SLACK_BASE_URL", slack.base_url)
+    return slack
+
+
+def night(suite: str, inventory: Path) -> str:
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    outcome = run_pipeline(load_settings(), suite=suite, inventory=inventory, kind="nightly",
+                           say=lambda _: None)
+    assert outcome.status == "ok", outcome
+    return outcome.run_id
+
+
+def verdicts(run_id: str) -> dict[str, dict]:
+    from tasks.settings import load_settings
+
+    (stage,) = [s for s in Store(load_settings().database_url()).stages(run_id)
+                if not s["params"].get("probe_of")]
+    return {"stage": stage, **{c["metric"]: c for c in stage["comparisons"]}}
+
+
+def run_nights(suite: str, inventories: list[Path], slack, first: int = 1) -> list[dict]:
+    """Nights `first`, `first` + 1, ... in order; Slack must stay quiet through the A nights
+    (whatever a short history's verdicts) and the first B night (a suspicion waits for the
+    next night)."""
+    nights = []
+    for number, inventory in enumerate(inventories, first):
+        nights.append(verdicts(night(suite, inventory)))
+        if number <= A_NIGHTS + 1:
+            assert slack.posts() == [], f"night {number} alerted: {slack.posts()[-1].body}"
+    return nights
+
+
+def last_report() -> str:
+    from tasks.settings import load_settings
+
+    store = Store(load_settings().database_url())
+    return (Path(store.latest_runs(1)[0]["artifact_dir"]) / "report.html").read_text()
+
+
+def flagged(nights: list[dict], metric: str) -> list[str]:
+    return [n[metric]["verdict"] for n in nights if metric in n]
+
+
+def report(name: str, nights: list[dict], metric: str, injected: str) -> None:
+    values = [n["stage"]["metrics"][metric] for n in nights]
+    before = sorted(values[:A_NIGHTS])[A_NIGHTS // 2]
+    after = values[A_NIGHTS:]
+    detected = [n[metric]["change_pct"] for n in nights[A_NIGHTS:]]
+    print(f"\n{name} {metric}: A nights {[round(v, 4) for v in values[:A_NIGHTS]]}, "
+          f"B nights {[round(v, 4) for v in after]}; injected {injected}, measured "
+          f"{[f'{100 * (v / before - 1):+.1f}%' for v in after]} against the A median, "
+          f"detected {[f'{d:+.1f}%' for d in detected]} "
+          f"({' -> '.join(flagged(nights, metric)[A_NIGHTS:])})")
+
+
+def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_night(
+        slowdown_env, tmp_path):
+    plugin = build_burn_plugin()
+    work = tmp_path / "broker"
+    work.mkdir()
+    broker = Broker(work)
+    proxy = ThrottledProxy(broker.port, CAPACITY * PACKET)
+    inventory = unmanaged_inventory(tmp_path / "unmanaged.yml", proxy.port, work)
+    try:
+        nights = run_nights("capacity", [inventory] * A_NIGHTS, slowdown_env)
+        broker.kill()  # the same broker, now with the burn plugin and a smaller bucket
+        broker = Broker(work, extra_conf="\n".join(burn_config(plugin, BURN_US)) + "\n")
+        proxy.upstream, proxy.rate = broker.port, CAPACITY * (1 + CAPACITY_STEP) * PACKET
+        nights += run_nights("capacity", [inventory] * B_NIGHTS, slowdown_env, A_NIGHTS + 1)
+    finally:
+        proxy.close()
+        broker.kill()
+    for n in nights[:A_NIGHTS]:  # the search finds the capacity the bucket allows
+        assert n["stage"]["validity"] == "valid", n["stage"]["reason"]
+        assert abs(n["stage"]["metrics"]["max_rate"] - CAPACITY) <= 0.10 * CAPACITY
+    report("unmanaged", nights, "max_rate", f"{100 * CAPACITY_STEP:+.0f}%")
+    base_cost = sorted(n["stage"]["metrics"]["broker_cpu_s_per_10k"] for n in nights[:A_NIGHTS])
+    report("unmanaged", nights, "broker_cpu_s_per_10k",
+           f"+{BURN_US * 10_000 / 1e6:.2f} CPU-s per 10K msgs "
+           f"(+{100 * BURN_US * 0.01 / base_cost[A_NIGHTS // 2]:.0f}%)")
+    confirmed = [m for m in ("max_rate", "broker_cpu_s_per_10k")
+                 if flagged(nights, m)[A_NIGHTS:] in (["suspected", "regression"],
+                                                      ["regression", "regression"])]
+    assert confirmed, {m: flagged(nights, m) for m in ("max_rate", "broker_cpu_s_per_10k")}
+    (told,) = slowdown_env.posts()  # exactly one message, on the second B night
+    assert "regression" in told.body["text"]
+    blocks = json.dumps(told.body["blocks"])
+    assert all(f"`{m}`" in blocks for m in confirmed) and "before: " in blocks  # with history
+    # the last night's report draws capacity and cost night by night, all seven nights
+    html = last_report()
+    for metric in ("max_rate", "broker_cpu_s_per_10k"):
+        chart = html.split(f'id="history-slow_capacity.q0.c100.search-{metric}"')[1]
+        assert chart.split("</svg>")[0].count("<circle") == A_NIGHTS + B_NIGHTS
+
+
+def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_env, tmp_path):
+    plugin = build_burn_plugin()
+    plain, burning = tmp_path / "managed.yml", tmp_path / "managed-burning.yml"
+    broker = "broker: {kind: mosquitto, host: localhost, address: 127.0.0.1"
+    hosts = "hosts: [{name: localhost, transport: local, roles: [broker, driver], procs: 1}]\n"
+    plain.write_text(f"{hosts}{broker}}}\n")
+    burning.write_text(f"{hosts}{broker}, extra_config: {json.dumps(burn_config(plugin, BURN_US))}}}\n")
+    nights = run_nights("rated", [plain] * A_NIGHTS + [burning] * B_NIGHTS, slowdown_env)
+    for n in nights:
+        assert n["stage"]["validity"] == "valid", n["stage"]["reason"]
+    base_cost = sorted(n["stage"]["metrics"]["broker_cpu_s_per_10k"] for n in nights[:A_NIGHTS])
+    report("managed", nights, "broker_cpu_s_per_10k",
+           f"+{BURN_US * 10_000 / 1e6:.2f} CPU-s per 10K msgs "
+           f"(+{100 * BURN_US * 0.01 / base_cost[A_NIGHTS // 2]:.0f}%)")
+    assert flagged(nights, "broker_cpu_s_per_10k")[A_NIGHTS:] in (["suspected", "regression"],
+                                                                  ["regression", "regression"])
+    (told,) = slowdown_env.posts()
+    assert "broker_cpu_s_per_10k" in json.dumps(told.body["blocks"])
