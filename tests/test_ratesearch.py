@@ -143,3 +143,29 @@ def test_a_driver_at_its_limit_at_the_answer_makes_the_search_say_so():
     outcome = search.outcome()
     assert outcome["converged"] is False
     assert outcome["reason"].startswith("a driver process used 97% of a core at 4000 msg/s")
+
+
+def test_a_failure_just_above_the_best_narrows_the_bracket_and_is_never_probed_again():
+    """A probe that kept up and the next one above it that fell behind by more than the
+    tolerance disagree (their noise differed): the failed rate still bounds the bracket.
+    Replays a night of this machine's Mosquitto, whose search probed 121,239 msg/s twice and
+    then failed on two failed probes at one rate."""
+    search = RateSearch(10_000, SearchPolicy(precision=0.02, max_probes=14))
+    for rate, received in [(10_000, 1.0), (20_000, 1.0), (40_000, 1.0), (80_000, 1.0),
+                           (160_000, 0.731), (115_787, 1.0), (119_394, 1.0)]:
+        best = search.next_rate()
+        assert best == pytest.approx(rate, rel=1e-3)
+        search.record(ProbeResult(best, 1.0, received))
+    failed_at = search.next_rate()
+    search.record(ProbeResult(failed_at, 1.0, 0.882))  # delivered below the best
+    assert search.top == failed_at
+    assert search.converged  # 119,394 and 121,239 are within 2%
+    assert search.next_rate() is None and search.outcome()["max_rate"] == best
+
+
+def test_two_failed_probes_at_one_rate_narrow_on_the_lower_delivery():
+    search = RateSearch(1_000, SearchPolicy(precision=0.01, max_probes=10))
+    for probe in [ProbeResult(1_000, 1.0, 1.0), ProbeResult(2_000, 1.0, 0.80),
+                  ProbeResult(2_000, 1.0, 0.70)]:
+        search.record(probe)
+    assert search.next_rate() == pytest.approx(2_000 * 0.70 * (1 - 0.005))

@@ -114,11 +114,15 @@ class RateSearch:
     def top(self) -> float | None:
         """The lowest rate known not to keep up: the lowest failed probe above `best`, or
         less where a failed probe delivered less (above delivered / (1 - tolerance) no probe
-        can keep up, if a broker that fell behind delivers no more when offered more)."""
+        can keep up, if a broker that fell behind delivers no more when offered more). A
+        delivery estimate at or below `best` contradicts the probe that kept up there (the
+        two probes saw different noise), so that probe bounds by its own rate."""
         best = self.best or 0.0
-        bounds = [min(p.rate, p.delivered_rate / (1 - self.policy.tolerance))
-                  for p, kept in self.probes if not kept and p.rate > best]
-        bounds = [b for b in bounds if b > best]
+        bounds = []
+        for p, kept in self.probes:
+            if not kept and p.rate > best:
+                estimate = min(p.rate, p.delivered_rate / (1 - self.policy.tolerance))
+                bounds.append(estimate if estimate > best else p.rate)
         return min(bounds) if bounds else None
 
     @property
@@ -131,8 +135,8 @@ class RateSearch:
         delivered when that lies inside, else the geometric middle."""
         step = 1 + self.policy.precision
         failed = [p for p, kept in self.probes if not kept and p.rate > best]
-        estimate = min(p.rate for p in failed)
-        estimate = min(p for p in failed if p.rate == estimate).delivered_rate \
+        lowest = min(p.rate for p in failed)
+        estimate = min(p.delivered_rate for p in failed if p.rate == lowest) \
             * (1 - self.policy.precision / 2)
         if best * step <= estimate <= top / step:
             return estimate
