@@ -15,8 +15,10 @@ lies inside the bracket, the next probe goes just below it (a broker that fell b
 above delivered / (1 - tolerance) can keep up, which bounds the bracket from above.
 
 With `hold_s`, the answer is then held: one more probe at the rate found, `hold_s` seconds
-long; when it does not keep up over that longer window, the rate steps down by `precision`
-and is held again, at most `holds` times. The search's answer is the rate that held.
+long; when it does not keep up over that longer window, the rate steps down (by
+`precision`, or to just below what the failed hold delivered when that is lower, never
+below what the best probe showed the broker sustains) and is held again, at most `holds`
+times. The search's answer is the rate that held.
 """
 
 from __future__ import annotations
@@ -164,7 +166,19 @@ class RateSearch:
             return None
         if not self.held:
             return self.best
-        return self.held[-1][0].rate / (1 + self.policy.precision)
+        return self._stepped_down(self.held[-1][0])
+
+    def _stepped_down(self, failed: ProbeResult) -> float:
+        """The rate to hold after `failed` did not hold: `precision` lower, or just below
+        what it delivered when that is lower still. A probe keeps up within `tolerance`, so
+        the rate found may be up to that much above what the broker sustains, and steps of
+        `precision` alone would not reach it in `holds` tries; the broker sustained at least
+        best x (1 - tolerance) in that probe, which bounds the step from below (one stalled
+        hold cannot drag the answer down)."""
+        policy = self.policy
+        lower = min(failed.rate / (1 + policy.precision),
+                    failed.delivered_rate * (1 - policy.precision / 2))
+        return max(lower, self.best * (1 - policy.tolerance) * (1 - policy.precision / 2))
 
     @property
     def max_rate(self) -> float | None:
