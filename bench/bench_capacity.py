@@ -1,0 +1,250 @@
+"""How small a capacity step does the nightly catch within two nights, here? Measured, in one
+run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
+
+    .state/venv/bin/python bench/bench_capacity.py [--nights 8] [--real-nights 6]
+                                                   [--series 2000] [--out FILE]
+
+1. The method's own precision: `--nights` nights of a capacity search (the shipped
+   capacity scenarios' search: precision 2%, a 10 s hold, warm starts) against a Mosquitto
+   whose deliveries pass a token bucket (infra/slowdown), so its capacity is known
+   exactly; then two nights with the bucket 5% smaller, and whether perfpipe's verdicts
+   caught it (suspected, then regression).
+2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` QoS 0
+   search against a plain Mosquitto perfpipe starts (no throttle: the 2 vCPUs are the
+   limit), and the broker's cost per message at its hold.
+3. For every measured noise, the smallest step caught within two nights: the
+   Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
+   1 per 100 series; bench/bench_detector.py's `recall_bound`) and perfpipe's own
+   detector on simulated histories of that noise (`--series` each), both at 90%.
+
+The figures go to stdout and, with --out, to a JSON file (bench/noise_measured.json keeps
+them under "capacity"). Nothing is timed: wall time only decides how long it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_detector import recall_bound  # noqa: E402
+
+from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
+from tasks.analysis.detector import Policy, compare_metric  # noqa: E402
+from tasks.driver.wire import Template  # noqa: E402
+
+TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256
+CAPACITY = 2_000  # msg/s the bucket lets through to the one subscriber
+STEPS = (0.02, 0.03, 0.05, 0.07, 0.10, 0.15, 0.20, 0.30, 0.50)
+TARGET = 0.90  # recall within two nights that counts as "caught"
+
+THROTTLED = f"""
+name: bench_throttled
+source: "bench_capacity: fan-in capacity through a throttled delivery path"
+qos: [0]
+publishers:
+  - {{group: pub, count: 10, topic: "{TOPIC}", aggregate_rate: 500, payload_bytes: {PAYLOAD}}}
+subscribers:
+  - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
+stages:
+  warmup_s: 1
+  measure_s: 3
+  cooldown_s: 1
+  search: {{growth: 2.0, precision: 0.02, max_probes: 14, hold_s: 10, holds: 2}}
+"""
+
+
+def robust_sigma(values: list[float]) -> float:
+    """1.4826 x MAD of the logs: the detector's own noise estimate."""
+    logs = [math.log(v) for v in values if v]
+    centre = statistics.median(logs)
+    return 1.4826 * statistics.median(abs(x - centre) for x in logs)
+
+
+def night(suite: str, inventory: Path) -> dict:
+    from sql import Store
+    from tasks import rundir
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    outcome = run_pipeline(load_settings(), suite=suite, inventory=inventory, kind="nightly",
+                           say=lambda _: None)
+    stages = Store(load_settings().database_url()).stages(outcome.run_id)
+    searches = [s for s in stages if s["stage_id"].endswith(".search")]
+    if not searches:  # the run failed before it stored its search: say why, go on
+        trace = load_settings().run_dir(outcome.run_id) / rundir.ERROR_LOG
+        lines = trace.read_text().strip().splitlines() if trace.exists() else ["no error.log"]
+        return {"run": outcome.run_id, "status": outcome.status, "validity": outcome.status,
+                "reason": lines[-1], "max_rate": None, "verdicts": {}}
+    (search,) = searches
+    verdicts = {c["metric"]: c["verdict"] for c in search["comparisons"]}
+    return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
+            "reason": search["reason"], **search["metrics"], "verdicts": verdicts}
+
+
+def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
+    """`nights` A nights against a Mosquitto started here behind a bucket of CAPACITY msg/s
+    (an unmanaged broker with a host), then two B nights with the bucket 5% smaller."""
+    from bench_driver import Broker
+
+    packet = len(Template(TOPIC, 0, PAYLOAD, 0, 0).packet)
+    broker = Broker(work)
+    proxy = ThrottledProxy(broker.port, CAPACITY * packet)
+    inventory = unmanaged_inventory(work / "throttled.yml", proxy.port, work)
+    try:
+        a = [say_night("throttled A", i, night("throttled", inventory)) for i in range(nights)]
+        proxy.rate = CAPACITY * 0.95 * packet
+        b = [say_night("throttled B -5%", i, night("throttled", inventory)) for i in range(2)]
+    finally:
+        proxy.close()
+        broker.stop()
+    return a, b
+
+
+def real_nights(nights: int) -> list[dict]:
+    """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here."""
+    inventory = REPO / "infra" / "inventories" / "local.yml"
+    return [say_night("real", i, night("real", inventory)) for i in range(nights)]
+
+
+def say_night(label: str, number: int, result: dict) -> dict:
+    print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
+          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, "
+          f"{result['validity']}{': ' + result['reason'] if result['reason'] else ''}; "
+          f"verdicts {result['verdicts']}", flush=True)
+    return result
+
+
+def smallest_step(sigma: float, series: int, rng: np.random.Generator) -> dict:
+    """The smallest step in STEPS caught within two nights with TARGET probability: by
+    the Neyman-Pearson bound, and by perfpipe's detector on simulated 20-night histories of
+    log-normal-like noise (t, 3 d.o.f., this robust sigma) judged as a search stage's
+    three metrics."""
+    found = {"bound": None, "perfpipe": None}
+    for step in STEPS:
+        delta = math.log1p(step)
+        _, bound2 = recall_bound(sigma, delta, rng, draws=200_000)
+        if found["bound"] is None and bound2 >= TARGET:
+            found["bound"] = step
+        if found["perfpipe"] is None and simulated_recall(sigma, step, series, rng) >= TARGET:
+            found["perfpipe"] = step
+        if None not in found.values():
+            break
+    return found
+
+
+def simulated_recall(sigma: float, step: float, series: int, rng: np.random.Generator) -> float:
+    """Share of simulated max_rate histories where perfpipe says `regression` on the first
+    or second night after a capacity drop of `step` (20 quiet nights before)."""
+    from scipy.stats import t as student_t
+
+    scale = sigma / (1.4826 * float(student_t.ppf(0.75, 3)))
+    policy, caught = Policy(), 0
+    for _ in range(series):
+        values = list(np.exp(scale * rng.standard_t(3, 22)))
+        values[20] *= 1 - step
+        values[21] *= 1 - step
+        history, previous, verdict = [], None, None
+        for night_no, value in enumerate(values):
+            v = compare_metric("s", "max_rate", float(value), history, {}, policy, tests=3,
+                               previous=previous)
+            held = v.verdict in ("suspected", "regression") and v.detail.get("hold")
+            history.insert(0, {"metrics": {"max_rate": float(value)},
+                               "held_out": ["max_rate"] if held else []})
+            previous = {"verdict": v.verdict, "detail": v.detail}
+            if night_no >= 20 and v.verdict == "regression":
+                verdict = "regression"
+        caught += verdict == "regression"
+    return caught / series
+
+
+def scenarios_dir(work: Path) -> Path:
+    """The shipped catalog, plus the throttled scenario, with the bench's two suites."""
+    import shutil
+
+    target = work / "scenarios"
+    shutil.copytree(REPO / "scenarios", target)
+    (target / "catalog" / "bench_throttled.yml").write_text(THROTTLED)
+    (target / "suites.yml").write_text(
+        "suites:\n  throttled: [bench_throttled]\n"
+        "  real: [{scenario: capacity_fanin, qos: [0]}]\n")
+    return target
+
+
+def noise_of(nights: list[dict], metric: str) -> dict:
+    values = [n[metric] for n in nights if n.get(metric)]
+    return {"values": [round(v, 6) for v in values], "nights": len(values),
+            "robust_sigma": round(robust_sigma(values), 5) if len(values) >= 3 else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nights", type=int, default=8, help="A nights of the throttled broker")
+    parser.add_argument("--real-nights", type=int, default=6, help="nights of the real one")
+    parser.add_argument("--series", type=int, default=2000, help="simulated histories per step")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="perfpipe-bench-capacity-") as tmp:
+        work = Path(tmp)
+        os.environ.update(PERFPIPE_STATE_DIR=str(work / "state"),
+                          PERFPIPE_SCENARIOS_DIR=str(scenarios_dir(work)))
+        for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY"):
+            os.environ.pop(name, None)
+        print(f"1. throttled Mosquitto, capacity {CAPACITY} msg/s exactly:", flush=True)
+        a, b = throttled_nights(work, args.nights)
+        print("2. this machine's Mosquitto, capacity_fanin QoS 0 (perfpipe starts it):",
+              flush=True)
+        real = real_nights(args.real_nights)
+    figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
+               "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
+               "seconds": round(time.time() - started),
+               "throttled": {"capacity": CAPACITY, "max_rate": noise_of(a, "max_rate"),
+                             "cost": noise_of(a, "broker_cpu_s_per_10k"),
+                             "step_5pct": [{"max_rate": n["max_rate"],
+                                            "verdict": n["verdicts"].get("max_rate")}
+                                           for n in b]},
+               "real": {"max_rate": noise_of(real, "max_rate"),
+                        "cost": noise_of(real, "broker_cpu_s_per_10k"),
+                        "validity": [n["validity"] for n in real],
+                        "reasons": sorted({n["reason"] for n in real if n["reason"]})}}
+    print("\n3. the smallest step caught within two nights (90%), at each measured noise:")
+    rows = [("throttled max_rate", figures["throttled"]["max_rate"]),
+            ("throttled cost/msg", figures["throttled"]["cost"]),
+            ("real max_rate", figures["real"]["max_rate"]),
+            ("real cost/msg", figures["real"]["cost"])]
+    print(f"  {'series':20} {'nights':>6} {'noise':>7} {'bound':>7} {'perfpipe':>9}")
+    for label, noise in rows:
+        sigma = noise["robust_sigma"]
+        if sigma is None:
+            print(f"  {label:20} {noise['nights']:>6}  (too few nights)")
+            continue
+        smallest = smallest_step(max(sigma, 1e-4), args.series, rng)
+        noise["smallest_step"] = smallest
+        fmt = lambda x: "none" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+        print(f"  {label:20} {noise['nights']:>6} {100 * sigma:>6.2f}% {fmt(smallest['bound']):>7} "
+              f"{fmt(smallest['perfpipe']):>9}")
+    caught = [s["verdict"] for s in figures["throttled"]["step_5pct"]]
+    print(f"\n  a 5% capacity step on the throttled broker: {' -> '.join(map(str, caught))}")
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        print(f"figures written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
