@@ -101,11 +101,14 @@ def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_
         assert not listening(port), f"{name} port {port} still listens"
     assert bystander_epmd.poll() is None, "perfpipe stopped an epmd it did not start"
     assert epmd_pids() == epmd_before  # its own epmd is gone, every other one still runs
-    # the node's own account of its CPU (Prometheus) against /proc: the same within a third
+    # the node's own account of its CPU (Prometheus: Erlang's statistics(runtime), user CPU
+    # only) against /proc's user CPU of its processes. Measured in one run: 5.94% own,
+    # 5.93% user, 9.56% user + system; so the two agree on user CPU, and the node's own
+    # figure leaves out the system time (see the adapter).
     for stage in stages:
         sampler = run_dir / "raw" / stage["stage_id"] / "localhost" / "sampler"
         own = mean_column(sampler / STATS_FILE, "cpu_pct")
-        assert own == pytest.approx(mean_column(sampler / SAMPLER_FILE, "cpu_pct"), rel=0.35)
+        assert own == pytest.approx(mean_column(sampler / SAMPLER_FILE, "cpu_user_pct"), rel=0.15)
 
 
 def mean_column(path: Path, column: str) -> float:
