@@ -118,7 +118,6 @@ class BrokerConfig(BaseModel):
         description="the broker's own Prometheus endpoint (default: its adapter's, on the "
         "broker's address)")
 
-
     @field_validator("extra_config")
     @classmethod
     def _config_lines(cls, lines: list[str]) -> list[str]:
