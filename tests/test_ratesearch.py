@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
@@ -195,5 +197,9 @@ def test_a_hold_that_fell_behind_steps_down_to_what_it_delivered():
     assert search.outcome()["max_rate"] == second and search.outcome()["converged"]
 
     stalled = search_at_1999()
+    stalled.policy = replace(stalled.policy, holds=3)
     stalled.record_hold(ProbeResult(stalled.best, 1.0, 0.5, backlog=rising))
-    assert stalled.next_hold() == pytest.approx(stalled.best * 0.95 * 0.99)
+    floor = stalled.next_hold()
+    assert floor == pytest.approx(stalled.best * 0.95 * 0.99)
+    stalled.record_hold(ProbeResult(floor, 1.0, 0.5, backlog=rising))  # failed there too
+    assert stalled.next_hold() == pytest.approx(floor / 1.02)  # lower again, not the same

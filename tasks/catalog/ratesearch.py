@@ -174,11 +174,13 @@ class RateSearch:
         the rate found may be up to that much above what the broker sustains, and steps of
         `precision` alone would not reach it in `holds` tries; the broker sustained at least
         best x (1 - tolerance) in that probe, which bounds the step from below (one stalled
-        hold cannot drag the answer down)."""
+        hold cannot drag the answer down), unless a hold at that bound failed too: then
+        `precision` lower again, never the same rate twice."""
         policy = self.policy
-        lower = min(failed.rate / (1 + policy.precision),
-                    failed.delivered_rate * (1 - policy.precision / 2))
-        return max(lower, self.best * (1 - policy.tolerance) * (1 - policy.precision / 2))
+        stepped = failed.rate / (1 + policy.precision)
+        lower = min(stepped, failed.delivered_rate * (1 - policy.precision / 2))
+        floor = self.best * (1 - policy.tolerance) * (1 - policy.precision / 2)
+        return min(max(lower, floor), stepped)
 
     @property
     def max_rate(self) -> float | None:
