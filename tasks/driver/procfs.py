@@ -84,21 +84,22 @@ def _read_pid(path: str) -> int | None:
         return None
 
 
-def _unit_cgroup(unit: str) -> Path | None:
+def _unit_property(unit: str, name: str) -> str:
+    """One property of a systemd unit ("" when systemctl is missing or fails)."""
     try:
-        out = subprocess.run(["systemctl", "show", "-p", "ControlGroup", "--value", unit],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(["systemctl", "show", "-p", name, "--value", unit],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return ""
+
+
+def _unit_cgroup(unit: str) -> Path | None:
+    out = _unit_property(unit, "ControlGroup")
     return Path("/sys/fs/cgroup") / out.lstrip("/") if out else None
 
 
 def _unit_main_pid(unit: str) -> int | None:
-    try:
-        out = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
+    out = _unit_property(unit, "MainPID")
     return int(out) if out.isdigit() and out != "0" else None
 
 
