@@ -130,8 +130,8 @@ def say_night(label: str, number: int, result: dict) -> dict:
 def smallest_step(sigma: float, series: int, rng: np.random.Generator) -> dict:
     """The smallest step in STEPS caught within two nights with TARGET probability: by
     the Neyman-Pearson bound, and by perfpipe's detector on simulated 20-night histories of
-    log-normal-like noise (t, 3 d.o.f., this robust sigma) judged as a search stage's
-    three metrics."""
+    log-normal-like noise (t, 3 d.o.f., this robust sigma), the stage judged on its own
+    noise (no other stage to pool with)."""
     found = {"bound": None, "perfpipe": None}
     for step in STEPS:
         delta = math.log1p(step)
@@ -158,7 +158,7 @@ def simulated_recall(sigma: float, step: float, series: int, rng: np.random.Gene
         values[21] *= 1 - step
         history, previous, verdict = [], None, None
         for night_no, value in enumerate(values):
-            v = compare_metric("s", "max_rate", float(value), history, {}, policy, tests=3,
+            v = compare_metric("s", "max_rate", float(value), history, policy,
                                previous=previous)
             held = v.verdict in ("suspected", "regression") and v.detail.get("hold")
             history.insert(0, {"metrics": {"max_rate": float(value)},

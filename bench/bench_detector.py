@@ -3,10 +3,12 @@ on synthetic histories whose noise is this machine's own (bench/noise_measured.j
 
     .state/venv/bin/python bench/bench_detector.py [--series 500] [--seed 1]
 
-Every simulated night is one stage with all the judged metrics of a QoS 1 stage (so the
-multiple-testing correction is the pipeline's), run through `tasks.analysis.detector.compare_stage`
-with the store's rules replayed in memory: history newest first, flagged values held out
-of the baseline until the next night clears them, the previous verdict handed back.
+Every simulated night is a run of `SUITE` stages on one fingerprint, each with all the
+judged metrics, run through `tasks.analysis.detector.compare_stage` as the compare step
+runs it (each stage's noise pooled with the other stages' histories) with the store's
+rules replayed in memory: history newest first, flagged values held out of the baseline
+until the next night clears them, the previous verdict handed back. A step hits one stage
+of the suite; every stage of an A/A suite is a series.
 
 Noise per metric: night-to-night log noise from a Student t with 3 degrees of freedom
 (the measured latency and CPU figures have sd / robust-sigma ratios of 1.2 to 2.4, a normal
@@ -23,7 +25,11 @@ then a step of known size from night 21 on, 5 nights watched). A detection is th
 effect: an alarm) as the ratio to beat. Next to perfpipe's recall, `recall_bound` prints
 what no detector can beat at that noise and false-alarm budget (the Neyman-Pearson test
 with the true level and noise law given): where a bar is above it, the machine's noise, not
-the detector, is what fails it. Figures come from one run; nothing is timed.
+the detector, is what fails it. Beside it, the recall of perfpipe's own two-night rule
+were the level and noise known: the difference between that and perfpipe is what
+estimating them from the history costs. The MDE table sets what the pipeline reports
+beside the step the bound catches with 90% probability within two nights. Figures come
+from one run; nothing is timed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,12 +49,21 @@ from scipy.stats import t as student_t
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.analysis.detector import Policy, compare_stage, judged_metrics  # noqa: E402
-from tasks.metrics import FLAGGED, METRICS  # noqa: E402
+from tasks.analysis.detector import (  # noqa: E402
+    MDE_POWER,
+    Policy,
+    Verdict,
+    bad_threshold,
+    compare_stage,
+    judged_metrics,
+    pooled_noise,
+)
+from tasks.metrics import METRICS  # noqa: E402
 
 RATES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s"}
 SECONDS = 10
 WARM, WATCH, AA_NIGHTS = 20, 5, 30
+SUITE = 4  # stages per simulated run, sharing a fingerprint (the smoke suite has 4)
 T_DOF = 3
 T_MAD = float(student_t.ppf(0.75, T_DOF))  # MAD of the standard t
 
@@ -105,76 +121,111 @@ class Stage:
         return list(level * (1 + x))
 
 
-Detector = Callable[[Stage, int], list[dict[str, str]]]
+Detector = Callable[[list[Stage], int], list[list[dict[str, Verdict]]]]
+NOISE_VERDICTS = ("suspected", "regression", "improvement")
 
 
-def perfpipe(stage: Stage, nights: int, policy: Policy = Policy()) -> list[dict[str, str]]:
-    """Verdicts per night by the pipeline's detector and the store's rules, in memory: a
-    flagged value is held out of the baseline; when a night clears a suspicion, every night
-    of that suspicion (its alert's span) rejoins the baseline."""
-    history: list[dict] = []
-    previous: dict[str, dict] = {}
-    suspicion: dict[str, list[dict]] = {}  # metric -> the open suspicion's nights
-    out = []
+def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metric: str | None = None,
+          step: float = 0.0, scales: tuple[float, ...] | None = None) -> list[Stage]:
+    """`SUITE` stages on one fingerprint with the same noise (times `scales`, when given);
+    the first one takes the step."""
+    stages = []
+    for i, factor in enumerate(scales or (1.0,) * SUITE):
+        scaled = Noise({m: factor * v for m, v in noise.night.items()}, noise.per_second_cv,
+                       noise.per_second_ar)
+        stages.append(Stage(scaled, metrics, rng, step_metric if i == 0 else None, step, WARM))
+    return stages
+
+
+def perfpipe(stages: list[Stage], nights: int,
+             policy: Policy = Policy()) -> list[list[dict[str, Verdict]]]:
+    """Verdicts per stage and night by the pipeline's detector and the store's rules, in
+    memory: the noise pooled over the other stages as the compare step pools it; a flagged
+    value held out of the baseline; when a night clears a suspicion, every night of that
+    suspicion (its alert's span) rejoins the baseline."""
+    histories: list[list[dict]] = [[] for _ in stages]
+    previous: list[dict[str, dict]] = [{} for _ in stages]
+    suspicion: list[dict[str, list[dict]]] = [{} for _ in stages]
+    out: list[list[dict[str, Verdict]]] = [[] for _ in stages]
     for k in range(nights):
-        values, series = stage.night(k)
-        verdicts = compare_stage("s", values, series, "valid", history, policy,
-                                 previous=previous, run_id=f"n{k}")
-        entry = {"run_id": f"n{k}", "metrics": values, "series": series,
-                 "held_out": [v.metric for v in verdicts if v.verdict in FLAGGED and v.detail["hold"]]}
-        for v in verdicts:
-            if v.verdict == "suspected":
-                suspicion.setdefault(v.metric, []).append(entry)
-            elif v.verdict == "regression":
-                suspicion.pop(v.metric, None)
-            elif v.verdict in ("unchanged", "improvement"):
-                for night in suspicion.pop(v.metric, []):  # cleared
-                    night["held_out"] = [m for m in night["held_out"] if m != v.metric]
-            if v.verdict not in ("no_baseline", "invalid"):
-                previous[v.metric] = {"verdict": v.verdict, "detail": v.detail}
-        history.insert(0, entry)
-        del history[2 * policy.window:]
-        out.append({v.metric: v.verdict for v in verdicts})
+        tonight = [stage.night(k)[0] for stage in stages]
+        for i, values in enumerate(tonight):
+            others = histories[:i] + histories[i + 1:]
+            peers = pooled_noise(others, policy)
+            verdicts = compare_stage("s", values, "valid", histories[i], policy,
+                                     previous=previous[i], run_id=f"n{k}", peers=peers)
+            out[i].append({v.metric: v for v in verdicts})
+            follow(verdicts, {"run_id": f"n{k}", "metrics": values}, histories[i],
+                   previous[i], suspicion[i])
+        for history in histories:
+            del history[2 * policy.window:]
     return out
 
 
-def naive(stage: Stage, nights: int) -> list[dict[str, str]]:
+def follow(verdicts: list[Verdict], entry: dict, history: list[dict], previous: dict[str, dict],
+           suspicion: dict[str, list[dict]]) -> None:
+    """The store's rules for one stage's night: held-out values, cleared suspicions."""
+    entry["held_out"] = [v.metric for v in verdicts if v.detail.get("hold")]
+    for v in verdicts:
+        if v.verdict == "suspected":
+            suspicion.setdefault(v.metric, []).append(entry)
+        elif v.verdict == "regression":
+            suspicion.pop(v.metric, None)
+        elif v.verdict in ("unchanged", "improvement", "learning"):
+            for night in suspicion.pop(v.metric, []):  # cleared
+                night["held_out"] = [m for m in night["held_out"] if m != v.metric]
+        if v.verdict not in ("no_baseline", "invalid"):
+            previous[v.metric] = {"verdict": v.verdict, "detail": v.detail}
+    history.insert(0, entry)
+
+
+def naive(stages: list[Stage], nights: int) -> list[list[dict[str, Verdict]]]:
     """Percentage against last night: worse by the minimum practical effect is an alarm."""
+    return [naive_stage(stage, nights) for stage in stages]
+
+
+def naive_stage(stage: Stage, nights: int) -> list[dict[str, Verdict]]:
     out, last = [], None
     for k in range(nights):
         values, _ = stage.night(k)
         tonight = {}
         for m, v in values.items():
-            if last is None:
-                tonight[m] = "no_baseline"
-                continue
-            change = v / last[m] - 1
-            worse = -change if METRICS[m].better == "higher" else change
-            tonight[m] = "regression" if worse >= Policy().effect(m) else "unchanged"
+            verdict = "no_baseline"
+            if last is not None:
+                change = v / last[m] - 1
+                worse = -change if METRICS[m].better == "higher" else change
+                verdict = "regression" if worse >= Policy().effect(m) else "unchanged"
+            tonight[m] = Verdict("s", m, verdict, v, None, None, None, {})
         last = values
         out.append(tonight)
     return out
 
 
-def alarms(verdicts: list[dict[str, str]], metric: str, start: int = 0) -> int:
+def alarms(verdicts: list[dict[str, Verdict]], metric: str, start: int = 0) -> int:
     """Times `metric` enters regression from night `start` on (one alert each)."""
     count, was = 0, False
     for tonight in verdicts[start:]:
-        now = tonight.get(metric) == "regression"
+        v = tonight.get(metric)
+        now = v is not None and v.verdict == "regression"
         count += now and not was
         was = now
     return count
+
+
+def learning_flags(verdicts: list[dict[str, Verdict]], metric: str) -> int:
+    """Verdicts of a change (suspected, regression, improvement) given while learning."""
+    return sum(1 for tonight in verdicts if (v := tonight.get(metric)) is not None
+               and "doubt_once" in v.detail and v.verdict in NOISE_VERDICTS)
 
 
 def run_step(detector: Detector, noise: Noise, metrics: list[str], metric: str, step: float,
              series: int, rng: np.random.Generator) -> dict:
     delays, early = [], 0
     for _ in range(series):
-        stage = Stage(noise, metrics, rng, metric, step, WARM)
-        verdicts = detector(stage, WARM + WATCH)
+        verdicts = detector(suite(noise, metrics, rng, metric, step), WARM + WATCH)[0]
         early += alarms(verdicts[:WARM], metric) > 0
         hit = next((k - WARM + 1 for k in range(WARM, WARM + WATCH)
-                    if verdicts[k].get(metric) == "regression"), None)
+                    if verdicts[k][metric].verdict == "regression"), None)
         delays.append(hit)
     found = sorted(d for d in delays if d is not None)
     return {"recall1": sum(d == 1 for d in found) / series,
@@ -185,21 +236,48 @@ def run_step(detector: Detector, noise: Noise, metrics: list[str], metric: str, 
             "early": early}
 
 
+@dataclass
+class AA:
+    """A/A figures per metric over `series` stage histories (suites of `SUITE` stages)."""
+
+    series: int
+    alarms: dict[str, int]  # times a metric entered regression
+    stages_alarmed: int  # histories with an alarm on any metric
+    learning_flags: dict[str, int]  # change verdicts while learning (noise, every one)
+    later_flags: dict[str, int]  # suspected or improvement verdicts after learning
+    mde_pct: dict[str, list[float]]  # the MDE each series reported on its last night
+    too_noisy: dict[str, int]  # series whose last night said the metric is too noisy
+
+
 def run_aa(detector: Detector, noise: Noise, metrics: list[str], series: int,
-           rng: np.random.Generator) -> tuple[dict[str, int], int]:
-    per_metric = {m: 0 for m in metrics}
-    stages_alarmed = 0
-    for _ in range(series):
-        verdicts = detector(Stage(noise, metrics, rng), AA_NIGHTS)
-        counts = {m: alarms(verdicts, m) for m in metrics}
-        for m, c in counts.items():
-            per_metric[m] += c
-        stages_alarmed += any(counts.values())
-    return per_metric, stages_alarmed
+           rng: np.random.Generator, scales: tuple[float, ...] | None = None,
+           watched: int | None = None) -> AA:
+    """`series` stage histories in suites; `watched`: count only that stage of each suite."""
+    per = len(scales or (1.0,) * SUITE) if watched is None else 1
+    runs = math.ceil(series / per)
+    zero = dict.fromkeys(metrics, 0)
+    aa = AA(runs * per, dict(zero), 0, dict(zero), dict(zero), {m: [] for m in metrics},
+            dict(zero))
+    for _ in range(runs):
+        stages = detector(suite(noise, metrics, rng, scales=scales), AA_NIGHTS)
+        for verdicts in stages if watched is None else [stages[watched]]:
+            counts = {m: alarms(verdicts, m) for m in metrics}
+            for m, c in counts.items():
+                aa.alarms[m] += c
+                aa.learning_flags[m] += learning_flags(verdicts, m)
+                aa.later_flags[m] += sum(1 for tonight in verdicts
+                                         if tonight[m].verdict in ("suspected", "improvement")
+                                         and "doubt_once" not in tonight[m].detail)
+                last = verdicts[-1][m].detail
+                if last.get("mde_pct") is not None:
+                    aa.mde_pct[m].append(last["mde_pct"])
+                aa.too_noisy[m] += "too_noisy" in last
+            aa.stages_alarmed += any(counts.values())
+    return aa
 
 
 def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
-                  draws: int = 2_000_000) -> tuple[float, float]:
+                 draws: int = 2_000_000, rate: float = 2 * 0.01 / AA_NIGHTS) -> tuple[float, float]:
     """Upper bounds on recall@1 and recall@2 at this noise, whatever the detector.
 
     The Neyman-Pearson test for "the level moved by `delta` on the nights judged" against
@@ -208,11 +286,11 @@ def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
     the scaled t noise, at a nightly false-alarm rate of 2 / (100 x `AA_NIGHTS`), as much as
     the budget of 1 false alarm per 100 series allows when alarms come in pairs. No test at
     that rate has more power, so a recall bar above this column cannot be met here.
+    `rate`: another nightly false-alarm rate.
     """
     if sigma <= 0:
         return 1.0, 1.0
     scale = sigma / (1.4826 * T_MAD)
-    rate = 2 * 0.01 / AA_NIGHTS
 
     def llr(x: np.ndarray) -> np.ndarray:
         return (student_t.logpdf((x - delta) / scale, T_DOF)
@@ -225,6 +303,33 @@ def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
         stepped = scale * rng.standard_t(T_DOF, (draws // 4, nights)) + delta
         bounds.append(float((llr(stepped) > threshold).mean()))
     return bounds[0], bounds[1]
+
+
+def known_noise_recall(sigma: float, delta: float, policy: Policy = Policy()) -> float:
+    """Recall within two nights of perfpipe's two-bad-nights rule at its own false-alarm
+    level, were the level and the noise law known (nothing estimated from the history):
+    what the rule loses to the bound, apart from what estimating costs."""
+    if sigma <= 0:
+        return 1.0
+    robust = 1.4826 * T_MAD
+    threshold = bad_threshold(policy.false_alarm_level, 1e6, policy.tail_dof)
+    bad = float(student_t.sf((threshold - delta / sigma) * robust, policy.tail_dof))
+    return bad * bad
+
+
+def bound_mde(sigma: float, rng: np.random.Generator, power: float = MDE_POWER) -> float:
+    """The smallest log step the Neyman-Pearson test catches within two nights with
+    `power` probability at this noise: bisection on `recall_bound`."""
+    if sigma <= 0:
+        return 0.0
+    low, high = 0.0, 20 * sigma
+    for _ in range(14):
+        mid = (low + high) / 2
+        if recall_bound(sigma, mid, rng, draws=400_000)[1] >= power:
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def log_step(metric: str, size: float) -> float:
@@ -241,27 +346,8 @@ def fmt_pct(x: float | None) -> str:
     return "   -" if x is None else f"{100 * x:5.1f}%"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--series", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--noise", type=Path, default=REPO / "bench" / "noise_measured.json")
-    ap.add_argument("--sweep-series", type=int, default=200)
-    args = ap.parse_args()
-    noise, doc = load_noise(args.noise)
-    metrics = judged_metrics(Policy())
-    rng = np.random.default_rng(args.seed)
-    n = args.series
-    print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage "
-          f"(Bonferroni m={len(metrics)}), seed {args.seed}")
-    print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "
-          f"{doc['machine']['cpus']} shared CPUs, {doc['runs_date']}")
-    print("night-to-night robust sigma of log values: " + ", ".join(
-        f"{m} {100 * noise.night[m]:.2f}%" for m in
-        ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99")))
-    print(f"delivered msg/s per second: CV {100 * noise.per_second_cv:.3f}%, "
-          f"lag-1 autocorrelation {noise.per_second_ar:+.2f}")
-
+def measured_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> None:
+    """Steps at this machine's measured noise, perfpipe against the naive detector."""
     steps = [("delivered_rate", 0.05), ("e2e_latency_p99", 0.10), ("e2e_latency_p50", 0.10),
              ("pub_ack_latency_p99", 0.10), ("delivered_rate", 0.15), ("e2e_latency_p99", 0.15),
              ("e2e_latency_p50", 0.15)]
@@ -270,45 +356,134 @@ def main() -> int:
     print(f"{'step (size in noise sigmas)':34} {'detector':9} {'recall@1':>8} {'recall@2':>8} "
           f"{'recall@5':>8} {'nights p50/p95':>14} {'alarms before step':>18} "
           f"{'bound @1/@2':>14}")
-    results, bounds_at = {}, {}
     for metric, size in steps:
         for name, det in (("perfpipe", perfpipe), ("naive", naive)):
             r = run_step(det, noise, metrics, metric, size, n, rng)
-            results[(metric, size, name)] = r
             nights = f"{r['median']}/{r['p95']}" if r["median"] else "-"
             sigmas = math.log1p(size) / max(noise.night.get(metric, 0.0), 1e-9)
             label = f"{step_name(metric, size)} ({sigmas:,.1f})" if name == "perfpipe" else ""
             bound = ""
             if name == "perfpipe":
                 o1, o2 = recall_bound(noise.night.get(metric, 0.0), log_step(metric, size), rng)
-                bounds_at[(metric, size)] = {"recall1": o1, "recall2": o2}
                 bound = f"{fmt_pct(o1).strip()}/{fmt_pct(o2).strip()}"
             print(f"{label:34} {name:9} {fmt_pct(r['recall1']):>8} {fmt_pct(r['recall2']):>8} "
                   f"{fmt_pct(r['recall5']):>8} {nights:>14} {r['early']:>18} {bound:>14}")
 
-    print(f"\nA/A: {n} series of {AA_NIGHTS} nights from an empty history, no change; "
-          "false alarms per 100 series")
-    aa = {name: run_aa(det, noise, metrics, n, rng) for name, det in
-          (("perfpipe", perfpipe), ("naive", naive))}
-    print(f"{'metric':28} {'perfpipe':>9} {'naive':>9}")
-    for m in metrics:
-        print(f"{m:28} {100 * aa['perfpipe'][0][m] / n:9.2f} {100 * aa['naive'][0][m] / n:9.2f}")
-    print(f"{'any metric of the stage':28} {100 * aa['perfpipe'][1] / n:9.2f} "
-          f"{100 * aa['naive'][1] / n:9.2f}   (stages with at least one alarm, per 100)")
 
-    print("\nbar (perfpipe, at this machine's noise; a step of a fraction of a sigma is out of "
-          "any detector's reach in two nights):")
-    bar = [(f"recall@{k} >= 95%, {step_name(metric, size)}", metric, size, k)
-           for metric, size, k in (("delivered_rate", 0.05, 2), ("e2e_latency_p99", 0.10, 2),
-                                   ("delivered_rate", 0.15, 1), ("e2e_latency_p99", 0.15, 1))]
-    for text, metric, size, k in bar:
-        got = results[(metric, size, "perfpipe")][f"recall{k}"]
-        best = bounds_at[(metric, size)][f"recall{k}"]
-        print(f"  {'PASS' if got >= 0.95 else 'FAIL'}  {text:40} perfpipe {fmt_pct(got)}, "
-              f"bound {fmt_pct(best)}")
-    worst = max(aa["perfpipe"][0].values()) / n
-    print(f"  {'PASS' if worst <= 0.01 else 'FAIL'}  {'<= 1 false alarm per 100 series, every metric':40}"
-          f" worst {100 * worst:.2f}")
+def aa_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> AA:
+    """A/A histories from empty at the measured noise; the MDE each metric reports."""
+    print(f"\nA/A: {n} stage histories of {AA_NIGHTS} nights from empty, in suites of {SUITE} "
+          "stages, no change. Alarms: times a metric entered regression, per 100 series. "
+          "Learning: change verdicts (suspected, regression, improvement) while a history was "
+          f"shorter than {Policy().min_history} nights, all series. Later: suspected and "
+          "improvement verdicts after that, per 100 series. MDE: the smallest step caught "
+          f"within two nights with {100 * MDE_POWER:.0f}% probability, as the pipeline reports "
+          "it (median over the series' last nights) and as the Neyman-Pearson bound implies")
+    aa = run_aa(perfpipe, noise, metrics, n, rng)
+    naive_aa = run_aa(naive, noise, metrics, n, rng)
+    print(f"{'metric':28} {'noise':>7} {'alarms':>7} {'naive':>7} {'learning':>8} {'later':>7} "
+          f"{'MDE':>7} {'bound':>7} {'too noisy':>9}")
+    for m in metrics:
+        sigma = noise.night.get(m, 0.0)
+        mde = f"{np.median(aa.mde_pct[m]):.1f}%" if aa.mde_pct[m] else "-"
+        print(f"{m:28} {100 * sigma:6.2f}% {100 * aa.alarms[m] / aa.series:7.2f} "
+              f"{100 * naive_aa.alarms[m] / naive_aa.series:7.2f} {aa.learning_flags[m]:8d} "
+              f"{100 * aa.later_flags[m] / aa.series:7.1f} {mde:>7} "
+              f"{100 * math.expm1(bound_mde(sigma, rng)):6.1f}% "
+              f"{100 * aa.too_noisy[m] / aa.series:8.0f}%")
+    print(f"{'any metric of the stage':28} {'':7} {100 * aa.stages_alarmed / aa.series:7.2f} "
+          f"{100 * naive_aa.stages_alarmed / naive_aa.series:7.2f}   (stages with at least "
+          "one alarm, per 100)")
+    return aa
+
+
+def mixed_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> AA:
+    """A/A where one stage of each suite is twice as noisy as its peers: pooling must not
+    lend it their quieter noise."""
+    scales = (2.0,) + (1.0,) * (SUITE - 1)
+    aa = run_aa(perfpipe, noise, metrics, n, rng, scales=scales, watched=0)
+    worst = max(metrics, key=lambda m: aa.alarms[m])
+    print(f"\nA/A, one stage of each suite twice as noisy as its {SUITE - 1} peers ({aa.series} "
+          f"series of that stage): false alarms per 100 series, worst metric {worst} "
+          f"{100 * aa.alarms[worst] / aa.series:.2f}, every metric "
+          f"{100 * sum(aa.alarms.values()) / aa.series / len(metrics):.2f} on average")
+    return aa
+
+
+SWEEP_NOISE = (0.01, 0.02, 0.03, 0.05, 0.10, 0.20, 0.30)
+SWEEP_STEPS = (0.05, 0.10, 0.15, 0.20)
+SWEEP_METRICS = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99")
+
+
+def sensitivity(noise: Noise, series: int, rng: np.random.Generator) -> list[dict]:
+    """Recall within two nights against the bound, every noise x step x metric, the metric
+    simulated alone (each metric has its own false-alarm budget); false alarms per 100 A/A
+    series at each noise."""
+    print(f"\nsensitivity (synthetic noise, not measured): {series} series per cell; "
+          "recall@2 perfpipe / the same rule with the level and noise known / the bound; "
+          "the bar: perfpipe at least 80% of the bound where the bound reaches 50%")
+    cells = []
+    for metric in SWEEP_METRICS:
+        print(f"{metric:>16} " + " ".join(f"{step_name(metric, s).split()[1]:>26}"
+                                          for s in SWEEP_STEPS) + f" {'A/A alarms':>11}")
+        for sd in SWEEP_NOISE:
+            swept = Noise({**noise.night, metric: sd}, noise.per_second_cv, noise.per_second_ar)
+            row = []
+            for size in SWEEP_STEPS:
+                got = run_step(perfpipe, swept, [metric], metric, size, series, rng)["recall2"]
+                best = recall_bound(sd, log_step(metric, size), rng, draws=1_000_000)[1]
+                known = known_noise_recall(sd, log_step(metric, size))
+                judged = best >= 0.5
+                ok = got >= 0.8 * best if judged else None
+                cells.append({"metric": metric, "noise": sd, "step": size, "recall2": got,
+                              "known": known, "bound": best, "pass": ok})
+                mark = {True: "ok", False: "LOW", None: "  "}[ok]
+                row.append(f"{100 * got:5.1f}/{100 * known:5.1f}/{100 * best:5.1f}% {mark:>3}")
+            fa = run_aa(perfpipe, swept, [metric], series, rng)
+            print(f"{100 * sd:15.0f}% " + " ".join(f"{c:>26}" for c in row)
+                  + f" {100 * fa.alarms[metric] / fa.series:11.1f}")
+    return cells
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--series", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--noise", type=Path, default=REPO / "bench" / "noise_measured.json")
+    ap.add_argument("--sweep-series", type=int, default=200)
+    ap.add_argument("--skip-measured", action="store_true",
+                    help="skip the step rows at the measured noise (the A/A and sweep run)")
+    ap.add_argument("--cell", metavar="METRIC:NOISE:STEP",
+                    help="only one sensitivity cell, e.g. delivered_rate:0.015:0.05 (--series "
+                         "series): recall within two nights, perfpipe / noise known / bound")
+    args = ap.parse_args()
+    noise, doc = load_noise(args.noise)
+    metrics = judged_metrics(Policy())
+    rng = np.random.default_rng(args.seed)
+    n = args.series
+    if args.cell:
+        metric, sd, size = args.cell.split(":")
+        swept = Noise({**noise.night, metric: float(sd)}, noise.per_second_cv, noise.per_second_ar)
+        got = run_step(perfpipe, swept, [metric], metric, float(size), n, rng)["recall2"]
+        delta = log_step(metric, float(size))
+        print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
+              f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
+              f"{fmt_pct(known_noise_recall(float(sd), delta)).strip()}, bound "
+              f"{fmt_pct(recall_bound(float(sd), delta, rng)[1]).strip()}")
+        return 0
+    print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
+          f"seed {args.seed}, load average {os.getloadavg()[0]:.2f}")
+    print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "
+          f"{doc['machine']['cpus']} shared CPUs, {doc['runs_date']}")
+    print("night-to-night robust sigma of log values: " + ", ".join(
+        f"{m} {100 * noise.night[m]:.2f}%" for m in
+        ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99")))
+    print(f"delivered msg/s per second: CV {100 * noise.per_second_cv:.3f}%, "
+          f"lag-1 autocorrelation {noise.per_second_ar:+.2f}")
+    if not args.skip_measured:
+        measured_rows(noise, metrics, n, rng)
+    aa = aa_rows(noise, metrics, n, rng)
+    mixed = mixed_rows(noise, metrics, n, rng)
 
     projected = doc["metrics"]["e2e_latency_p99"].get("window_log_mad_sigma_median")
     if projected:
@@ -319,21 +494,38 @@ def main() -> int:
             print(f"  {window:>4} s window: night σ {100 * sigma:5.1f}%, recall@2 bound "
                   f"{fmt_pct(bound)}")
 
-    print(f"\nsensitivity (synthetic noise, not measured): e2e_latency_p99 +10% and "
-          f"delivered_rate -5% steps, {args.sweep_series} series per row, the other metrics "
-          "at their measured noise")
-    print(f"{'night σ':>9} {'p99 +10% recall@2':>18} {'bound':>7} {'p99 FA/100':>10} "
-          f"{'rate -5% recall@2':>18} {'bound':>7} {'rate FA/100':>11}")
-    for sd in (0.005, 0.01, 0.015, 0.02, 0.03, 0.05):
-        row = []
-        for metric, size in (("e2e_latency_p99", 0.10), ("delivered_rate", 0.05)):
-            swept = Noise({**noise.night, metric: sd}, noise.per_second_cv, noise.per_second_ar)
-            r = run_step(perfpipe, swept, metrics, metric, size, args.sweep_series, rng)
-            fa = run_aa(perfpipe, swept, metrics, args.sweep_series, rng)[0][metric]
-            best = recall_bound(sd, log_step(metric, size), rng)[1]
-            row += [fmt_pct(r["recall2"]), fmt_pct(best), f"{100 * fa / args.sweep_series:.1f}"]
-        print(f"{100 * sd:8.1f}% {row[0]:>18} {row[1]:>7} {row[2]:>10} {row[3]:>18} {row[4]:>7} "
-              f"{row[5]:>11}")
+    cells = sensitivity(noise, args.sweep_series, rng)
+    judged = [c for c in cells if c["pass"] is not None]
+    worst = min(judged, key=lambda c: c["recall2"] / c["bound"])
+    worst_fa = max(max(aa.alarms.values()) / aa.series, max(mixed.alarms.values()) / mixed.series)
+    learning = sum(aa.learning_flags.values())
+    print("\nbar:")
+    print(f"  {'PASS' if all(c['pass'] for c in judged) else 'FAIL'}  recall@2 >= 80% of the "
+          f"bound in all {len(judged)} cells where the bound reaches 50%: worst "
+          f"{step_name(worst['metric'], worst['step'])} at {100 * worst['noise']:.0f}% noise, "
+          f"{fmt_pct(worst['recall2']).strip()} of {fmt_pct(worst['bound']).strip()} "
+          f"({100 * worst['recall2'] / worst['bound']:.0f}%)")
+    short = [c for c in judged if not c["pass"]]
+    if short:
+        within = sum(c["known"] >= 0.8 * c["bound"] for c in short)
+        print(f"        of the {len(short)} cells short of it, the rule with the level and "
+              f"noise known would reach 80% in {within}: the rest is the rule's own gap "
+              "(two bad nights against a likelihood ratio that knows the step) and the rate")
+        level = Policy().false_alarm_level
+        for c in short:
+            c["bound_at_level"] = recall_bound(c["noise"], log_step(c["metric"], c["step"]), rng,
+                                               draws=1_000_000, rate=level)[1]
+        reach = sum(c["recall2"] >= 0.8 * c["bound_at_level"] for c in short)
+        print(f"        at the false-alarm rate the budget leaves perfpipe ({level:g} per "
+              f"night after {Policy().min_history} learning nights) the bound itself is lower: "
+              f"perfpipe reaches 80% of that in {reach} of the {len(short)}; worst "
+              + ", ".join(f"{step_name(c['metric'], c['step'])} at {100 * c['noise']:.0f}%: "
+                          f"{100 * c['recall2']:.0f}/{100 * c['bound_at_level']:.0f}%"
+                          for c in sorted(short, key=lambda c: c["recall2"] / c["bound_at_level"])[:3]))
+    print(f"  {'PASS' if worst_fa <= 0.01 else 'FAIL'}  <= 1 false alarm per 100 A/A series, "
+          f"every metric, like and mixed suites: worst {100 * worst_fa:.2f}")
+    print(f"  {'PASS' if learning == 0 else 'FAIL'}  no change verdict while learning: "
+          f"{learning} in {aa.series} A/A series x {len(metrics)} metrics")
     return 0
 
 

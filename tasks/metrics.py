@@ -93,8 +93,10 @@ RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")
 
 # What the comparison says of one metric of one stage tonight, worst first (the report's
-# order too).
-VERDICTS = ("regression", "suspected", "improvement", "unchanged", "no_baseline", "invalid")
+# order too). `learning`: too few nights yet to know the noise, so nothing is judged but
+# what is beyond doubt; like `unchanged`, it clears a suspicion.
+VERDICTS = ("regression", "suspected", "improvement", "unchanged", "learning", "no_baseline",
+            "invalid")
 # A bad night: its value stays out of later baselines, and its alert is opened or confirmed.
 FLAGGED = ("suspected", "regression")
 # An alert's lifecycle (sql/alerts.py): the statuses while it is open, then the closing ones.

@@ -34,6 +34,7 @@ class Lab:
         self.day = 0
 
     def night(self, rate: float = 2000.0, p99: float = 5000.0, *, kind: str = "nightly",
+              p99_noise: float = 0.02,
               fp: str = "fp1", plan: dict | None = None,
               started: datetime | None = None) -> tuple[str, dict, dict]:
         self.day += 1
@@ -48,7 +49,7 @@ class Lab:
         level = rate * math.exp(self.rng.gauss(0, 0.002))
         seconds = [level * (1 + self.rng.gauss(0, 0.002)) for _ in range(10)]
         self.store.record_results(run_id, STAGE, metrics={
-            RATE: sum(seconds) / 10, P99: p99 * math.exp(self.rng.gauss(0, 0.02))},
+            RATE: sum(seconds) / 10, P99: p99 * math.exp(self.rng.gauss(0, p99_noise))},
             series={"delivered_per_s": seconds}, validity="valid", reason=None)
         ctx = RunContext(self.settings, run_id, run_dir, plan or {})
         counts = execute("compare", ctx)
@@ -106,10 +107,31 @@ def test_a_6pct_drop_is_suspected_confirmed_told_once_and_accepted(lab: Lab, cap
     (confirmed,) = lab.store.alerts(open_only=True)
     assert main(["alerts", "accept", str(confirmed["id"])]) == 0
     assert f"restarts at run {n1}" in capsys.readouterr().out
-    n4, _, told = lab.night(rate=1880.0)  # the new normal
+    n4, _, told = lab.night(rate=1880.0)  # the new normal: its history starts again at n1
     v = lab.verdict(n4)
-    assert v["verdict"] == "unchanged" and v["baseline_value"] == pytest.approx(1880.0, rel=0.01)
+    assert v["verdict"] == "learning" and v["baseline_value"] == pytest.approx(1880.0, rel=0.01)
+    assert v["detail"]["note"].startswith("learning: 3 of 8 nights")
     assert lab.store.alerts(open_only=True) == []
+
+
+def test_a_metric_too_noisy_to_guard_says_so_in_show_and_the_report(lab: Lab, capsys) -> None:
+    first, _, _ = lab.night(p99_noise=0.4)
+    assert lab.verdict(first, P99)["verdict"] == "no_baseline"
+    for _ in range(7):
+        learning, _, _ = lab.night(p99_noise=0.4)
+        assert lab.verdict(learning, P99)["verdict"] == "learning"
+    for _ in range(5):
+        run_id, _, _ = lab.night(p99_noise=0.4)
+    p99, rate = lab.verdict(run_id, P99), lab.verdict(run_id, RATE)
+    assert p99["detail"]["mde_pct"] > 30 and "too noisy to guard" in p99["detail"]["too_noisy"]
+    assert rate["detail"]["mde_pct"] < 5 and "too_noisy" not in rate["detail"]
+    capsys.readouterr()
+    assert main(["show", run_id]) == 0
+    shown = capsys.readouterr().out
+    assert "MDE %" in shown and "too noisy to guard" in shown
+    assert main(["report", run_id]) == 0
+    report = Path(capsys.readouterr().out.strip()).read_text()
+    assert "MDE %" in report and p99["detail"]["too_noisy"] in report
 
 
 def test_a_20pct_drop_is_confirmed_and_told_on_the_first_night(lab: Lab) -> None:

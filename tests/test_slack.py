@@ -41,7 +41,7 @@ class Nights:
 
     def run(self, verdicts: dict[str, list[tuple]], *, kind: str = "nightly",
             invalid: dict[str, str] | None = None, label: str | None = None) -> str:
-        """verdicts: stage id -> [(metric, verdict, baseline, value, nights)]."""
+        """verdicts: stage id -> [(metric, verdict, baseline, value, nights[, detail])]."""
         self.day += 1
         run_id = f"{kind}-{self.day:02d}"
         self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
@@ -55,11 +55,11 @@ class Nights:
             reason = (invalid or {}).get(stage_id)
             self.store.record_results(run_id, stage_id, metrics={}, series={},
                                       validity="invalid" if reason else "valid", reason=reason)
-            for metric, verdict, base, value, nights in verdicts.get(stage_id, []):
+            for metric, verdict, base, value, nights, *more in verdicts.get(stage_id, []):
                 rows.append({"stage_id": stage_id, "metric": metric, "verdict": verdict,
                              "baseline_value": base, "value": value,
                              "change_pct": round(100 * (value / base - 1), 3),
-                             "confidence": 0.999, "detail": {"nights": nights}})
+                             "confidence": 0.999, "detail": {"nights": nights, **(more or [{}])[0]}})
         record_verdicts(self.store, run_id, rows, keys)
         self.store.finish_run(run_id, "ok")
         return run_id
@@ -180,6 +180,20 @@ def test_release_runs_always_post_a_summary_and_a_retried_step_updates_it(nights
     assert again["posted"] and update.method == "chat.update" and len(nights.slack.posts()) == 1
     written = json.loads((nights.settings.run_dir(run_id) / "slack_message.json").read_text())
     assert update.body["ts"] == written["ts"] and written["ts"]
+
+
+def test_a_release_summary_says_what_each_metric_can_see_and_what_is_too_noisy(
+        nights: Nights) -> None:
+    noisy = "too noisy to guard: night-to-night noise 25.8% over 20 nights, so ..."
+    run_id = nights.run({"fanin.q1.c100": [
+        ("delivered_rate", "regression", 2000.0, 1600.0, 2, {"mde_pct": 3.2}),
+        ("e2e_latency_p99", "unchanged", 5000.0, 5100.0, 0, {"mde_pct": 266.0, "too_noisy": noisy})]},
+        kind="release", label="2.0.12")
+    nights.alert(run_id)
+    (post,) = nights.slack.calls
+    text = blocks_text(post)
+    assert "sees steps from 3.2%" in text
+    assert f"too noisy to guard (1):\\nfanin.q1.c100 `e2e_latency_p99`: {noisy}" in text
 
 
 def test_a_mostly_invalid_run_gets_its_own_short_message(nights: Nights) -> None:

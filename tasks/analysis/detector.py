@@ -8,34 +8,53 @@ better-direction and a minimum practical effect) of a valid stage:
   last accepted change, without the values the store holds out (flagged nights that no
   human accepted or called a false positive and no next night cleared). Release: the
   pinned release run's value, with the noise still measured on the rolling history.
-- **Noise.** Changes are log ratios. The noise sigma is 1.4826 x MAD of the baseline
-  nights' logs (never below the mean-absolute-deviation estimate: see `noise_sigma`).
-  Tonight's change has sd `sigma * sqrt(1 + pi / 2n)` (the median's own error) or
-  `sigma * sqrt(2)` (release: one night against one), read against a Student t with the
-  MAD's effective degrees of freedom, 0.37 (n - 1).
-- **Bad night.** Tonight is bad at level `a` when its change in the worse direction
-  (1) reaches `effect_floor` x the minimum practical effect (half of it by default, so a
-  change of exactly the minimum effect is caught), (2) has a one-sided t p-value below `a`,
-  and (3) where per-second samples exist (msg/s), a one-sided Mann-Whitney test of
-  tonight's samples against the baseline nights' samples is below `a` too. Every night's
-  `a` is alpha / m: Bonferroni over the m metrics judged in the stage.
-- **Lifecycle.** A first bad night is `suspected`. The next comparable night confirms it
-  (`regression`, nights of evidence counted) when it is bad too, and clears it otherwise
-  (its own verdict stands). Demanding two bad nights in a row, each at alpha / m, is what
-  keeps heavy-tailed noise quiet: one wild night is common, two in a row are not. A bad
-  night is a `regression` at once when the step is plausibly large (the change plus its
-  one-sided 95% margin reaches `large_step`) on a metric whose noise is known from
-  `large_history` nights and small (`large_sigmas` sigmas fit in the large step).
-  With fewer than `min_history` baseline nights the noise is unknown: only a change of
-  `large_step` is flagged, as `suspected`, and it does not hold its value out.
-  Improvements: one night, same tests, better direction.
+- **Noise.** Changes are log ratios. A history's noise sigma is 1.4826 x MAD of its
+  nights' logs (`noise_sigma`), worth 0.3 (n - 1) degrees of freedom (measured on Student
+  t noise with 3 d.o.f.). Twenty nights pin a sigma down to about +-30%, and that costs a
+  detector much of its power (`bench/bench_detector.py`). So the noise is pooled over the
+  other stages of the run that share this stage's fingerprint and are past learning
+  (`pooled_noise`), weighted by their degrees of freedom, with this stage's own, unless
+  this stage is noisier than they are (a one-sided F test at `Policy.pool_level`): a stage
+  never borrows a quieter neighbour's noise. Tonight's change has sd
+  `sigma * sqrt(1 + pi / 2n)` (the median's own error) or `sigma * sqrt(2)` (release: one
+  night against one).
+- **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
+  degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
+  to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
+  is bad when its change reaches the threshold at which two given nights judged against
+  the same estimated sigma are both bad with probability `false_alarm_level` under no
+  change (`bad_threshold`; a shared sigma that came out too small makes both bad at once,
+  so with few d.o.f. the threshold sits well above a single night's quantile), and at
+  least the effect floor (`effect_floor` x the minimum practical effect). Detail `score`
+  is the change over that threshold: 1 or more is bad.
+- **Verdicts.** A first bad night is `suspected` (its value is held out of later baselines
+  until a night clears it); a bad night after a flagged one is a `regression` (nights of
+  evidence counted); any other night clears the suspicion. Two bad nights in a row is the
+  two-night test: on heavy-tailed noise it comes close to the Neyman-Pearson likelihood
+  ratio that knows the step (one wild night is common, two in a row are not; a sum of the
+  two nights' changes does far worse). The bench prints both, and the rule with the level
+  and noise known, so what estimating them costs is visible apart from the rule's own gap. A bad night is a `regression` at once when the step is
+  plausibly large (the change minus its one-sided 95% margin still reaches `large_step`)
+  on a metric whose noise is known from `large_history` nights and small (`large_sigmas`
+  sigmas fit in the large step). An `improvement` needs the same evidence in the better
+  direction: two nights in a row.
+- **Learning.** Until the stage has `min_history` baseline nights of its own, the verdict
+  is `learning` ("learning: N of M nights"). Only what is beyond doubt is flagged then: a
+  change of at least `large_step` that is also `doubt_spread` times the widest deviation
+  the history has shown (with at least `doubt_nights` nights to show it), two nights in a
+  row, is a `regression`. One such night is still `learning`, its detail says so.
+- **What it can see.** Each verdict carries the metric's minimum detectable effect
+  (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
+  at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
+  the metric is too noisy to guard, and why.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
 - For a flagged metric the detail names the run where the level shift began: the E-Divisive
   pass of `tasks.analysis.changepoint` over the recent history, for the report.
 
-`bench/bench_detector.py` measures recall, false alarms and nights to detect of these rules
-on histories with this machine's measured noise.
+Each judged metric has its own false-alarm budget: at most one false alarm per 100 series
+of 30 nights (`false_alarm_level` x 22 judged nights, checked by the bench); a stage with
+m judged metrics has up to m times that.
 """
 
 from __future__ import annotations
@@ -43,31 +62,36 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtr, stdtr, stdtrit
-from scipy.stats import rankdata
+from scipy.special import stdtr, stdtrit
+from scipy.stats import chi2
+from scipy.stats import f as f_dist
 
 from ..metrics import FLAGGED, METRICS
 from .changepoint import change_points
 
-SAMPLE_SERIES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s"}
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
-MAD_EFFICIENCY = 0.37  # Gaussian efficiency of the MAD: its sigma is worth 0.37 (n-1) d.o.f.
+MAD_EFFICIENCY = 0.3  # a MAD sigma from n nights is worth 0.3 (n-1) d.o.f. on t3 noise (0.37 on normal)
+MDE_POWER = 0.9  # the minimum detectable effect is caught within two nights this often
 
 
 @dataclass(frozen=True)
 class Policy:
-    alpha: float = 0.05  # family-wise error of one stage's night (Bonferroni over m)
-    confirm_alpha: float | None = None  # the confirming night's level (None: alpha / m)
-    min_history: int = 5  # baseline nights before the noise is estimated
+    false_alarm_level: float = 4e-4  # two given nights both bad under no change: this unlikely
+    tail_dof: float = 3.0  # the nights' noise law: Student t with this many d.o.f.
+    min_history: int = 8  # own baseline nights before judging: learning before
     window: int = 30  # newest baseline nights used
-    effect_floor: float = 0.5  # never flag a change below this fraction of the min effect
+    pool_level: float = 0.25  # one-sided F test: this stage no noisier than its peers
+    effect_floor: float = 0.3  # never flag a change below this fraction of the min effect
     large_step: float = 0.15  # confirmed at once when plausibly at least this large ...
     large_sigmas: float = 10.0  # ... on a metric whose noise is at most 1/10 of that step
     large_history: int = 10  # ... measured over at least this many nights
-    sample_nights: int = 5  # baseline nights whose per-second samples are tested against
+    doubt_spread: float = 10.0  # learning: flagged beyond this x the history's widest swing
+    doubt_nights: int = 5  # ... shown by at least this many nights
+    too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
     min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics
 
     def effect(self, metric: str) -> float:
@@ -90,16 +114,25 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Noise:
+    """A noise estimate of one metric: sigma of the nights' logs and what it is worth."""
+
+    sigma: float
+    dof: float  # effective degrees of freedom
+    stages: int = 1  # histories it was estimated from
+
+
+@dataclass(frozen=True)
 class Reference:
     """What tonight's metric is compared with, already reduced to numbers."""
 
     kind: str  # "rolling" | "release"
     centre: float  # log of the baseline value
-    sigma: float | None  # night-to-night noise of the logs; None: unknown (short history)
-    pred_sd: float | None  # sd of tonight's log change under no change
-    dof: float
-    nights: int
-    samples: list[float]
+    noise: Noise
+    pred_sd: float  # sd of tonight's log change under no change
+    nights: int  # own baseline nights
+    spread: float  # the widest deviation of a baseline night from the baseline median
+    spread_before: float  # the same without the newest night
 
 
 def judged_metrics(policy: Policy) -> list[str]:
@@ -107,81 +140,136 @@ def judged_metrics(policy: Policy) -> list[str]:
 
 
 def noise_sigma(logs: list[float]) -> float:
-    """1.4826 x MAD, never below 1.2533 x the mean absolute deviation from the median: on a
-    short, heavy-tailed history the MAD alone comes out far too small too often (one time
-    in a hundred below half the truth at 20 nights), and two nights judged with the same
-    too-small noise confirm each other."""
+    """1.4826 x MAD: the robust sigma, as `bench/measure_noise.py` measures the machine's
+    noise. A short history's MAD is often far too small; the degrees of freedom it carries
+    (and the pooling) are what allow for that."""
     centre = statistics.median(logs)
-    deviations = [abs(v - centre) for v in logs]
-    return max(1.4826 * statistics.median(deviations), 1.2533 * statistics.fmean(deviations))
+    return 1.4826 * statistics.median(abs(v - centre) for v in logs)
 
 
-def _usable(night: dict, metric: str) -> bool:
-    value = night["metrics"].get(metric)
-    return value is not None and value > 0 and metric not in night.get("held_out", ())
+def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
+    """The baseline nights' logs, newest first: usable values, not held out."""
+    logs = []
+    for night in history:
+        value = night["metrics"].get(metric)
+        if value is not None and value > 0 and metric not in night.get("held_out", ()):
+            logs.append(math.log(value))
+    return logs[:policy.window]
 
 
-def _samples(nights: list[dict], metric: str, limit: int) -> list[float]:
-    name = SAMPLE_SERIES.get(metric)
-    if not name:
-        return []
-    out: list[float] = []
-    for night in nights[:limit]:
-        out += [x for x in night.get("series", {}).get(name, []) if x is not None]
-    return out
+def own_noise(metric: str, history: list[dict], policy: Policy) -> Noise | None:
+    """The noise of one stage's own history (None with fewer than 3 nights)."""
+    logs = _logs(metric, history, policy)
+    if len(logs) < 3:
+        return None
+    return Noise(noise_sigma(logs), MAD_EFFICIENCY * (len(logs) - 1))
 
 
-def baseline_for(metric: str, history: list[dict], release: dict | None,
-                 policy: Policy) -> Reference | None:
+def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
+    """The noise of `metric` pooled over other stages' histories: their variances weighted
+    by their degrees of freedom. Only histories past learning count."""
+    own = [n for h in histories if len(_logs(metric, h, policy)) >= policy.min_history
+           and (n := own_noise(metric, h, policy)) is not None]
+    dof = sum(n.dof for n in own)
+    if not own or dof <= 0:
+        return None
+    return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in own) / dof), dof, len(own))
+
+
+def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Noise]:
+    """metric -> its noise pooled over `histories` (the run's other stages on this
+    fingerprint), for every judged metric any of them has past learning."""
+    return {m: noise for m in judged_metrics(policy)
+            if (noise := peer_noise(histories, m, policy)) is not None}
+
+
+def _pooled(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
+    """This stage's noise with its peers', when the two are in line (else its own)."""
+    if peers is None or own.sigma <= 0 or peers.sigma <= 0:
+        return own
+    ratio = (own.sigma / peers.sigma) ** 2
+    if float(f_dist.sf(ratio, own.dof, peers.dof)) < policy.pool_level:
+        return own  # noisier than its peers: theirs would make its noise look quieter
+    dof = own.dof + peers.dof
+    return Noise(math.sqrt((own.dof * own.sigma ** 2 + peers.dof * peers.sigma ** 2) / dof),
+                 dof, peers.stages + 1)
+
+
+def baseline_for(metric: str, history: list[dict], release: dict | None, policy: Policy,
+                 peers: Noise | None = None) -> Reference | None:
     """None when there is nothing to compare with."""
-    nights = [h for h in history if _usable(h, metric)][:policy.window]
-    logs = [math.log(h["metrics"][metric]) for h in nights]
+    logs = _logs(metric, history, policy)
     n = len(logs)
-    sigma = noise_sigma(logs) if n >= policy.min_history else None
-    dof = max(1.0, MAD_EFFICIENCY * (n - 1))
     if release is not None:
         value = release["metrics"].get(metric)
         if value is None or value <= 0:
             return None
-        pred = None if sigma is None else sigma * math.sqrt(2)
-        return Reference("release", math.log(value), sigma, pred, dof, n,
-                        _samples([release], metric, 1))
-    if not n:
+        centre, factor = math.log(value), math.sqrt(2)
+    elif n:
+        centre, factor = statistics.median(logs), math.sqrt(1 + math.pi / (2 * n))
+    else:
         return None
-    pred = None if sigma is None else sigma * math.sqrt(1 + math.pi / (2 * n))
-    return Reference("rolling", statistics.median(logs), sigma, pred, dof, n,
-                    _samples(nights, metric, policy.sample_nights))
+    own = Noise(noise_sigma(logs), max(1.0, MAD_EFFICIENCY * (n - 1))) if n else Noise(0.0, 1.0)
+    noise = _pooled(own, peers, policy) if n >= policy.min_history else own
+    mid = statistics.median(logs) if n else centre
+    spread = max((abs(v - mid) for v in logs), default=0.0)
+    spread_before = max((abs(v - mid) for v in logs[1:]), default=0.0)
+    return Reference("release" if release is not None else "rolling", centre, noise,
+                     noise.sigma * factor, n, spread, spread_before)
 
 
-def _p_night(worse: float, base: Reference) -> float | None:
-    """One-sided p-value of a change at least `worse` (log, worse direction) under no change."""
-    if base.pred_sd is None:
-        return None
+@lru_cache(maxsize=512)
+def _scale_ratios(dof: float) -> np.ndarray:
+    """Quantiles of (estimated sigma / true sigma) for a sigma worth `dof` degrees of
+    freedom: sqrt(chi2 / dof) at 64 evenly spaced probabilities."""
+    probabilities = (np.arange(64) + 0.5) / 64
+    return np.sqrt(chi2.ppf(probabilities, dof) / dof)
+
+
+def null_sf(u: float, dof: float, tail: float) -> float:
+    """P(U >= u) under no change, where U is tonight's change over its sd as estimated:
+    the nights' noise a Student t with `tail` d.o.f. at the robust sigma, the sigma itself
+    estimated with `dof` d.o.f."""
+    robust = 1.4826 * float(stdtrit(tail, 0.75))  # the t's robust sigma, in its own scale
+    return float(np.mean(stdtr(tail, -u * robust * _scale_ratios(round(dof, 1)))))
+
+
+@lru_cache(maxsize=4096)
+def null_quantile(level: float, dof: float, tail: float) -> float:
+    """The u that a change over its sd exceeds with probability `level` under no change."""
+    return _solve(lambda u: null_sf(u, dof, tail), level)
+
+
+@lru_cache(maxsize=4096)
+def bad_threshold(level: float, dof: float, tail: float) -> float:
+    """The u above which a night is bad: two nights judged against the same estimated
+    sigma are both bad with probability `level` under no change. Their sigma is shared,
+    so a sigma estimated too small makes both bad at once: the threshold allows for it
+    (with few degrees of freedom it sits well above the single night's quantile)."""
+    robust = 1.4826 * float(stdtrit(tail, 0.75))
+
+    def both(u: float) -> float:
+        return float(np.mean(stdtr(tail, -u * robust * _scale_ratios(round(dof, 1))) ** 2))
+
+    return _solve(both, level)
+
+
+def _solve(decreasing, level: float) -> float:
+    """The u where a decreasing function of u crosses `level` (bisection)."""
+    low, high = -1e3, 1e3
+    for _ in range(80):
+        mid = (low + high) / 2
+        low, high = (mid, high) if decreasing(mid) > level else (low, mid)
+    return high
+
+
+def score(change: float, base: Reference, policy: Policy) -> float:
+    """A log change (positive: the direction tested) in units of the bad-night threshold:
+    1 or more is a bad night (`bad_threshold`)."""
     if base.pred_sd <= 0:
-        return 0.0 if worse > 0 else 1.0
-    return float(stdtr(base.dof, -worse / base.pred_sd))
-
-
-def mann_whitney_p(x: list[float], y: list[float], *, x_lower: bool) -> float:
-    """One-sided Mann-Whitney p-value that `x` sits below (x_lower) or above `y`: normal
-    approximation with tie and continuity corrections (scipy's asymptotic method)."""
-    n1, n2 = len(x), len(y)
-    ranks = rankdata(np.concatenate([x, y]))
-    u = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2
-    _, ties = np.unique(ranks, return_counts=True)
-    n = n1 + n2
-    var = n1 * n2 / 12 * ((n + 1) - float((ties ** 3 - ties).sum()) / (n * (n - 1)))
-    if var <= 0:
-        return 1.0
-    shift = u - n1 * n2 / 2
-    z = (-shift - 0.5) / math.sqrt(var) if x_lower else (shift - 0.5) / math.sqrt(var)
-    return float(ndtr(-z))
-
-
-def _p_samples(tonight: list[float], base: Reference, lower_is_worse: bool) -> float | None:
-    if len(tonight) < 3 or len(base.samples) < 3:
-        return None
-    return mann_whitney_p(tonight, base.samples, x_lower=lower_is_worse)
+        return 0.0 if change == 0 else math.copysign(1e3, change)
+    dof = round(base.noise.dof, 1)
+    return change / base.pred_sd / bad_threshold(policy.false_alarm_level, dof, policy.tail_dof)
 
 
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None) -> dict | None:
@@ -198,52 +286,75 @@ def _shift(metric: str, history: list[dict], value: float, run_id: str | None) -
             "p_value": round(last.p_value, 4)}
 
 
-@dataclass(frozen=True)
-class _Evidence:
-    """Tonight against the baseline in one direction (worse, or better)."""
-
-    change: float  # log change in this direction (positive: this way)
-    p_night: float | None
-    p_samples: float | None
-
-    def at(self, level: float, floor: float) -> bool:
-        return (self.change >= floor and (self.p_night is None or self.p_night < level)
-                and (self.p_samples is None or self.p_samples < level))
-
-
-def _evidence(change: float, base: Reference, tonight: list[float], toward_lower: bool) -> _Evidence:
-    return _Evidence(change, _p_night(change, base), _p_samples(tonight, base, toward_lower))
-
-
-def _decide(worse: _Evidence, better: _Evidence, base: Reference, floor: float, first: float,
+def _decide(change: float, tonight: float, base: Reference, floor: float,
             previous: dict | None, policy: Policy) -> tuple[str, int]:
-    """(verdict, nights of evidence) by the lifecycle in the module docstring."""
-    confirm = policy.confirm_alpha or first
-    if previous and previous["verdict"] in FLAGGED and base.sigma is not None \
-            and previous.get("detail", {}).get("noise_pct") is not None \
-            and worse.at(confirm, floor):
-        return "regression", int(previous.get("detail", {}).get("nights", 1)) + 1
-    step = math.log1p(policy.large_step)
-    if base.sigma is None:  # noise unknown: only a large change is worth a look
-        floor = max(floor, step)
-    if worse.at(first, floor):
-        large = (base.pred_sd is not None and base.nights >= policy.large_history
+    """(verdict, nights of evidence) by the rules in the module docstring. `change` and
+    `tonight` (its score) are in the worse direction."""
+    before = previous or {}
+    prior = int(before.get("detail", {}).get("nights") or 0) \
+        if before.get("verdict") in FLAGGED else 0
+    if base.nights < policy.min_history:
+        return _learning(change, base, prior, before, policy)
+    if tonight >= 1 and change >= floor:
+        if prior:
+            return "regression", prior + 1
+        step = math.log1p(policy.large_step)
+        large = (base.nights >= policy.large_history
                  and policy.large_sigmas * base.pred_sd <= step
-                 and worse.change + _Z95 * base.pred_sd >= step)
+                 and change - _Z95 * base.pred_sd >= step)
         return ("regression" if large else "suspected"), 1
-    if better.at(first, floor):
+    last = before.get("detail", {}).get("score")
+    if (-tonight >= 1 and -change >= floor and last is not None
+            and before.get("verdict") in ("unchanged", "improvement") and -last >= 1):
         return "improvement", 0
     return "unchanged", 0
 
 
+def _learning(change: float, base: Reference, prior: int, previous: dict,
+              policy: Policy) -> tuple[str, int]:
+    """Too few nights to know the noise: only a change beyond doubt two nights in a row is
+    flagged (a `regression`). One such night is still `learning`, marked `doubt_once`; the
+    next night is judged without it in the spread, which it would otherwise widen."""
+    once = bool(previous.get("detail", {}).get("doubt_once"))
+    spread = base.spread_before if once else base.spread
+    beyond = (base.nights >= policy.doubt_nights
+              and change >= math.log1p(policy.large_step)
+              and change >= policy.doubt_spread * spread)
+    if beyond and (once or prior):
+        return "regression", max(prior, 1) + 1
+    return ("learning", 1) if beyond else ("learning", 0)
+
+
+def minimum_detectable(base: Reference, floor: float, policy: Policy) -> float:
+    """The smallest log step caught within two nights with `MDE_POWER` probability: two bad
+    nights in a row, each night bad with probability sqrt(MDE_POWER) when its change is
+    the step plus the noise law of `null_sf`."""
+    dof, tail = round(base.noise.dof, 1), policy.tail_dof
+    step = (bad_threshold(policy.false_alarm_level, dof, tail)
+            + null_quantile(1 - math.sqrt(MDE_POWER), dof, tail))
+    return max(floor, base.pred_sd * step)
+
+
+def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str | None:
+    effect = policy.effect(metric)
+    if mde <= math.log1p(policy.too_noisy * effect):
+        return None
+    return (f"too noisy to guard: night-to-night noise {100 * base.noise.sigma:.1f}% over "
+            f"{base.nights} nights, so the smallest step caught within two nights is "
+            f"{100 * math.expm1(mde):.0f}%, above {policy.too_noisy:g}x the "
+            f"{100 * effect:.0f}% that matters")
+
+
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
-                   series: dict, policy: Policy, tests: int, *, previous: dict | None = None,
-                   release: dict | None = None, run_id: str | None = None) -> Verdict | None:
+                   policy: Policy, *, previous: dict | None = None,
+                   release: dict | None = None, run_id: str | None = None,
+                   peers: Noise | None = None) -> Verdict | None:
     """One metric's verdict. `previous`: the last comparable night's verdict of this stage
-    and metric ({"verdict", "detail"}), which a bad night confirms or clears."""
+    and metric ({"verdict", "detail"}), which tonight confirms or clears; `peers`: the
+    metric's noise pooled over the run's other stages on this fingerprint."""
     if value is None:
         return None
-    base = baseline_for(metric, history, release, policy)
+    base = baseline_for(metric, history, release, policy, peers)
     kind = f"release:{release.get('label')}" if release else "rolling"
     if base is None:
         return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
@@ -252,61 +363,66 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     if value <= 0:
         return Verdict(stage_id, metric, "no_baseline", value, baseline_value, None, None,
                        {"history": base.nights, "baseline": kind, "note": "zero: not judged"})
-    lower_is_worse = METRICS[metric].better == "higher"
     change = math.log(value) - base.centre
-    tonight = [x for x in series.get(SAMPLE_SERIES.get(metric, ""), []) if x is not None]
-    worse = _evidence(-change if lower_is_worse else change, base, tonight, lower_is_worse)
-    better = _evidence(-worse.change, base, tonight, not lower_is_worse)
+    worse = -change if METRICS[metric].better == "higher" else change
+    tonight = score(worse, base, policy)
     floor = math.log1p(policy.effect_floor * policy.effect(metric))
-    first = policy.alpha / max(tests, 1)
-    verdict, nights = _decide(worse, better, base, floor, first, previous, policy)
-    shown = better if verdict == "improvement" else worse
+    verdict, nights = _decide(worse, tonight, base, floor, previous, policy)
+    learning = base.nights < policy.min_history
     detail: dict[str, Any] = {
-        "baseline": kind, "history": base.nights, "nights": nights, "tests": tests,
-        "noise_pct": None if base.sigma is None else round(100 * base.sigma, 3),
+        "baseline": kind, "history": base.nights, "nights": nights,
+        "noise_pct": round(100 * base.noise.sigma, 3), "noise_stages": base.noise.stages,
         "floor_pct": round(100 * math.expm1(floor), 2),
-        "p_night": shown.p_night, "p_samples": shown.p_samples,
-        "level": (policy.confirm_alpha or first) if nights > 1 else first,
     }
-    if base.pred_sd is not None:
-        band = max(floor, float(stdtrit(base.dof, 1 - first)) * base.pred_sd)
-        detail["band_pct"] = round(100 * math.expm1(band), 2)
-    if base.sigma is None:
-        detail["note"] = (f"history shorter than {policy.min_history} nights: noise unknown, "
-                          f"only a change of {100 * policy.large_step:.0f}% or more is flagged")
-    # A flagged value stays out of later baselines, unless it was flagged with no noise
-    # estimate (not evidence enough: holding it out would starve a young history).
-    detail["hold"] = verdict in FLAGGED and base.sigma is not None
+    if learning:
+        detail["note"] = f"learning: {base.nights} of {policy.min_history} nights"
+        detail["doubt_once"] = verdict == "learning" and nights == 1
+        if detail["doubt_once"]:
+            detail["note"] += "; tonight's change is beyond doubt: a second such night is a regression"
+            detail["nights"] = 0
+    else:
+        detail["score"] = round(tonight, 3)
+        mde = minimum_detectable(base, floor, policy)
+        detail["mde_pct"] = round(100 * math.expm1(mde), 2)
+        warning = _too_noisy(metric, mde, base, policy)
+        if warning:
+            detail["too_noisy"] = warning
+    detail["hold"] = verdict in FLAGGED
     if release is not None:
         detail["baseline_run"] = release.get("run_id")
         if release.get("fingerprint_matches") is False:
             detail["fingerprint"] = "differs from the release baseline's"
     if verdict in FLAGGED:
         detail["change_point"] = _shift(metric, history, value, run_id)
+    confidence = None if learning else round(
+        1 - null_sf(abs(worse) / base.pred_sd, base.noise.dof, policy.tail_dof), 4) \
+        if base.pred_sd > 0 else 1.0
     return Verdict(stage_id, metric, verdict, value, baseline_value,
-                   round(100 * (value / baseline_value - 1), 3),
-                   None if shown.p_night is None else round(1 - shown.p_night, 4), detail)
+                   round(100 * (value / baseline_value - 1), 3), confidence, detail)
 
 
-def compare_stage(stage_id: str, metrics: dict, series: dict, validity: str,
-                  history: list[dict], policy: Policy = Policy(), *,
-                  previous: dict[str, dict] | None = None, release: dict | None = None,
-                  run_id: str | None = None, new_history: str | None = None) -> list[Verdict]:
+def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dict],
+                  policy: Policy = Policy(), *, previous: dict[str, dict] | None = None,
+                  release: dict | None = None, run_id: str | None = None,
+                  new_history: str | None = None,
+                  peers: dict[str, Noise] | None = None) -> list[Verdict]:
     """Verdicts for one stage.
 
-    history: earlier comparable nights, newest first, each {"run_id", "metrics", "series",
+    history: earlier comparable nights, newest first, each {"run_id", "metrics",
     "held_out"}; previous: metric -> the last comparable night's verdict dict; release: the
-    pinned release run's stage ({"label", "run_id", "metrics", "series"}) for a release
-    run; new_history: why the history is empty (e.g. a changed fingerprint), said in the
-    no-baseline verdicts.
+    pinned release run's stage ({"label", "run_id", "metrics"}) for a release run;
+    new_history: why the history is empty (e.g. a changed fingerprint), said in the
+    no-baseline verdicts; peers: metric -> its noise pooled over the run's other stages on
+    this fingerprint (`peer_noise`).
     """
     names = [m for m in judged_metrics(policy) if metrics.get(m) is not None]
     if validity != "valid":
         return [Verdict(stage_id, m, "invalid", metrics[m], None, None, None, {}) for m in names]
     out = []
     for m in names:
-        v = compare_metric(stage_id, m, metrics[m], history, series, policy, len(names),
-                           previous=(previous or {}).get(m), release=release, run_id=run_id)
+        v = compare_metric(stage_id, m, metrics[m], history, policy,
+                           previous=(previous or {}).get(m), release=release, run_id=run_id,
+                           peers=(peers or {}).get(m))
         if v is not None and v.verdict == "no_baseline" and new_history:
             v.detail["new_history"] = new_history
         if v is not None:

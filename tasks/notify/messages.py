@@ -39,6 +39,7 @@ class Row:
     fingerprint: str | None
     run_id: str  # the run the evidence comes from
     history: tuple[float, ...] = ()  # earlier nights' values, oldest first (capacity, cost)
+    mde_pct: float | None = None  # the smallest step the metric shows within two nights
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,17 @@ def _row_line(row: Row) -> str:
     nights = f"{row.nights} night{'s' if row.nights != 1 else ''}"
     earlier = (" · before: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
                if row.history else "")
+    sees = f" · sees steps from {row.mde_pct:.1f}%" if row.mde_pct is not None else ""
     return (f"• `{row.metric}` {with_unit(row.baseline_value, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
-            f"{nights} · {row.status}{earlier}")
+            f"{nights} · {row.status}{sees}{earlier}")
+
+
+def blind_spots(stages: list[dict]) -> list[str]:
+    """One line per judged metric too noisy to guard: the stage, the metric, the reason."""
+    return [f"{s['stage_id']} `{c['metric']}`: {c['detail']['too_noisy']}"
+            for s in stages for c in s.get("comparisons", [])
+            if (c.get("detail") or {}).get("too_noisy")]
 
 
 def _grouped(rows: list[Row], run_id: str) -> list[str]:
@@ -116,8 +125,10 @@ def _link(url: str | None, label: str) -> str:
     return f"<{url}|{label}>" if url.startswith(("http://", "https://")) else f"{label}: {url}"
 
 
-def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links) -> dict:
-    """The run's message: its new regressions (`rows`) and the verdict counts."""
+def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links,
+                blind: list[str] | None = None) -> dict:
+    """The run's message: its new regressions (`rows`), the verdict counts and the metrics
+    too noisy to guard (`blind`, `blind_spots`)."""
     label = f" {run['release_label']}" if run.get("release_label") else ""
     suspected = sum(r.status == "suspected" for r in rows)
     parts = [f"{len(rows) - suspected} regression(s)" if len(rows) > suspected else "",
@@ -129,6 +140,10 @@ def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
               _section(f"verdicts: {summary or 'none'}")]
     blocks += [_section(text) for text in _grouped(rows, run["run_id"])]
+    if blind:
+        more = f"\n… and {len(blind) - MAX_ROWS} more in the report" if len(blind) > MAX_ROWS else ""
+        blocks.append(_section((f"too noisy to guard ({len(blind)}):\n"
+                                + "\n".join(blind[:MAX_ROWS]) + more)[:_SECTION_LIMIT]))
     fingerprints = sorted({r.fingerprint for r in rows if r.fingerprint})
     blocks.append(_context(_link(links.report, "report"), _link(links.airflow, "Airflow run"),
                            f"fingerprint {', '.join(fingerprints)}" if fingerprints else ""))

@@ -31,7 +31,14 @@ from sql.alerts import alert_key
 
 from .. import rundir
 from ..metrics import FLAGGED
-from ..notify.messages import Links, Row, invalid_run_message, run_message, thread_reply
+from ..notify.messages import (
+    Links,
+    Row,
+    blind_spots,
+    invalid_run_message,
+    run_message,
+    thread_reply,
+)
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
@@ -68,7 +75,8 @@ def evidence_of(stages: list[dict], run_id: str, histories: History | None = Non
                            change_pct=c["change_pct"], confidence=c["confidence"],
                            nights=int(c["detail"].get("nights") or 1),
                            fingerprint=stage.get("fingerprint_hash"), run_id=run_id,
-                           history=tuple(v for _, v in nights if v is not None))
+                           history=tuple(v for _, v in nights if v is not None),
+                           mde_pct=c["detail"].get("mde_pct"))
     return out
 
 
@@ -161,7 +169,8 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
     evidence[run_id] = evidence_of(stages, run_id, stored_histories(store, run_id, stages))
     plan = plan_delivery(undelivered, evidence)
     counts = Counter(c["verdict"] for s in stages for c in s.get("comparisons", []))
-    message = run_message(run, _rows_to_tell(run, plan, evidence[run_id]), dict(counts), links)
+    message = run_message(run, _rows_to_tell(run, plan, evidence[run_id]), dict(counts), links,
+                          blind_spots(stages))
     needs_attention = bool(plan.headline) or run["kind"] == "release"
     courier = Courier(notifier, run_dir)
     delivered: list[tuple[int, str | None]] = [(i, None) for i in plan.quiet]

@@ -1,11 +1,12 @@
 """Step compare: judge every stage of a run, record the verdicts, keep alerts in step.
 
-The I/O around `tasks.analysis.detector` (pure): per stage it reads the comparable history (same
-stage key and fingerprint, since the last accepted change, flagged values held out), the
-previous night's verdicts (which tonight confirms or clears) and, for a release run, the
-pinned release baseline; then records the verdicts and opens, updates or closes one alert
-per stage key and metric. Only alerts that are new or changed are undelivered afterwards,
-so the alert step never re-posts the same regression.
+The I/O around `tasks.analysis.detector` (pure): per stage it reads the comparable history
+(same stage key and fingerprint, since the last accepted change, flagged values held out),
+the previous night's verdicts (which tonight confirms or clears) and, for a release run,
+the pinned release baseline; it hands each stage the histories of the run's other stages
+on its fingerprint, whose noise the detector pools; then records the verdicts and opens,
+updates or closes one alert per stage key and metric. Only alerts that are new or changed
+are undelivered afterwards, so the alert step never re-posts the same regression.
 
 A run is compared with a pinned release baseline when its trigger chose one (plan.json
 options.baseline: "rolling" or a release label; a release run that did not say takes the
@@ -23,7 +24,7 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
-from ..analysis.detector import Policy, Verdict, compare_stage
+from ..analysis.detector import Policy, Verdict, compare_stage, pooled_noise
 from ..run_context import RunContext
 from . import Call
 
@@ -44,8 +45,10 @@ def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None
     return label, base_run, {s["stage_key"]: s for s in store.stages(base_run)} if base_run else {}
 
 
-def judge_stage(store: Store, run_id: str, stage: dict, policy: Policy,
-                release: tuple[str, str | None, dict[str, dict]] | None) -> list[Verdict]:
+def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
+                 release: tuple[str, str | None, dict[str, dict]] | None) -> dict[str, Any]:
+    """What the detector needs of one stage besides its own metrics: its comparable
+    history, the previous verdicts, the pinned release stage and why a history is empty."""
     key, fp = stage["stage_key"], stage["fingerprint_hash"]
     history = store.history(key, fp, before_run=run_id, limit=2 * policy.window)
     new_history = None
@@ -59,15 +62,33 @@ def judge_stage(store: Store, run_id: str, stage: dict, policy: Policy,
         base = stages.get(key)
         pinned = None if base is None else {
             "label": label, "run_id": base_run, "metrics": base["metrics"],
-            "series": base["series"], "fingerprint_matches": base["fingerprint_hash"] == fp}
+            "fingerprint_matches": base["fingerprint_hash"] == fp}
     baseline = f"release:{release[0]}" if release else "rolling"
     previous = store.previous_verdicts(key, fp, before_run=run_id, baseline=baseline)
+    noise_history = history
     if release is not None and pinned is None:
         history, new_history = [], (f"stage not in the release baseline run {release[1]}"
                                     if release[1] else f"release {release[0]} is not pinned")
-    return compare_stage(stage["stage_id"], stage["metrics"], stage["series"], stage["validity"],
-                         history, policy, previous=previous, release=pinned, run_id=run_id,
-                         new_history=new_history)
+    return {"history": history, "previous": previous, "release": pinned,
+            "new_history": new_history, "noise_history": noise_history}
+
+
+def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
+              run_id: str) -> list[Verdict]:
+    """Every stage's verdicts, each stage's noise pooled with the other stages of the run
+    on its fingerprint."""
+    verdicts: list[Verdict] = []
+    for stage in stages:
+        given = inputs[stage["stage_id"]]
+        others = [inputs[s["stage_id"]]["noise_history"] for s in stages
+                  if s["stage_id"] != stage["stage_id"]
+                  and s["fingerprint_hash"] == stage["fingerprint_hash"]]
+        verdicts += compare_stage(stage["stage_id"], stage["metrics"], stage["validity"],
+                                  given["history"], policy, previous=given["previous"],
+                                  release=given["release"], run_id=run_id,
+                                  new_history=given["new_history"],
+                                  peers=pooled_noise(others, policy))
+    return verdicts
 
 
 def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
@@ -89,13 +110,11 @@ def run(ctx: RunContext, call: Call, policy: Policy = Policy()) -> dict[str, Any
     store = ctx.store()
     run = store.run(ctx.run_id)
     release = release_stages(store, run, ctx.plan)
-    verdicts: list[Verdict] = []
-    keys: dict[str, str] = {}
-    for stage in store.stages(ctx.run_id):
-        if (stage["params"] or {}).get("probe_of"):
-            continue  # a search probe's rate depends on the night: its search is compared
-        keys[stage["stage_id"]] = stage["stage_key"]
-        verdicts += judge_stage(store, ctx.run_id, stage, policy, release)
+    # a search probe's rate depends on the night: its search is compared, not the probes
+    stages = [s for s in store.stages(ctx.run_id) if not (s["params"] or {}).get("probe_of")]
+    keys = {s["stage_id"]: s["stage_key"] for s in stages}
+    inputs = {s["stage_id"]: stage_inputs(store, ctx.run_id, s, policy, release) for s in stages}
+    verdicts = judge_run(stages, inputs, policy, ctx.run_id)
     rows = [v.to_dict() for v in verdicts]
     changed = record_verdicts(store, ctx.run_id, rows, keys)
     ctx.write_json(rundir.VERDICTS, {"verdicts": rows, "changed_alerts": changed,

@@ -15,6 +15,7 @@ from html import escape
 
 from ..metrics import VERDICTS
 from .charts import line_chart, time_series
+from .tables import verdict_note
 
 SCORE_CARD = (("delivered_rate", "delivered msg/s"), ("target_rate", "target msg/s"),
               ("e2e_latency_avg", "avg"), ("e2e_latency_p50", "p50"), ("e2e_latency_p95", "p95"),
@@ -161,6 +162,8 @@ def history_charts(stages: list[dict], histories: History) -> str:
 
 
 def verdicts(stages: list[dict]) -> str:
+    """Every verdict, worst first, with the smallest step its metric can show (MDE) and
+    why a metric is not guarded (too noisy) or not judged yet (learning)."""
     found = [(s["stage_id"], c) for s in stages for c in s.get("comparisons", [])]
     found.sort(key=lambda item: VERDICTS.index(item[1]["verdict"])
                if item[1]["verdict"] in VERDICTS else len(VERDICTS))
@@ -170,11 +173,13 @@ def verdicts(stages: list[dict]) -> str:
         f'<tr class="{escape(c["verdict"])}"><td class="l">{escape(stage_id)}</td>'
         f'<td class="l">{escape(c["metric"])}</td><td class="l">{escape(c["verdict"])}</td>'
         f'<td>{fmt(c["baseline_value"])}</td><td>{fmt(c["value"])}</td>'
-        f'<td>{fmt(c["change_pct"])}</td><td>{fmt(c["confidence"])}</td></tr>'
+        f'<td>{fmt(c["change_pct"])}</td><td>{fmt((c.get("detail") or {}).get("mde_pct"))}</td>'
+        f'<td>{fmt(c["confidence"])}</td><td class="l">{escape(verdict_note(c))}</td></tr>'
         for stage_id, c in found)
     return ('<table id="verdicts"><tr><th class="l">stage</th><th class="l">metric</th>'
             '<th class="l">verdict</th><th>baseline</th><th>this run</th><th>change %</th>'
-            f"<th>confidence</th></tr>{rows}</table>")
+            '<th title="the smallest step caught within two nights (90%) at this noise">'
+            f'MDE %</th><th>confidence</th><th class="l">note</th></tr>{rows}</table>')
 
 
 def invalid_stages(stages: list[dict]) -> str:

@@ -40,8 +40,18 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
     } for s in stages]
 
 
+def verdict_note(comparison: dict, *, short: bool = False) -> str:
+    """What a person should know beside a verdict: the metric is too noisy to guard (and
+    why, unless `short`), or its history is still learning the noise."""
+    detail = comparison.get("detail") or {}
+    if detail.get("too_noisy"):
+        return "too noisy to guard" if short else detail["too_noisy"]
+    return detail.get("note") or "" if comparison["verdict"] == "learning" else ""
+
+
 def verdict_rows(stages: list[dict]) -> list[dict]:
     return [{
         "stage": s["stage_id"], "metric": c["metric"], "verdict": c["verdict"],
         "baseline": c["baseline_value"], "tonight": c["value"], "change %": c["change_pct"],
+        "MDE %": (c.get("detail") or {}).get("mde_pct"), "note": verdict_note(c, short=True),
     } for s in stages for c in s.get("comparisons", [])]
