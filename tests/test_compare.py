@@ -129,8 +129,9 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     def history(sigma, n=10):
         return nights([1000 * math.exp(rng.gauss(0, sigma)) for _ in range(n)])
     peers = pooled_noise([history(0.02, 25) for _ in range(4)], Policy())
-    own = verdict({RATE: 1000.0}, history(0.02))
-    pooled = verdict({RATE: 1000.0}, history(0.02), peers=peers)
+    mine = history(0.02)
+    own = verdict({RATE: 1000.0}, mine)
+    pooled = verdict({RATE: 1000.0}, mine, peers=peers)
     assert peers[RATE].stages == 4 and pooled.detail["noise_stages"] == 5
     assert pooled.detail["mde_pct"] < own.detail["mde_pct"]
     noisy = verdict({RATE: 1000.0}, history(0.2, 20), peers=peers)
