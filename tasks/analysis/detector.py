@@ -310,19 +310,31 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
     return "unchanged", 0
 
 
+def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy) -> bool:
+    """A learning night's change is beyond doubt: at least `large_step` and `doubt_spread`
+    times the widest swing of the history, with `doubt_nights` nights to show it. After a
+    night that was, the spread leaves that night out (it would widen it)."""
+    once = bool(previous.get("detail", {}).get("doubt_once"))
+    spread = base.spread_before if once else base.spread
+    return (base.nights >= policy.doubt_nights and change >= math.log1p(policy.large_step)
+            and change >= policy.doubt_spread * spread)
+
+
 def _learning(change: float, base: Reference, prior: int, previous: dict,
               policy: Policy) -> tuple[str, int]:
     """Too few nights to know the noise: only a change beyond doubt two nights in a row is
-    flagged (a `regression`). One such night is still `learning`, marked `doubt_once`; the
-    next night is judged without it in the spread, which it would otherwise widen."""
-    once = bool(previous.get("detail", {}).get("doubt_once"))
-    spread = base.spread_before if once else base.spread
-    beyond = (base.nights >= policy.doubt_nights
-              and change >= math.log1p(policy.large_step)
-              and change >= policy.doubt_spread * spread)
-    if beyond and (once or prior):
+    flagged (a `regression`); one such night is still `learning` (detail `doubt_once`)."""
+    again = prior or previous.get("detail", {}).get("doubt_once")
+    if again and _beyond_doubt(change, base, previous, policy):
         return "regression", max(prior, 1) + 1
-    return ("learning", 1) if beyond else ("learning", 0)
+    return "learning", 0
+
+
+def _confidence(change: float, base: Reference, policy: Policy) -> float:
+    """1 - the one-sided p-value of tonight's change in its own direction, no change."""
+    if base.pred_sd <= 0:
+        return 1.0 if change else 0.5
+    return round(1 - null_sf(abs(change) / base.pred_sd, base.noise.dof, policy.tail_dof), 4)
 
 
 def minimum_detectable(base: Reference, floor: float, policy: Policy) -> float:
@@ -376,10 +388,10 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     }
     if learning:
         detail["note"] = f"learning: {base.nights} of {policy.min_history} nights"
-        detail["doubt_once"] = verdict == "learning" and nights == 1
+        detail["doubt_once"] = (verdict == "learning"
+                                 and _beyond_doubt(worse, base, previous or {}, policy))
         if detail["doubt_once"]:
             detail["note"] += "; tonight's change is beyond doubt: a second such night is a regression"
-            detail["nights"] = 0
     else:
         detail["score"] = round(tonight, 3)
         mde = minimum_detectable(base, floor, policy)
@@ -394,11 +406,9 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
             detail["fingerprint"] = "differs from the release baseline's"
     if verdict in FLAGGED:
         detail["change_point"] = _shift(metric, history, value, run_id)
-    confidence = None if learning else round(
-        1 - null_sf(abs(worse) / base.pred_sd, base.noise.dof, policy.tail_dof), 4) \
-        if base.pred_sd > 0 else 1.0
     return Verdict(stage_id, metric, verdict, value, baseline_value,
-                   round(100 * (value / baseline_value - 1), 3), confidence, detail)
+                   round(100 * (value / baseline_value - 1), 3),
+                   None if learning else _confidence(worse, base, policy), detail)
 
 
 def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dict],
