@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_detector import recall_bound  # noqa: E402
 
 from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
-from tasks.analysis.detector import Policy, compare_metric  # noqa: E402
+from tasks.analysis.detector import Policy, compare_metric, noise_sigma  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
 
 TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256
@@ -68,9 +67,7 @@ stages:
 
 def robust_sigma(values: list[float]) -> float:
     """1.4826 x MAD of the logs: the detector's own noise estimate."""
-    logs = [math.log(v) for v in values if v]
-    centre = statistics.median(logs)
-    return 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    return noise_sigma([math.log(v) for v in values if v])
 
 
 def night(suite: str, inventory: Path) -> dict:

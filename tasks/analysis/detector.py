@@ -157,22 +157,19 @@ def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
     return logs[:policy.window]
 
 
-def own_noise(metric: str, history: list[dict], policy: Policy) -> Noise | None:
-    """The noise of one stage's own history (None with fewer than 3 nights)."""
-    logs = _logs(metric, history, policy)
-    if len(logs) < 3:
-        return None
-    return Noise(noise_sigma(logs), MAD_EFFICIENCY * (len(logs) - 1))
+def _noise_of(logs: list[float]) -> Noise:
+    """The noise of one history's logs (at least one) and its degrees of freedom."""
+    return Noise(noise_sigma(logs), max(1.0, MAD_EFFICIENCY * (len(logs) - 1)))
 
 
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
     """The noise of `metric` pooled over other stages' histories: their variances weighted
     by their degrees of freedom. Only histories past learning count."""
-    own = [n for h in histories if len(_logs(metric, h, policy)) >= policy.min_history
-           and (n := own_noise(metric, h, policy)) is not None]
-    dof = sum(n.dof for n in own)
-    if not own or dof <= 0:
+    own = [_noise_of(logs) for h in histories
+           if len(logs := _logs(metric, h, policy)) >= policy.min_history]
+    if not own:
         return None
+    dof = sum(n.dof for n in own)
     return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in own) / dof), dof, len(own))
 
 
@@ -209,7 +206,7 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
         centre, factor = statistics.median(logs), math.sqrt(1 + math.pi / (2 * n))
     else:
         return None
-    own = Noise(noise_sigma(logs), max(1.0, MAD_EFFICIENCY * (n - 1))) if n else Noise(0.0, 1.0)
+    own = _noise_of(logs) if n else Noise(0.0, 1.0)
     noise = _pooled(own, peers, policy) if n >= policy.min_history else own
     mid = statistics.median(logs) if n else centre
     spread = max((abs(v - mid) for v in logs), default=0.0)
@@ -226,12 +223,17 @@ def _scale_ratios(dof: float) -> np.ndarray:
     return np.sqrt(chi2.ppf(probabilities, dof) / dof)
 
 
+@lru_cache(maxsize=16)
+def _t_robust(tail: float) -> float:
+    """The robust sigma (1.4826 x MAD) of a Student t with `tail` d.o.f., in its own scale."""
+    return 1.4826 * float(stdtrit(tail, 0.75))
+
+
 def null_sf(u: float, dof: float, tail: float) -> float:
     """P(U >= u) under no change, where U is tonight's change over its sd as estimated:
     the nights' noise a Student t with `tail` d.o.f. at the robust sigma, the sigma itself
     estimated with `dof` d.o.f."""
-    robust = 1.4826 * float(stdtrit(tail, 0.75))  # the t's robust sigma, in its own scale
-    return float(np.mean(stdtr(tail, -u * robust * _scale_ratios(round(dof, 1)))))
+    return float(np.mean(stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1)))))
 
 
 @lru_cache(maxsize=4096)
@@ -246,10 +248,8 @@ def bad_threshold(level: float, dof: float, tail: float) -> float:
     sigma are both bad with probability `level` under no change. Their sigma is shared,
     so a sigma estimated too small makes both bad at once: the threshold allows for it
     (with few degrees of freedom it sits well above the single night's quantile)."""
-    robust = 1.4826 * float(stdtrit(tail, 0.75))
-
     def both(u: float) -> float:
-        return float(np.mean(stdtr(tail, -u * robust * _scale_ratios(round(dof, 1))) ** 2))
+        return float(np.mean(stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1))) ** 2))
 
     return _solve(both, level)
 
