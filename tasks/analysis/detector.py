@@ -89,7 +89,7 @@ class Policy:
     large_step: float = 0.15  # confirmed at once when plausibly at least this large ...
     large_sigmas: float = 10.0  # ... on a metric whose noise is at most 1/10 of that step
     large_history: int = 10  # ... measured over at least this many nights
-    doubt_spread: float = 10.0  # learning: flagged beyond this x the history's widest swing
+    doubt_spread: float = 5.0  # learning: flagged beyond this x the history's widest swing
     doubt_nights: int = 5  # ... shown by at least this many nights
     too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
     min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics
