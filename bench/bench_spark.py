@@ -14,7 +14,9 @@ Python process as the ratio to beat.
    and QoS 1, sized so that the e2e histograms alone hold `--e2e-samples` latency samples
    (the CSVs hold sparse (second, kind, bucket, count) rows; the counts are the samples).
    Latencies are drawn per second and process from a lognormal with a slow tail, bucketed
-   with `tasks.driver.histogram` (multinomial counts over the bucket probabilities).
+   with `tasks.driver.histogram` (multinomial counts over the bucket probabilities); in two
+   seconds of each window the host stalls: 10% of that second's e2e and PUBACK samples are
+   about 100 ms late in every process (the per-second tails and stalls have work to do).
 2. Spark: `spark-submit --master local[*] spark/aggregate.py --timings FILE` as the
    nightly DAG's SparkSubmitOperator runs it (UI off, JVM defaults; `--java-options
    -XX:TieredStopAtLevel=1` for the C1-only JIT that the CLI's tasks/steps/aggregate.py uses).
@@ -53,6 +55,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
 from spark.stage_metrics import tidy  # noqa: E402
+from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import bucket_bounds, bucket_of, summarize  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
     COUNTER_COLUMNS,
@@ -73,6 +76,7 @@ from tasks.driver.spec import (  # noqa: E402
     PublisherSpec,
     SubscriberSpec,
 )
+from tasks.metrics import TAIL_KINDS  # noqa: E402
 
 BAR_S = 60.0
 RUN_ID = "bench-spark"
@@ -81,12 +85,15 @@ WARMUP_S, DRAIN_S, GAP_S = 10, 10, 20
 PUBLISHER_RATE = 100  # msg/s per publisher client
 CONNECT_RATE = 500.0  # paced connects per second and process (the driver's default)
 MAX_US = 60_000_000
+STALL_SECONDS, STALL_US, STALL_SHARE = (40, 120), 100_000, 0.1  # two host stalls per stage
 BROKER_HOST = "broker1"
 MARKER = "bench_spark.json"
 COMPARED = ("delivered_rate", "published_rate", "messages_delivered", "lost", "connects_ok",
             "connect_rate", "broker_cpu_avg") + tuple(
     f"{kind}_latency_{stat}" for kind in ("e2e", "pub_ack", "pub_delay", "connect")
-    for stat in ("avg", "p50", "p99", "p99_9", "max"))
+    for stat in ("avg", "p50", "p99", "p99_9", "max")) + tuple(
+    f"{kind}_{name}" for kind in TAIL_KINDS
+    for name in ("latency_p99_typical", "latency_p99_no_stall", "stall_seconds", "stall_longest"))
 
 
 # ---- generator ---------------------------------------------------------------------------
@@ -114,6 +121,16 @@ def latency_probs(median_us: float, sigma: float, tail: float = 0.01,
     probs = cdf(BOUNDS[:, 1] - 0.5) - cdf(BOUNDS[:, 0] - 0.5)
     keep = probs > 1e-12
     return BUCKETS[keep], probs[keep] / probs[keep].sum()
+
+
+def mixture(body: tuple[np.ndarray, np.ndarray], stall: tuple[np.ndarray, np.ndarray],
+            share: float) -> tuple[np.ndarray, np.ndarray]:
+    """`body` with `share` of its samples drawn from `stall` instead (bucket index, prob)."""
+    index = np.union1d(body[0], stall[0])
+    probs = np.zeros(len(index))
+    probs[np.searchsorted(index, body[0])] += (1 - share) * body[1]
+    probs[np.searchsorted(index, stall[0])] += share * stall[1]
+    return index, probs
 
 
 KIND_ORDER = {k: i for i, k in enumerate(sorted(("connect", "e2e", "pub_ack", "pub_delay",
@@ -235,12 +252,17 @@ class Generator:
         writer.counters(rows)
         self.rows["counters"] += len(rows)
 
+        # the host stalls STALL_SECONDS into the window: every process's e2e and PUBACK
+        # samples of that second include messages delayed by about STALL_US
+        stalled = np.isin(seconds - windows["measure_start"], STALL_SECONDS)
         parts = [hist_rows(rng, connect_seconds, connects, "connect", dists["connect"]),
                  hist_rows(rng, connect_seconds, subs, "subscribe", dists["subscribe"]),
-                 hist_rows(rng, seconds, received, "e2e", dists["e2e"]),
                  hist_rows(rng, seconds, published, "pub_delay", dists["pub_delay"])]
-        if qos:
-            parts.append(hist_rows(rng, seconds, acked, "pub_ack", dists["pub_ack"]))
+        for kind, counts in (("e2e", received), ("pub_ack", acked) if qos else (None, None)):
+            if kind:
+                stall = mixture(dists[kind], latency_probs(STALL_US, 0.3), STALL_SHARE)
+                parts += [hist_rows(rng, seconds[~stalled], counts[~stalled], kind, dists[kind]),
+                          hist_rows(rng, seconds[stalled], counts[stalled], kind, stall)]
         self.rows["histograms"] += write_histograms(proc_dir / HISTOGRAMS_FILE, parts)
         for kind, counts in (("connect", connects), ("subscribe", subs), ("e2e", received),
                              ("pub_delay", published), ("pub_ack", acked)):
@@ -303,6 +325,7 @@ def naive(run_dir: Path) -> dict[str, dict]:
         lo, hi = w["measure_start"], w["measure_end"]
         delivered = published = connects_ok = 0
         hists: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        by_second: dict[tuple[str, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
         expected = unique = connected = 0
         firsts, lasts = [], []
         for p in stage["processes"]:
@@ -330,6 +353,8 @@ def naive(run_dir: Path) -> dict[str, dict]:
                 for second, kind, bucket, count in reader:
                     if kind in ("connect", "subscribe") or lo <= int(second) < hi:
                         hists[kind][int(bucket)] += int(count)
+                    if kind in TAIL_KINDS and lo <= int(second) < hi:
+                        by_second[(kind, int(second))][int(bucket)] += int(count)
         cpu = []
         with open(stage_dir / BROKER_HOST / "sampler" / SAMPLER_FILE, newline="") as handle:
             reader = csv.reader(handle)
@@ -347,6 +372,9 @@ def naive(run_dir: Path) -> dict[str, dict]:
             summary = summarize(dict(sorted(counts.items())))  # the job sums in bucket order
             for stat in ("avg", "p50", "p99", "p99_9", "max"):
                 metrics[f"{kind}_latency_{stat}"] = summary[stat]
+        for kind in TAIL_KINDS:
+            metrics.update(tails_of_seconds(kind, {second: h for (k, second), h
+                                                   in by_second.items() if k == kind}))
         results[stage_dir.name] = metrics
     return results
 
@@ -489,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nnaive (one Python process, csv + dicts): {naive_s:.1f} s, "
               f"{total_rows / naive_s:,.0f} rows/s")
         print(f"  agreement on {len(COMPARED)} metrics x {len(naive_results)} stages "
-              f"(delivered/published rate, loss, connect rate, broker CPU, latency avg/p50/p99/"
+              f"(delivered/published rate, loss, connect rate, broker CPU, per-second tails "
+              f"and stalls, latency avg/p50/p99/"
               f"p99.9/max): {'equal' if not diffs else f'{len(diffs)} DIFFER'}")
         for line in diffs[:20]:
             print(f"    {line}")
@@ -497,8 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         example = doc["stages"][-1]
         m = example["metrics"]
         print(f"  e.g. {example['stage_id']}: delivered {m['delivered_rate']:,.1f} msg/s, "
-              f"e2e p99 {m['e2e_latency_p99']:,.1f} us, connect rate {m['connect_rate']:,.1f} "
-              f"conn/s")
+              f"e2e p99 {m['e2e_latency_p99']:,.1f} us ({m['e2e_stall_seconds']:.0f} stall "
+              f"seconds), without them {m['e2e_latency_p99_no_stall']:,.1f} us, connect rate "
+              f"{m['connect_rate']:,.1f} conn/s")
         load_after = Path("/proc/loadavg").read_text().split()[:3]
         print(f"\nload average after: {' '.join(load_after)}")
         return 0 if verdict == "PASS" and not diffs else 1

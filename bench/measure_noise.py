@@ -12,7 +12,12 @@ reads the stored results and the raw latency histograms and writes, per metric:
   histograms), median over runs;
 - the lag-1 autocorrelation of the per-second samples;
 - for latency percentiles, the night-to-night noise a longer measure window would have
-  (`window_projection`: 10, 60 and 300 s windows resampled from the measured seconds).
+  (`window_projection`: 10, 60 and 300 s windows resampled from the measured seconds);
+- ``tail_estimators``: the night-to-night noise of each way of reading a stage's latency
+  tail (the window's p99, the median over seconds of each second's p99, the window's p99
+  without the stall seconds) and the stall seconds per night (`tasks.analysis.tails`):
+  what the judged tail was chosen by. The per-second tail metrics of runs stored before
+  they existed are read from the raw histograms, as the Spark job reads them.
 Load average and the busiest other processes are recorded before every run: this machine
 is shared, and the figures are only as quiet as it was.
 """
@@ -39,10 +44,12 @@ sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
 from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
+from tasks.analysis.tails import STALL_FACTOR, tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 
 WINDOWS_S = (10, 60, 300)  # measure-window lengths projected by `window_projection`
-HEADLINE = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99")
+HEADLINE = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_latency_p99",
+            "e2e_latency_p99_typical", "e2e_stall_seconds")
 METRICS = tuple(dict.fromkeys(HEADLINE + tuple(judged_metrics(Policy()))))
 PER_SECOND = {"e2e_latency_p50": ("e2e", 50), "e2e_latency_p99": ("e2e", 99),
               "pub_ack_latency_p99": ("pub_ack", 99)}
@@ -90,6 +97,42 @@ def per_second_histograms(stage_dir: Path) -> dict[str, list[dict[int, int]]]:
                     sums[(second, row["kind"])][int(row["bucket"])] += int(row["count"])
     kinds = {kind for kind, _ in PER_SECOND.values()}
     return {kind: [sums[(s, kind)] for s in range(lo, hi) if (s, kind) in sums] for kind in kinds}
+
+
+def tail_candidates(kind: str, seconds: list[dict[int, int]]) -> dict[str, float | None]:
+    """One night's value of each tail estimator considered (`tail_estimators`): the window's
+    p99, the median over seconds of each second's p99 and the window's p99 with the stall
+    seconds left out (`tasks.analysis.tails`), and the stall seconds themselves."""
+    tails = tails_of_seconds(kind, dict(enumerate(seconds)))
+    total: dict[int, int] = defaultdict(int)
+    for counts in seconds:
+        for bucket, count in counts.items():
+            total[bucket] += count
+    return {"window_p99": percentile(total, 99),
+            "median_second_p99": tails[f"{kind}_latency_p99_typical"],
+            "p99_without_stall_seconds": tails[f"{kind}_latency_p99_no_stall"],
+            "stall_seconds": tails[f"{kind}_stall_seconds"]}
+
+
+def tail_estimators(nights: dict[str, list[dict[str, float | None]]]) -> dict:
+    """Night-to-night noise (robust sigma and sd of the logs) of each tail estimator, per
+    stage and kind, and its median over them: the choice of the judged tail is this."""
+    out: dict = {"stall_factor": STALL_FACTOR, "stages": {}}
+    names = ("window_p99", "median_second_p99", "p99_without_stall_seconds")
+    summary: dict[str, list[float]] = defaultdict(list)
+    for key, runs in sorted(nights.items()):
+        row = {}
+        for name in names:
+            values = [r[name] for r in runs if r[name]]
+            row[name] = {"log_mad_sigma": _r(log_mad_sigma(values)), "log_sd": _r(log_sd(values))}
+            for stat in ("log_mad_sigma", "log_sd"):
+                if row[name][stat] is not None:
+                    summary[f"{name}.{stat}"].append(row[name][stat])
+        row["stall_seconds_per_night"] = [r["stall_seconds"] for r in runs]
+        out["stages"][key] = row
+    out["median"] = {k: _r(statistics.median(v)) for k, v in sorted(summary.items())}
+    out["max"] = {k: _r(max(v)) for k, v in sorted(summary.items())}
+    return out
 
 
 def per_second_latency(seconds: dict[str, list[dict[int, int]]]) -> dict[str, list[float]]:
@@ -164,6 +207,7 @@ def analyse(state: Path) -> dict:
     nightly: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     seconds: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
     pooled: dict[str, dict[str, list[dict[int, int]]]] = defaultdict(lambda: defaultdict(list))
+    tails: dict[str, list[dict]] = defaultdict(list)
     for run in runs:
         for st in store.stages(run["run_id"]):
             if st["validity"] != "valid":
@@ -178,6 +222,12 @@ def analyse(state: Path) -> dict:
                 seconds[key][m].append(values)
             for kind, per_second in hists.items():
                 pooled[key][kind] += per_second
+                if per_second:
+                    tails[f"{key} {kind}"].append(tail_candidates(kind, per_second))
+                # runs stored before the per-second tail metrics existed: read from raw
+                for m, value in tails_of_seconds(kind, dict(enumerate(per_second))).items():
+                    if m in METRICS and not st["metrics"].get(m) and value:
+                        nightly[key][m].append(value)
     by_metric: dict[str, dict] = {}
     for m in METRICS:
         stages = {}
@@ -221,7 +271,8 @@ def analyse(state: Path) -> dict:
     statuses = {r["run_id"]: r["status"] for r in runs}
     return {"ok_runs": sum(s == "ok" for s in statuses.values()),
             "runs_measured": max((len(v) for k in nightly for v in nightly[k].values()), default=0),
-            "run_statuses": statuses, "metrics": by_metric}
+            "run_statuses": statuses, "metrics": by_metric,
+            "tail_estimators": tail_estimators(tails)}
 
 
 def main() -> int:
@@ -252,6 +303,8 @@ def main() -> int:
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({m: {k: v for k, v in d.items() if k != "stages"}
                       for m, d in result["metrics"].items()}, indent=1))
+    print(json.dumps({k: v for k, v in result["tail_estimators"].items() if k != "stages"},
+                     indent=1))
     print(f"written {args.out}")
     return 0
 

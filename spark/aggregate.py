@@ -13,13 +13,14 @@ text scan whose lines are split and cast to the contract's typed columns (`parse
 malformed rows are counted (and named per file when there are any) and dropped, rows are
 kept or dropped by their ``second`` column against the stage's measure window
 [measure_start, measure_end), counters are summed per (stage, second) and histogram bucket
-counts per (stage, kind, bucket) (first per file and window segment, then joined to the
-stage: `aggregate_histograms`). The two datasets are planned and summed in threads
-of their own (`read_and_sum`), so the counters run while the histogram scan keeps the
-cores busy. ``--timings FILE`` writes the phases' durations
+counts per (stage, kind, bucket), per second too for the kinds whose tail is read per
+second (`aggregate_histograms`, `tasks.analysis.tails`). The two datasets are planned and
+summed in threads of their own (`read_and_sum`), so the counters run while the histogram
+scan keeps the cores busy. ``--timings FILE`` writes the phases' durations
 (bench/bench_spark.py times the job on a generated hour of driver output).
-Only those small sums reach the driver, where percentiles are read from the summed buckets
-with `tasks.driver.histogram` (per-process percentiles are never averaged).
+Only small sums reach the driver (each second's tail as its percentile buckets, read in
+Spark), where percentiles are read from the summed buckets with `tasks.driver.histogram`
+(per-process percentiles are never averaged).
 
 The driver side is plain Python in two modules of its own: `spark.stage_files` reads and
 checks the small files (stage.json, summary.json; a listed process without its files or a
@@ -59,14 +60,18 @@ if REPO_ROOT not in sys.path:
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import Window
 
 from spark.stage_files import StageFiles, discover
 from spark.stage_metrics import Sums, stage_result
+from tasks.analysis.tails import SecondTail, stalled_seconds
+from tasks.driver.histogram import bucket_value
 from tasks.driver.output import (
     COUNTER_COLUMNS,
     HISTOGRAM_COLUMNS,
     HISTOGRAM_KINDS,
 )
+from tasks.metrics import TAIL_KINDS
 from tasks.rundir import STAGE_METRICS_JSON as JSON_FILE
 from tasks.rundir import STAGE_METRICS_PARQUET as PARQUET_DIR
 
@@ -128,30 +133,16 @@ def _local_path(uri: str) -> str:
     return str(Path(unquote(urlparse(uri).path)).resolve())
 
 
-def _segment(second: Column, bounds: list[int]) -> Column:
-    """How many of the sorted `bounds` are <= second (a balanced CASE tree, null for null)."""
-    def node(lo: int, hi: int) -> Column:
-        if lo == hi:
-            return F.lit(lo)
-        mid = (lo + hi) // 2
-        return F.when(second < bounds[mid], node(lo, mid)).otherwise(node(mid + 1, hi))
-    return F.when(second.isNotNull(), node(0, len(bounds)))
-
-
 @dataclass
 class Dataset:
     """The parsed lines of every CSV of one kind, and which stage each file belongs to.
 
     ``rows``: file_path, the contract columns and ``valid``, one row per line.
-    ``files``: one row per file: file_key, stage_id, measure_start, measure_end and
-    seg_lo, seg_hi: its measure window as a range of `_segment` values over ``bounds``
-    (every stage's window edges), so second in [measure_start, measure_end) exactly when
-    seg_lo <= _segment(second) < seg_hi, even where windows of stages overlap.
+    ``files``: one row per file: file_key, stage_id, measure_start, measure_end.
     """
 
     rows: DataFrame
     files: DataFrame
-    bounds: list[int]
 
     def tagged(self) -> DataFrame:
         """Every row with its stage_id and window: a broadcast join per row (small data)."""
@@ -170,24 +161,23 @@ def read_csvs(spark: SparkSession, stages: list[StageFiles], kind: str,
     if not owner:
         return None
     lines = spark.read.text(sorted(owner))
-    bounds = sorted({edge for stage in owner.values() for edge in stage.window})
     table = {}
     for uri in lines.inputFiles():  # Spark's own spelling of each file, as in _metadata
         stage = owner[_local_path(uri)]
         start, end = stage.window
         table[_file_key(uri)] = {
             "file_key": _file_key(uri), "stage_id": stage.stage_id, "measure_start": start,
-            "measure_end": end, "seg_lo": bounds.index(start) + 1, "seg_hi": bounds.index(end) + 1}
+            "measure_end": end}
     if len(table) != len(owner):
         raise ValueError(f"{kind} files are not told apart by their last four path parts")
     # one JSON literal (one py4j call, folded once by the optimizer), not a struct per file
     files = spark.range(1).select(F.inline(F.from_json(
         F.lit(json.dumps(sorted(table.values(), key=lambda r: r["file_key"]))),
         "array<struct<file_key: string, stage_id: string, measure_start: bigint, "
-        "measure_end: bigint, seg_lo: int, seg_hi: int>>")))
+        "measure_end: bigint>>")))
     rows = parse_lines(lines.select("value", F.col("_metadata.file_path").alias("file_path")),
                        columns)
-    return Dataset(rows, files, bounds)
+    return Dataset(rows, files)
 
 
 def _if(condition: str, column: str) -> Column:
@@ -205,24 +195,82 @@ def aggregate_counters(data: Dataset) -> list[Row]:
             .agg(*sums, _malformed()).collect())
 
 
-def aggregate_histograms(data: Dataset) -> list[Row]:
-    """Summed bucket counts per (stage, kind, bucket): window only, or all of the stage.
+def _rank(pct: int) -> Column:
+    """The nearest rank of the pct-th percentile of ``total`` samples, in integers:
+    ceil(pct x total / 100), at least 1, as `tasks.driver.histogram.percentile` reads it."""
+    return F.greatest(F.lit(1), F.expr(f"(total * {pct} + 99) div 100"))
 
-    The big dataset, so no per-row join: lines are summed per (file, kind, bucket, window
-    segment of their second) first, which needs nothing of the stage, and only those sums
-    are joined to their stage and kept when the segment lies in its window (connect and
-    subscribe: every segment). Out-of-window sums stay in the group as null, not 0."""
+
+def second_tails(per_second: DataFrame) -> DataFrame:
+    """Each window second's count, p50, p99 and max bucket per (stage, kind), from the
+    second's buckets summed over every process: what `tasks.analysis.tails` reads."""
+    second = Window.partitionBy("stage_id", "kind", "tail_second")
+    seen = F.sum("count").over(second.orderBy("bucket").rowsBetween(
+        Window.unboundedPreceding, Window.currentRow))
+    ranked = (per_second.filter(F.col("tail_second").isNotNull() & (F.col("count") > 0))
+              .select("stage_id", "kind", "tail_second", "bucket", seen.alias("seen"),
+                      F.sum("count").over(second).alias("total")))
+    return (ranked.groupBy("stage_id", "kind", "tail_second")
+            .agg(F.max("total").alias("total"),
+                 F.min(F.when(F.col("seen") >= _rank(50), F.col("bucket"))).alias("p50"),
+                 F.min(F.when(F.col("seen") >= _rank(99), F.col("bucket"))).alias("p99"),
+                 F.max("bucket").alias("top")))
+
+
+def _second_tail(row: Row) -> SecondTail:
+    return SecondTail(row["tail_second"], row["total"], bucket_value(row["p50"]),
+                      bucket_value(row["p99"]), bucket_value(row["top"]))
+
+
+def stalled_buckets(per_second: DataFrame, rows: list[Row]) -> DataFrame | None:
+    """The summed buckets of each (stage, tail kind)'s stall seconds
+    (`tasks.analysis.tails.stalled_seconds` of its ``second`` rows); None when none stalled."""
+    seconds: dict[tuple[str, str], list[SecondTail]] = {}
+    for row in rows:
+        if row["part"] == "second":
+            seconds.setdefault((row["stage_id"], row["kind"]), []).append(_second_tail(row))
+    picks = [(F.col("stage_id") == stage_id) & (F.col("kind") == kind)
+             & F.col("tail_second").isin(*stalled)
+             for (stage_id, kind), tails in sorted(seconds.items())
+             if (stalled := stalled_seconds(tails))]
+    if not picks:
+        return None
+    return (per_second.filter(reduce(lambda a, b: a | b, picks) & (F.col("count") > 0))
+            .groupBy("stage_id", "kind", "bucket").agg(F.sum("count").alias("count"))
+            .withColumn("part", F.lit("stalled")))
+
+
+def aggregate_histograms(data: Dataset) -> list[Row]:
+    """Summed bucket counts per (stage, kind, bucket) over the window (connect and
+    subscribe: all of the stage), part "window"; for the tail kinds, each window second's
+    percentile buckets (`second_tails`), part "second", and the summed buckets of its
+    stall seconds, part "stalled" (`tasks.analysis.tails`).
+
+    Every line is tagged with its stage (a broadcast join) and summed per (stage, kind,
+    bucket, and the second for `TAIL_KINDS`): the processes of a stage merge in the
+    partial sums, so that is the one large shuffle. Out-of-window sums stay in the group
+    as null, not 0. Those sums are cached: the window and second rows are one query over
+    them, and the stall seconds, known only from the second rows, a small second one.
+    On bench_spark's hour of output: summing per file and window segment with no join (the
+    shape before) took 16 s of Spark jobs but cannot tell seconds apart; that shape with
+    the seconds kept, 48 s; this one, 25 s (bench/README.md)."""
     keep = F.col("valid") & F.col("kind").isin(*HISTOGRAM_KINDS) & (F.col("count") > 0)
-    per_file = (data.rows.groupBy("file_path", "kind", "bucket",
-                                  _segment(F.col("second"), data.bounds).alias("segment"))
-                .agg(F.sum(F.when(keep, F.col("count"))).alias("count"), _malformed()))
-    inside = (((F.col("segment") >= F.col("seg_lo")) & (F.col("segment") < F.col("seg_hi")))
-              | F.col("kind").isin(*WHOLE_STAGE_KINDS))
-    return (per_file.withColumn("file_key", _spark_file_key())
-            .join(F.broadcast(data.files), "file_key")
-            .groupBy("stage_id", "kind", "bucket")
-            .agg(F.sum(F.when(inside, F.col("count"))).alias("count"),
-                 F.sum("malformed").alias("malformed")).collect())
+    inside = _in_window() | F.col("kind").isin(*WHOLE_STAGE_KINDS)
+    tail_second = F.when(F.col("kind").isin(*TAIL_KINDS), F.col("second"))
+    per_second = (data.tagged()
+                  .groupBy("stage_id", "kind", "bucket", tail_second.alias("tail_second"))
+                  .agg(F.sum(F.when(keep & inside, F.col("count"))).alias("count"),
+                       _malformed())).persist()
+    try:
+        window = (per_second.groupBy("stage_id", "kind", "bucket")
+                  .agg(F.sum("count").alias("count"), F.sum("malformed").alias("malformed"))
+                  .withColumn("part", F.lit("window")))
+        seconds = second_tails(per_second).withColumn("part", F.lit("second"))
+        rows = window.unionByName(seconds, allowMissingColumns=True).collect()
+        stalled = stalled_buckets(per_second, rows)
+        return rows + (stalled.collect() if stalled is not None else [])
+    finally:
+        per_second.unpersist()
 
 
 def count_malformed(data: Dataset, stage_ids: list[str]) -> list[tuple[str, str, int]]:
@@ -251,11 +299,19 @@ def collect_counters(sums: Sums, rows: list[Row]) -> None:
 
 def collect_histograms(sums: Sums, rows: list[Row]) -> None:
     # sorted: summarize() adds floats in dict order, and reruns must be byte-identical
-    for row in sorted(rows, key=lambda r: (r["stage_id"], r["kind"] or "", r["bucket"] or 0)):
-        sums.flag("histograms", row)
-        if row["count"]:
-            kinds = sums.histograms.setdefault(row["stage_id"], {})
-            kinds.setdefault(row["kind"], {})[row["bucket"]] = row["count"]
+    for row in sorted(rows, key=lambda r: (r["stage_id"], r["kind"] or "", r["part"],
+                                           r["tail_second"] if r["part"] == "second"
+                                           else r["bucket"] or 0)):
+        stage_id, kind = row["stage_id"], row["kind"]
+        if row["part"] == "second":
+            sums.tails.setdefault(stage_id, {}).setdefault(kind, []).append(_second_tail(row))
+        elif row["part"] == "stalled":
+            sums.stalled.setdefault(stage_id, {}).setdefault(kind, {})[row["bucket"]] = row["count"]
+        else:
+            sums.flag("histograms", row)
+            if row["count"]:
+                kinds = sums.histograms.setdefault(stage_id, {})
+                kinds.setdefault(kind, {})[row["bucket"]] = row["count"]
 
 
 def report_malformed(stages: list[StageFiles], bad: list[tuple[str, str, int]]) -> None:

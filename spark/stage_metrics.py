@@ -1,7 +1,8 @@
 """Per-stage metrics from what Spark summed: rates and series of the measure window,
 loss, whole-stage counters, connection rate, driver CPU, latency percentiles from the
-summed histogram buckets, the broker's CPU, RSS and cost per message from its sampler's
-rows, and the stage's entry of stage_metrics.json.
+summed histogram buckets, per-second tails and stalls (`tasks.analysis.tails`), the
+broker's CPU, RSS and cost per message from its sampler's rows, and the stage's entry of
+stage_metrics.json.
 Plain Python on small tables: no Spark here.
 
 Metric names are those of `tasks.metrics.METRICS`; a metric that cannot be computed is
@@ -16,9 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from spark.stage_files import StageFiles
+from tasks.analysis.tails import SecondTail, tail_metrics
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
-from tasks.metrics import LATENCY_KINDS, LATENCY_STATS, METRICS, backlog, slope
+from tasks.metrics import (
+    LATENCY_KINDS,
+    LATENCY_STATS,
+    METRICS,
+    TAIL_KINDS,
+    backlog,
+    slope,
+)
 
 SIGNIFICANT_DIGITS = 10
 TOTAL_COLUMNS = ("duplicated", "out_of_order", "errors", "inflight_full", "delay_overruns",
@@ -33,6 +42,8 @@ class Sums:
     whole: dict[str, dict[int, int]] = field(default_factory=dict)  # delivered, every second
     totals: dict[str, dict[str, int]] = field(default_factory=dict)
     histograms: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
+    tails: dict[str, dict[str, list[SecondTail]]] = field(default_factory=dict)  # by second
+    stalled: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)  # stall seconds
     malformed: dict[str, set[str]] = field(default_factory=dict)  # dataset -> stage ids
 
     def flag(self, dataset: str, row: Mapping) -> None:
@@ -157,12 +168,17 @@ def driver_metrics(stage: StageFiles) -> dict:
     return {"driver_cpu_max": max(busiest)} if busiest else {}
 
 
-def latency_metrics(histograms: dict[str, dict[int, int]]) -> dict:
+def latency_metrics(histograms: dict[str, dict[int, int]], tails: dict[str, list[SecondTail]],
+                    stalled: dict[str, dict[int, int]]) -> dict:
+    """Percentiles of the window's summed buckets, and the per-second tails and stalls."""
     metrics = {}
     for kind in LATENCY_KINDS:
         summary = summarize(histograms.get(kind, {}))
         for stat in LATENCY_STATS:
             metrics[f"{kind}_latency_{stat}"] = summary.get(stat)
+    for kind in TAIL_KINDS:
+        metrics.update(tail_metrics(kind, tails.get(kind, []), histograms.get(kind, {}),
+                                    stalled.get(kind, {})))
     return metrics
 
 
@@ -255,7 +271,8 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
         metrics.update(connect_metrics(stage))
         metrics.update(driver_metrics(stage))
-        metrics.update(latency_metrics(sums.histograms.get(stage.stage_id, {})))
+        metrics.update(latency_metrics(*(part.get(stage.stage_id, {}) for part in
+                                         (sums.histograms, sums.tails, sums.stalled))))
         metrics.update(broker_metrics(stage, metrics["delivered_rate"]))
     unknown = set(metrics) - set(METRICS)
     if unknown:

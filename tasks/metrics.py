@@ -19,6 +19,7 @@ class MetricDef:
 
 LATENCY_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 LATENCY_STATS = ("avg", "p50", "p95", "p99", "p99_9", "max", "stddev")
+TAIL_KINDS = ("e2e", "pub_ack")  # their tails are also read per second (tasks.analysis.tails)
 
 _DEFS: list[MetricDef] = [
     MetricDef("delivered_rate", "msg/s", "higher", 0.05),
@@ -83,8 +84,18 @@ _DEFS: list[MetricDef] = [
 ]
 for _kind in LATENCY_KINDS:
     for _stat in LATENCY_STATS:
-        _effect = {"p50": 0.10, "p99": 0.10, "avg": 0.10}.get(_stat, 0.0) if _kind in ("e2e", "pub_ack") else 0.0
+        # the window's p99 is recorded, not judged: stalls set it (the judged tail is
+        # <kind>_latency_p99_no_stall below)
+        _effect = {"p50": 0.10, "avg": 0.10}.get(_stat, 0.0) if _kind in TAIL_KINDS else 0.0
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect))
+
+# Per-second tails and stalls of the tail kinds (`tasks.analysis.tails`, which says which
+# one is judged and why).
+for _kind in TAIL_KINDS:
+    _DEFS += [MetricDef(f"{_kind}_latency_p99_typical", "us", "lower"),
+              MetricDef(f"{_kind}_latency_p99_no_stall", "us", "lower", 0.10),
+              MetricDef(f"{_kind}_stall_seconds", "s", "lower"),
+              MetricDef(f"{_kind}_stall_longest", "us", "lower")]
 
 METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -37,7 +38,7 @@ from tasks.driver.output import (  # noqa: E402
     write_csv,
     write_json,
 )
-from tasks.metrics import LATENCY_STATS, METRICS  # noqa: E402
+from tasks.metrics import LATENCY_STATS, METRICS, TAIL_KINDS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs Spark
 
@@ -70,6 +71,11 @@ NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase 
 PUBLISH_CPU = {("h1", 0): (1.0, 4.0), ("h1", 1): (2.5, 4.0), ("h2", 0): (0.5, 2.0),
                ("h2", 1): (3.0, 8.0)}
 DRIVER_CPU_MAX = 62.5
+# One second of the window stalls: a process gets 60 e2e samples 200 ms late in it, enough
+# to carry the window's p99 (60 of about 4,000 samples) but one second of four.
+STALL = ("h1", 0)
+STALL_SECOND = MEASURE[3]
+STALL_US, STALL_SAMPLES = 200_000, 60
 
 
 @dataclass
@@ -79,6 +85,9 @@ class Expect:
     per_second: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     totals: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     samples: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    # window samples per kind and second, every process together
+    by_second: dict[str, dict[int, list[int]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     last_seq_total: int = 0
     unique: int = 0
     cpu: list[float] = field(default_factory=list)
@@ -111,6 +120,8 @@ class Proc:
             hist[bucket] = hist.get(bucket, 0) + 1
             if counted:
                 self.expect.samples[kind].append(int(value))
+                if second in MEASURE:
+                    self.expect.by_second[kind][second].append(int(value))
 
 
 def fill(proc: Proc, rng: np.random.Generator, traffic: bool) -> None:
@@ -130,6 +141,8 @@ def fill(proc: Proc, rng: np.random.Generator, traffic: bool) -> None:
                    duplicated=1, out_of_order=2, inflight_full=1, delay_overruns=4)
         proc.observe(second, "e2e", rng.lognormal(7.5, 0.7, 250).astype(int) + 1, True)
         proc.observe(second, "pub_ack", rng.lognormal(6.5, 0.5, 120).astype(int) + 1, True)
+        if second == STALL_SECOND and (proc.host, proc.proc) == STALL:
+            proc.observe(second, "e2e", [STALL_US] * STALL_SAMPLES, True)
 
 
 def connect_phase(proc: Proc) -> dict:
@@ -354,6 +367,36 @@ def test_percentiles_match_numpy_within_bucket_precision(run: Run, kind: str):
     assert abs(metrics[f"{kind}_latency_avg"] - mean) <= _tolerance(mean)
     std = float(np.std(samples))
     assert metrics[f"{kind}_latency_stddev"] == pytest.approx(std, rel=0.02, abs=1.0)
+
+
+def _nearest(values: list[int], pct: float) -> int:
+    return sorted(values)[max(1, math.ceil(Fraction(str(pct)) * len(values) / 100)) - 1]
+
+
+def test_per_second_tails_leave_the_stall_out_and_count_it(run: Run):
+    metrics, expect = run.stages["s1_ok"]["metrics"], run.expect["s1_ok"]
+    for kind in TAIL_KINDS:
+        seconds = expect.by_second[kind]
+        assert len(seconds) == MEASURE_S - 1  # the empty second has no samples
+        typical = statistics.median(_nearest(v, 99) for v in seconds.values())
+        assert abs(metrics[f"{kind}_latency_p99_typical"] - typical) <= _tolerance(typical)
+    # the stall carries the window's p99 and not the typical second's
+    typical = metrics["e2e_latency_p99_typical"]
+    assert metrics["e2e_latency_p99"] >= STALL_US * (1 - MAX_RELATIVE_ERROR) > 5 * typical
+    calm = [_nearest(v, 99) for s, v in expect.by_second["e2e"].items() if s != STALL_SECOND]
+    assert typical <= max(calm) + _tolerance(max(calm))
+    assert metrics["e2e_stall_seconds"] == 1 and metrics["pub_ack_stall_seconds"] == 0
+    # the judged tail: the window's p99 without the stall second's samples
+    unstalled = [v for s, values in expect.by_second["e2e"].items() if s != STALL_SECOND
+                 for v in values]
+    want = _nearest(unstalled, 99)
+    assert abs(metrics["e2e_latency_p99_no_stall"] - want) <= _tolerance(want)
+    assert metrics["pub_ack_latency_p99_no_stall"] == metrics["pub_ack_latency_p99"]
+    median_p50 = statistics.median(_nearest(v, 50) for v in expect.by_second["e2e"].values())
+    assert abs(metrics["e2e_stall_longest"] - (STALL_US - median_p50)) <= (
+        _tolerance(STALL_US) + _tolerance(median_p50))
+    assert metrics["pub_ack_stall_longest"] == 0.0
+    assert run.stages["s3_zero"]["metrics"]["e2e_latency_p99_typical"] is None
 
 
 def test_no_samples_is_null_not_zero(run: Run):

@@ -187,13 +187,14 @@ def test_a_release_summary_says_what_each_metric_can_see_and_what_is_too_noisy(
     noisy = "too noisy to guard: night-to-night noise 25.8% over 20 nights, so ..."
     run_id = nights.run({"fanin.q1.c100": [
         ("delivered_rate", "regression", 2000.0, 1600.0, 2, {"mde_pct": 3.2}),
-        ("e2e_latency_p99", "unchanged", 5000.0, 5100.0, 0, {"mde_pct": 266.0, "too_noisy": noisy})]},
+        ("e2e_latency_p99_no_stall", "unchanged", 5000.0, 5100.0, 0,
+         {"mde_pct": 266.0, "too_noisy": noisy})]},
         kind="release", label="2.0.12")
     nights.alert(run_id)
     (post,) = nights.slack.calls
     text = blocks_text(post)
     assert "sees steps from 3.2%" in text
-    assert f"too noisy to guard (1):\\nfanin.q1.c100 `e2e_latency_p99`: {noisy}" in text
+    assert f"too noisy to guard (1):\\nfanin.q1.c100 `e2e_latency_p99_no_stall`: {noisy}" in text
 
 
 def test_a_mostly_invalid_run_gets_its_own_short_message(nights: Nights) -> None:

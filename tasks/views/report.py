@@ -19,7 +19,10 @@ from .tables import verdict_note
 
 SCORE_CARD = (("delivered_rate", "delivered msg/s"), ("target_rate", "target msg/s"),
               ("e2e_latency_avg", "avg"), ("e2e_latency_p50", "p50"), ("e2e_latency_p95", "p95"),
-              ("e2e_latency_p99", "p99"), ("e2e_latency_stddev", "stddev"), ("lost", "lost"),
+              ("e2e_latency_p99", "p99"), ("e2e_latency_p99_no_stall", "p99 without stall seconds"),
+              ("e2e_latency_p99_typical", "p99 of a typical second"),
+              ("e2e_stall_seconds", "stall seconds"), ("e2e_stall_longest", "longest stall"),
+              ("e2e_latency_stddev", "stddev"), ("lost", "lost"),
               ("errors", "errors"), ("broker_cpu_avg", "broker CPU % avg"),
               ("broker_cpu_max", "max"), ("broker_rss_max", "broker RSS MiB max"))
 # What the broker spent (from its processes, its own metrics or its host: see the stage's

@@ -36,6 +36,8 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
         "delivered msg/s": s["metrics"].get("delivered_rate"),
         "e2e p50 us": s["metrics"].get("e2e_latency_p50"),
         "e2e p99 us": s["metrics"].get("e2e_latency_p99"),
+        "p99 w/o stalls us": s["metrics"].get("e2e_latency_p99_no_stall"),
+        "stall s": s["metrics"].get("e2e_stall_seconds"),
         "lost": s["metrics"].get("lost"), "errors": s["metrics"].get("errors"),
     } for s in stages]
 
