@@ -1,10 +1,10 @@
 """Latency tails a nightly can trust, and the stalls that make them untrustworthy.
 
-On a shared host a latency tail over the whole measure window is set by scheduler stalls:
-one 100 ms stall delays every message sent during it, so the window's p99 reads the
-stall, not the broker (night-to-night noise of the window's e2e p99 here: 64% on a stage
-that stalled every night, `bench/noise_measured.json`). So a stage's tail is read per
-second:
+A latency tail over the whole measure window is set by stalls: one 100 ms pause of the
+host's scheduler, or 40 ms of TCP waiting for a delayed ACK, delays every message sent
+during it, so the window's p99 reads the stall, not how fast the broker delivers
+(night-to-night noise of the window's e2e p99 here: 64% on a stage that stalled every
+night, `bench/noise_measured.json`). So a stage's tail is read per second:
 
 - **the typical second's tail** (``<kind>_latency_p99_typical``): the median over the
   measure window's seconds of each second's p99 (read from that second's histogram summed
@@ -24,7 +24,11 @@ typical second's 9.0% (sd 15%) and the p99 without stall seconds 9.7% (sd 9.7%);
 stages without stalls the last is the window's p99, and it was quieter than the typical
 second's in 4 of those 5 stage-kinds. It also sees what the median over seconds hides:
 a broker whose tail worsens in a third of the seconds moves it, and not the median.
-Stalls are recorded, not judged: on a shared host most come from the host.
+Stalls are recorded, not judged: a stall's cause may be the host's scheduler, TCP or the
+broker, and telling which takes a person. The ones measured here were TCP's: 40 ms each
+(Nagle on the broker's side waiting for the subscriber's delayed ACK), 7 stall seconds in
+4 smoke runs with Mosquitto's defaults and none in 4 with ``set_tcp_nodelay true``
+(bench/README.md).
 Pure logic, standard library only (the Spark job's driver side and the noise bench use it).
 """
 
