@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
-from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
+from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
 from tasks.analysis.tails import STALL_FACTOR, tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 
@@ -101,11 +101,12 @@ def per_second_histograms(stage_dir: Path) -> dict[str, list[dict[int, int]]]:
     return {kind: [sums[(s, kind)] for s in range(lo, hi) if (s, kind) in sums] for kind in kinds}
 
 
-def tail_candidates(kind: str, seconds: list[dict[int, int]]) -> dict[str, float | None]:
+def tail_candidates(kind: str, seconds: list[dict[int, int]],
+                    tails: dict[str, float | None]) -> dict[str, float | None]:
     """One night's value of each tail estimator considered (`tail_estimators`): the window's
     p99, the median over seconds of each second's p99 and the window's p99 with the stall
-    seconds left out (`tasks.analysis.tails`), and the stall seconds themselves."""
-    tails = tails_of_seconds(kind, dict(enumerate(seconds)))
+    seconds left out (`tails`: `tasks.analysis.tails.tails_of_seconds` of `seconds`), and
+    the stall seconds themselves."""
     total: dict[int, int] = defaultdict(int)
     for counts in seconds:
         for bucket, count in counts.items():
@@ -177,11 +178,9 @@ def cv(values: list[float]) -> float | None:
 
 
 def log_mad_sigma(values: list[float]) -> float | None:
+    """The detector's robust sigma of the log values (None with fewer than 3)."""
     logs = [math.log(v) for v in values if v > 0]
-    if len(logs) < 3:
-        return None
-    centre = statistics.median(logs)
-    return 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    return noise_sigma(logs) if len(logs) >= 3 else None
 
 
 def log_sd(values: list[float]) -> float | None:
@@ -224,10 +223,11 @@ def analyse(state: Path) -> dict:
                 seconds[key][m].append(values)
             for kind, per_second in hists.items():
                 pooled[key][kind] += per_second
+                derived = tails_of_seconds(kind, dict(enumerate(per_second)))
                 if per_second:
-                    tails[f"{key} {kind}"].append(tail_candidates(kind, per_second))
+                    tails[f"{key} {kind}"].append(tail_candidates(kind, per_second, derived))
                 # runs stored before the per-second tail metrics existed: read from raw
-                for m, value in tails_of_seconds(kind, dict(enumerate(per_second))).items():
+                for m, value in derived.items():
                     if m in METRICS and not st["metrics"].get(m) and value:
                         nightly[key][m].append(value)
     by_metric: dict[str, dict] = {}

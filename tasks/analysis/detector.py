@@ -229,11 +229,16 @@ def _t_robust(tail: float) -> float:
     return 1.4826 * float(stdtrit(tail, 0.75))
 
 
+def _sf_by_scale(u: float, dof: float, tail: float) -> np.ndarray:
+    """P(U >= u) under no change at each quantile of the estimated sigma's scale ratio
+    (`_scale_ratios`): the nights' noise a Student t with `tail` d.o.f. at the robust
+    sigma, the sigma estimated with `dof` d.o.f."""
+    return stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1)))
+
+
 def null_sf(u: float, dof: float, tail: float) -> float:
-    """P(U >= u) under no change, where U is tonight's change over its sd as estimated:
-    the nights' noise a Student t with `tail` d.o.f. at the robust sigma, the sigma itself
-    estimated with `dof` d.o.f."""
-    return float(np.mean(stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1)))))
+    """P(U >= u) under no change, where U is tonight's change over its sd as estimated."""
+    return float(np.mean(_sf_by_scale(u, dof, tail)))
 
 
 @lru_cache(maxsize=4096)
@@ -248,10 +253,7 @@ def bad_threshold(level: float, dof: float, tail: float) -> float:
     sigma are both bad with probability `level` under no change. Their sigma is shared,
     so a sigma estimated too small makes both bad at once: the threshold allows for it
     (with few degrees of freedom it sits well above the single night's quantile)."""
-    def both(u: float) -> float:
-        return float(np.mean(stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1))) ** 2))
-
-    return _solve(both, level)
+    return _solve(lambda u: float(np.mean(_sf_by_scale(u, dof, tail) ** 2)), level)
 
 
 def _solve(decreasing, level: float) -> float:
