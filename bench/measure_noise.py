@@ -43,8 +43,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
+from tasks.analysis import tails as tail_rules  # noqa: E402
 from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
-from tasks.analysis.tails import STALL_FACTOR, tails_of_seconds  # noqa: E402
+from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 
 WINDOWS_S = (10, 60, 300)  # measure-window lengths projected by `window_projection`
@@ -120,7 +121,7 @@ def tail_candidates(kind: str, seconds: list[dict[int, int]],
 def tail_estimators(nights: dict[str, list[dict[str, float | None]]]) -> dict:
     """Night-to-night noise (robust sigma and sd of the logs) of each tail estimator, per
     stage and kind, and its median over them: the choice of the judged tail is this."""
-    out: dict = {"stall_factor": STALL_FACTOR, "stages": {}}
+    out: dict = {"stall_factor": tail_rules.STALL_FACTOR, "stages": {}}
     names = ("window_p99", "median_second_p99", "p99_without_stall_seconds")
     summary: dict[str, list[float]] = defaultdict(list)
     for key, runs in sorted(nights.items()):
@@ -284,11 +285,16 @@ def main() -> int:
     ap.add_argument("--state", type=Path, required=True, help="scratch PERFPIPE_STATE_DIR")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "noise_measured.json")
     ap.add_argument("--analyse-only", action="store_true")
+    ap.add_argument("--stall-factor", type=float, metavar="F",
+                    help="analyse with stall seconds at F x the typical second's p99, to try "
+                         "another factor than the pipeline's (tasks.analysis.tails.STALL_FACTOR)")
     args = ap.parse_args()
     args.state.mkdir(parents=True, exist_ok=True)
     cond_file = args.state / "noise-logs" / "conditions.json"
     conditions = (json.loads(cond_file.read_text()) if args.analyse_only and cond_file.exists()
                   else [] if args.analyse_only else run_all(args.runs, args.suite, args.state))
+    if args.stall_factor:
+        tail_rules.STALL_FACTOR = args.stall_factor  # read by tasks.analysis.tails.stalls
     result = analyse(args.state)
     this = " ".join([".state/venv/bin/python", "bench/measure_noise.py", *sys.argv[1:]])
     runs_cmd = f"{this} (each run: PERFPIPE_STATE_DIR={args.state} perfpipe run --suite {args.suite})"
