@@ -31,7 +31,9 @@ def validate(model: type[Model], document: object, source: Path | str) -> Model:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"]) or "(top level)"
-            problems.append(f"{source}: {field}: {error['msg']}")
+            got = f", got {error['input']!r}" if error["type"].endswith("_type") else ""
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{source}: {field}: {message}{got}")
         raise ConfigError("\n".join(problems)) from None
 
 

@@ -160,7 +160,7 @@ def test_broker_killed_mid_stage_gives_a_clean_partial_result(broker, tmp_path):
 
 @pytest.mark.parametrize("field, value, message", [
     ("qos", 3, "publishers[0].qos: must be 0, 1 or 2"),
-    ("rate", 0, "publishers[0].rate: must be > 0"),
+    ("rate", 0, "publishers[0].rate: must be at least 0.001"),
     ("payload_bytes", 8, "publishers[0].payload_bytes: must be >= 32"),
 ])
 def test_bad_specs_are_rejected_naming_the_field(tmp_path, field, value, message):

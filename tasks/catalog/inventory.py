@@ -61,6 +61,14 @@ class HostConfig(BaseModel):
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/") or not set(value) <= set(PATH_CHARS):
             raise ValueError("must be an absolute path of letters, digits and ./_-")
+        parts = value.strip("/").split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{value!r}: write the path without '.', '..' or '//' parts, "
+                             f"e.g. /var/tmp/perfpipe")
+        if len(parts) < 2:
+            raise ValueError(f"{value!r}: perfpipe creates and removes folders under it; give "
+                             f"a folder of its own at least two levels deep, e.g. "
+                             f"/var/tmp/perfpipe")
         return value.rstrip("/")
 
 

@@ -15,10 +15,12 @@ receivers are exactly the subscribers of its topic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from paho.mqtt.client import topic_matches_sub
 
+from ..driver import limits
 from .scenarios import render_template
 from .stages import GroupStage, Stage
 
@@ -101,7 +103,28 @@ def place(stage: Stage, slots: list[tuple[str, int]]) -> list[ProcessPlan]:
     used = [p for p in plans if p.publishers or p.subscribers]
     for plan in used:
         plan.processes = len(used)
+    _check_host_connections(stage, used)
     return used
+
+
+def _check_host_connections(stage: Stage, plans: list[ProcessPlan]) -> None:
+    per_host: dict[str, int] = {}
+    for plan in plans:
+        per_host[plan.host] = per_host.get(plan.host, 0) + len(plan.publishers) \
+            + len(plan.subscribers)
+    for host, clients in sorted(per_host.items()):
+        problem = limits.DRIVER_HOST_CLIENTS.problem(clients)
+        if problem:
+            raise ValueError(f"stage {stage.stage_id}: driver host {host}: {problem}")
+
+
+def too_many_for_hosts(stage: Stage, driver_hosts: int) -> str | None:
+    """Why a stage's clients cannot fit on `driver_hosts` hosts, whatever their process
+    counts (known at plan time, before 'auto' is resolved), or None."""
+    per_host = math.ceil((stage.publishers + stage.subscribers) / max(driver_hosts, 1))
+    problem = limits.DRIVER_HOST_CLIENTS.problem(per_host)
+    return problem and (f"stage {stage.stage_id}: {stage.publishers + stage.subscribers:,} "
+                        f"clients over {driver_hosts} driver hosts: {problem}")
 
 
 def driver_slots(hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -23,15 +23,25 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from ..config_files import ConfigError, load_model, read_yaml, validate
+from ..driver import limits
 
 GROUP = r"^[a-z][a-z0-9_]{0,30}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-QosRate = Union[float, dict[Literal[0, 1, 2], float]]
+QosRate = Union[StrictFloat, dict[Literal[0, 1, 2], StrictFloat]]
 
 PLACEHOLDER = re.compile(r"\{([a-z]+)(?:(%|//)(\d+))?\}")
 PLACEHOLDERS = ("scenario", "group", "i", "n", "client")
@@ -72,31 +82,56 @@ def rate_for(value: QosRate, qos: int) -> float:
     return float(value[qos]) if isinstance(value, dict) else float(value)
 
 
-def _positive_rates(value: QosRate | None, field: str) -> QosRate | None:
+def _finite_positive_rates(value: QosRate | None, field: str) -> QosRate | None:
+    """Rates as given: finite and > 0 (the bounds per publisher are checked per stage)."""
     rates = value.values() if isinstance(value, dict) else [] if value is None else [value]
-    if any(not r > 0 for r in rates):
-        raise ValueError(f"{field} must be > 0 messages/s (per QoS if a mapping)")
+    if any(not (math.isfinite(r) and r > 0) for r in rates):
+        raise ValueError(f"{field} must be a finite number > 0 messages/s (per QoS if a "
+                         f"mapping), got {value}")
     if isinstance(value, dict) and not value:
         raise ValueError(f"{field}: give at least one QoS, e.g. {{0: 10, 1: 5}}")
     return value
+
+
+def _within(bound: limits.Bound) -> AfterValidator:
+    """A field check against one of the driver's bounds, whose message says why."""
+
+    def check(value: float) -> float:
+        problem = bound.problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
+Clients = Annotated[StrictInt, _within(limits.GROUP_CLIENTS)]
+Seconds = Annotated[StrictInt, _within(limits.STAGE_SECONDS)]
+
+
+def _topic_checked(topic: str) -> None:
+    problem = limits.topic_problem(topic)
+    if problem:
+        raise ValueError(f"{topic!r} {problem}")
 
 
 class PublisherGroup(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     group: str = Field(pattern=GROUP)
-    count: int = Field(ge=1, description="publishers at 100% of clients")
+    count: Clients = Field(ge=1, description="publishers at 100% of clients")
     topic: str = Field(description="topic template: {scenario} {group} {i} {client} {n}")
     rate_per_client: QosRate | None = Field(
         None, description="messages/s per publisher at 100% rate; or one per QoS")
     aggregate_rate: QosRate | None = Field(
         None, description="messages/s of the whole group at 100% rate, split evenly over "
                           "its publishers; or one per QoS")
-    payload_bytes: int = Field(256, ge=32, le=268_435_455,
+    payload_bytes: StrictInt = Field(256, ge=32, le=268_435_455,
                                description=">= 32: the driver's latency header")
     scale_with_clients: bool = Field(True, description="false: count stays fixed at every "
                                      "clients_pct step (e.g. fan-out's one publisher)")
-    topic_count: int | None = Field(None, ge=1, description="cycle over this many topics "
+    topic_count: Annotated[StrictInt, _within(limits.TOPIC_COUNT)] | None = Field(
+        None, ge=1, description="cycle over this many topics "
                                     "({n} in the topic): message k goes to topic k mod count")
     topic_split: Literal["shared", "partitioned"] = Field(
         "shared", description="shared: every publisher cycles all topics; partitioned: each "
@@ -112,13 +147,14 @@ class PublisherGroup(BaseModel):
             raise ValueError("a publisher topic cannot contain + or # (those are for subscribers)")
         if topic.startswith("$"):
             raise ValueError("a publisher topic cannot start with $ (reserved for the broker)")
+        _topic_checked(topic)
         render_template(topic, {"scenario": "s", "group": "g", "i": 0, "n": 0, "client": "c"})
         return topic
 
     @model_validator(mode="after")
     def _consistent(self) -> PublisherGroup:
-        _positive_rates(self.rate_per_client, "rate_per_client")
-        _positive_rates(self.aggregate_rate, "aggregate_rate")
+        _finite_positive_rates(self.rate_per_client, "rate_per_client")
+        _finite_positive_rates(self.aggregate_rate, "aggregate_rate")
         if (self.rate_per_client is None) == (self.aggregate_rate is None):
             raise ValueError("give exactly one of rate_per_client (each publisher) or "
                              "aggregate_rate (the whole group)")
@@ -141,7 +177,7 @@ class SubscriberGroup(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     group: str = Field(pattern=GROUP)
-    count: int = Field(ge=1)
+    count: Clients = Field(ge=1)
     topics: list[str] = Field(min_length=1, description="topic filter templates: "
                               "{scenario} {group} {i} {client}")
     scale_with_clients: bool = Field(False, description="true: count scales with clients_pct")
@@ -157,6 +193,7 @@ class SubscriberGroup(BaseModel):
     @classmethod
     def _filters(cls, topics: list[str]) -> list[str]:
         for topic in topics:
+            _topic_checked(topic)
             if topic.startswith("$share/"):
                 raise ValueError(f"{topic!r}: write share_group: <name> instead of $share/")
             rendered = render_template(topic, {"scenario": "s", "group": "g", "i": 0,
@@ -177,12 +214,12 @@ class SearchSettings(BaseModel):
                           "until the broker first falls behind")
     precision: float = Field(0.10, gt=0.0, le=0.5, description="stop when the highest rate "
                              "kept up and the lowest that was not are this close")
-    max_probes: int = Field(8, ge=2, le=30)
+    max_probes: StrictInt = Field(8, ge=2, le=30)
     tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
                              "and received within this of what was asked")
-    hold_s: int = Field(0, ge=0, le=3600, description="hold the rate found this many seconds, "
+    hold_s: Seconds = Field(0, ge=0, description="hold the rate found this many seconds, "
                         "throughput stable and backlog not rising, before it counts (0: no hold)")
-    holds: int = Field(2, ge=1, le=5, description="hold attempts, each a precision lower")
+    holds: StrictInt = Field(2, ge=1, le=5, description="hold attempts, each a precision lower")
     warm_start: bool = Field(True, description="start at 90% of the capacity this stage last "
                              "measured on the same fingerprint, in steps of at most 10%, when "
                              "there is one")
@@ -191,14 +228,14 @@ class SearchSettings(BaseModel):
 class StagePlan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    clients_pct: list[int] = Field([100], min_length=1)
-    rate_pct: list[int] = Field([100], min_length=1)
-    warmup_s: int = Field(2, ge=0)
-    warmup_iterations: int | None = Field(
-        None, ge=1, description="TBMQ style: the warm-up lasts at least long enough for every "
+    clients_pct: list[StrictInt] = Field([100], min_length=1)
+    rate_pct: list[StrictInt] = Field([100], min_length=1)
+    warmup_s: Seconds = Field(2, ge=0)
+    warmup_iterations: StrictInt | None = Field(
+        None, ge=1, le=1_000_000, description="TBMQ style: the warm-up lasts at least long enough for every "
                                 "publisher to send this many messages")
-    measure_s: int = Field(10, ge=1)
-    cooldown_s: int = Field(2, ge=0)
+    measure_s: Seconds = Field(10, ge=1)
+    cooldown_s: Seconds = Field(2, ge=0)
     search: SearchSettings | None = Field(
         None, description="search the highest rate the broker keeps up with, starting at the "
                           "scenario's rate (one probe stage per rate tried)")
@@ -230,7 +267,7 @@ class TlsSettings(BaseModel):
     ciphers: str | None = Field(None, description="OpenSSL cipher string, e.g. "
                                 "AES256-GCM-SHA384")
     insecure: bool = Field(False, description="skip the server host name check")
-    port: int | None = Field(None, ge=1, le=65535, description="the broker's TLS listener; "
+    port: StrictInt | None = Field(None, ge=1, le=65535, description="the broker's TLS listener; "
                              "default: the inventory's broker port")
 
     @model_validator(mode="after")
@@ -250,12 +287,14 @@ class ConnectionSettings(BaseModel):
     password_file: str | None = Field(None, min_length=1, description="file on each driver "
                                       "host that holds the password, e.g. /run/secrets/mqtt")
     clean_session: bool = True
-    keepalive_s: int | None = Field(None, ge=0, le=65535)
-    connect_rate: float | None = Field(None, gt=0, description="new connections/s over all "
+    keepalive_s: StrictInt | None = Field(None, ge=0, le=65535)
+    connect_rate: Annotated[StrictFloat, _within(limits.CONNECT_RATE)] | None = Field(
+        None, gt=0, description="new connections/s over all "
                                        "driver processes together (connect pacing)")
-    max_pending_connects: int | None = Field(None, ge=1, description="per process: CONNECTs "
+    max_pending_connects: Annotated[StrictInt, _within(limits.PENDING_CONNECTS)] | None = Field(
+        None, ge=1, description="per process: CONNECTs "
                                              "awaiting CONNACK")
-    max_inflight: int | None = Field(None, ge=1, le=65535, description="per publisher: "
+    max_inflight: StrictInt | None = Field(None, ge=1, le=65535, description="per publisher: "
                                      "unacknowledged QoS 1/2 publishes")
 
     @model_validator(mode="before")
@@ -319,7 +358,27 @@ class Scenario(BaseModel):
                     f"subscribers.{index}.expected_publisher_groups: the topics "
                     f"{group.topics} receive from {sorted(matched) or 'no group'}, not "
                     f"{sorted(expected)}; fix the topic filters or the list")
+        _stages_within_limits(self)
         return self
+
+
+def _stages_within_limits(scenario: Scenario) -> None:
+    """Every stage's rate per publisher and warm-up within `tasks.driver.limits`: the rate
+    a publisher runs at is only known per stage (aggregate rates split, rate_pct scaled)."""
+    from .stages import expand  # stages builds on this module
+
+    for stage in expand(scenario):
+        for group in stage.groups:
+            problem = group.role == "pub" and limits.rate_problem(group.rate_per_client)
+            if problem:
+                raise ValueError(f"stage {stage.stage_id}: group {group.group}'s rate per "
+                                 f"publisher {problem}; change the group's rate or the "
+                                 f"stages' rate_pct or clients_pct")
+        problem = limits.STAGE_SECONDS.problem(stage.warmup_s)
+        if problem:
+            raise ValueError(f"stage {stage.stage_id}: stages.warmup_iterations at the "
+                             f"slowest publisher's rate makes a warm-up that {problem}; lower "
+                             f"warmup_iterations")
 
 
 SAMPLE = 64  # clients and topics per group checked for expected_publisher_groups

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import limits
+
 
 class SpecError(ValueError):
     """A stage spec that cannot be run; the message names the field and what to do."""
@@ -112,6 +114,11 @@ def _require(cond: bool, where: str, message: str) -> None:
         raise SpecError(f"{where}: {message}")
 
 
+def _require_ok(problem: str | None, where: str) -> None:
+    """Raise a SpecError with the problem a `tasks.driver.limits` check found, if any."""
+    _require(problem is None, where, problem or "")
+
+
 def _get(doc: dict, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
     if key not in doc:
         _require(default is not ..., f"{where}{key}", "is required")
@@ -132,19 +139,22 @@ def _qos(doc: dict, where: str) -> int:
 
 def _publisher(doc: dict, where: str) -> PublisherSpec:
     rate = _get(doc, "rate", where, float, 1.0)
-    _require(rate > 0, f"{where}rate", f"must be > 0 messages/s, got {rate}")
+    _require_ok(limits.rate_problem(rate), f"{where}rate")
     size = _get(doc, "payload_bytes", where, int, 256)
     _require(size >= HEADER_BYTES, f"{where}payload_bytes",
              f"must be >= {HEADER_BYTES} (the latency header), got {size}")
     _require(size <= MAX_PAYLOAD_BYTES, f"{where}payload_bytes",
              f"must be <= {MAX_PAYLOAD_BYTES} (MQTT's packet size limit), got {size}")
     cycle = _get(doc, "topic_cycle", where, list, [])
+    _require_ok(limits.TOPIC_COUNT.problem(len(cycle)), f"{where}topic_cycle")
     for i, name in enumerate(cycle):
         _require(_topic_name_ok(name), f"{where}topic_cycle[{i}]",
                  f"must be a topic name without wildcards or '$', got {name!r}")
+        _require_ok(limits.topic_problem(name), f"{where}topic_cycle[{i}]")
     topic = _get(doc, "topic", where, str, cycle[0] if cycle else ...)
     _require(_topic_name_ok(topic), f"{where}topic",
              f"must be a topic name without wildcards or '$', got {topic!r}")
+    _require_ok(limits.topic_problem(topic), f"{where}topic")
     _require(not cycle or topic == cycle[0], f"{where}topic",
              "must be topic_cycle[0] when topic_cycle is given (or leave it out)")
     index = _get(doc, "publisher_index", where, int)
@@ -194,6 +204,7 @@ def _subscriber(doc: dict, where: str) -> SubscriberSpec:
         _require(_topic_filter_ok(topic), f"{where}topics[{i}]",
                  f"must be a topic filter ('+' and '#' as whole levels, '#' last) or "
                  f"$share/<group>/<filter>, got {topic!r}")
+        _require_ok(limits.topic_problem(topic), f"{where}topics[{i}]")
     return SubscriberSpec(client_id=_client_id(doc, where), topics=tuple(topics),
                           qos=_qos(doc, where),
                           clean_session=_get(doc, "clean_session", where, bool, None))
@@ -228,10 +239,13 @@ def parse_spec(doc: dict) -> ProcessSpec:
         _require(aggregate_rate > 0, "aggregate_rate", f"must be > 0 messages/s, got {aggregate_rate}")
         _require(bool(publishers), "aggregate_rate", "needs at least one publisher")
         share = aggregate_rate / len(publishers)
+        _require_ok(limits.rate_problem(share), f"aggregate_rate (split over "
+                    f"{len(publishers)} publishers)")
         publishers = tuple(dataclasses.replace(p, rate=share) for p in publishers)
     ids = [c.client_id for c in publishers + subscribers]
     _require(len(ids) == len(set(ids)), "client_id", "must be unique within a process")
     _require(bool(ids), "publishers/subscribers", "a process needs at least one client")
+    _require_ok(limits.DRIVER_HOST_CLIENTS.problem(len(ids)), "publishers/subscribers")
     spec = ProcessSpec(
         run_id=_get(doc, "run_id", "", str), stage_id=_get(doc, "stage_id", "", str),
         host=_get(doc, "host", "", str), proc=_get(doc, "proc", "", int), broker=broker,
@@ -250,9 +264,13 @@ def parse_spec(doc: dict) -> ProcessSpec:
         tick_us=_get(doc, "tick_us", "", int, 0),
     )
     _require(spec.measure_s > 0, "measure_s", f"must be > 0 seconds, got {spec.measure_s}")
-    for name in ("warmup_s", "drain_s"):
+    for name in ("warmup_s", "measure_s", "drain_s"):
         _require(getattr(spec, name) >= 0, name, "must be >= 0 seconds")
+        _require_ok(limits.STAGE_SECONDS.problem(getattr(spec, name)), name)
     _require(spec.connect_rate > 0, "connect_rate", "must be > 0 connections/s")
+    _require_ok(limits.CONNECT_RATE.problem(spec.connect_rate), "connect_rate")
+    _require_ok(limits.PENDING_CONNECTS.problem(spec.max_pending_connects),
+                "max_pending_connects")
     _require(0 < spec.max_inflight <= 65535, "max_inflight",
              f"must be 1..65535 (MQTT packet ids), got {spec.max_inflight}")
     _require(spec.sndbuf_bytes is None or spec.sndbuf_bytes >= 0, "sndbuf_bytes",
@@ -260,8 +278,9 @@ def parse_spec(doc: dict) -> ProcessSpec:
     _require(0 <= spec.tick_us <= 1_000_000, "tick_us", "must be 0..1000000 microseconds")
     _require(spec.max_pending_connects > 0, "max_pending_connects", "must be > 0")
     _require(0 <= spec.keepalive_s <= 65535, "keepalive_s", "must be 0..65535 seconds")
-    _require(spec.connect_timeout_s > 0, "connect_timeout_s", "must be > 0 seconds")
-    _require(spec.start_timeout_s > 0, "start_timeout_s", "must be > 0 seconds")
+    for name in ("connect_timeout_s", "start_timeout_s"):
+        _require(getattr(spec, name) > 0, name, "must be > 0 seconds")
+        _require_ok(limits.TIMEOUT_SECONDS.problem(getattr(spec, name)), name)
     if broker.cert_file or broker.key_file or broker.ciphers or broker.ca_file:
         _require(broker.tls, "broker.tls", "must be true when ca_file, cert_file, key_file "
                  "or ciphers is given")

@@ -15,7 +15,8 @@ from sql import Store
 
 from .. import rundir
 from ..catalog.inventory import load_inventory
-from ..catalog.scenarios import load_suite
+from ..catalog.placement import too_many_for_hosts
+from ..catalog.scenarios import ConfigError, load_suite
 from ..catalog.stages import Stage, expand_all, stage_rows
 from ..metrics import RUN_KINDS
 from ..run_context import RunContext
@@ -55,6 +56,10 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
     scenarios = load_suite(settings.scenarios_dir, suite)
     inv = load_inventory(inventory_path)
     stages = expand_all(scenarios)
+    for stage in stages:
+        problem = too_many_for_hosts(stage, len(inv.driver_hosts()))
+        if problem:
+            raise ConfigError(f"{inventory_path}: hosts: {problem}")
     run_id = new_run_id(kind, dag_run_id)
     run_dir = settings.run_dir(run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
