@@ -12,6 +12,7 @@ import getpass
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,20 @@ import invoke
 
 from .settings import REPO_ROOT
 
+
+def died(code: int) -> str | None:
+    """What a launched process's exit code says, when it did not end by itself: the shell
+    `Host.launch` runs records 128 + N for a process killed by signal N. Codes 0 and 1 are
+    a driver's own ending (1: its summary says why it was not ok)."""
+    if code in (0, 1):
+        return None
+    if code > 128:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = "unknown"
+        return f"died (signal {code - 128}, {name})"
+    return f"exited with code {code}"
 
 class HostError(RuntimeError):
     """A command failed on a host; the message names the host and the command's first line."""

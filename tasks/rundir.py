@@ -30,6 +30,7 @@ REPORT = "report.html"
 SLACK_MESSAGE = "slack_message.json"  # what the alert step sent, or would have
 ERROR_LOG = "error.log"  # the trace of a failed run (perfpipe run)
 FAILURES_DIR = "failures"  # failure alerts of Airflow tasks
+DISCARDED_DIR = "discarded"  # discarded/<n>/: what an earlier attempt of the stages step left
 SAMPLER = "sampler"  # raw/<stage>/<broker host>/sampler/: the broker sampler's folder
 
 
@@ -61,6 +62,11 @@ def stage_file(stage_id: str) -> str:
 def failfast_file(stage_id: str) -> str:
     """Why the stage was stopped early or never started, when it was."""
     return f"{stage_dir(stage_id)}/{FAILFAST_FILE}"
+
+
+def drivers_failed_file(stage_id: str) -> str:
+    """The stage's driver processes that died or exited with an error of their own."""
+    return f"{stage_dir(stage_id)}/drivers_failed.json"
 
 
 def process_dir(stage_id: str, host: str, proc: int | str) -> str:

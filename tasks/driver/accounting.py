@@ -63,6 +63,7 @@ class Accounting:
         self._dense: list[tuple[int, str]] = []  # keys whose histogram is still a list
         self.accepting = True  # False after the drain: late messages are not counted
         self.tracks: list[dict[int, Track]] = []  # one dict per subscriber, for the summary
+        self._checkpointed: int | None = None  # seconds before this one are in the files
 
     def row(self, second: int) -> list[int]:
         """The counter row of a second, created on first use."""
@@ -143,8 +144,28 @@ class Accounting:
         return {name: sum(row[i] for row in self.rows.values()) for name, i in C.items()}
 
     def write(self) -> None:
+        """Every second, the files replaced whole (at the end of the stage)."""
         self.writer.counters({s: dict(zip(C, row)) for s, row in self.rows.items()})
         self.writer.histograms(sparse(self.hists))
+
+    def checkpoint(self, second: int) -> None:
+        """Append the seconds before `second` - 1 not yet written, so a process killed
+        mid-stage leaves the seconds it measured; `write` replaces the files at the end.
+
+        A late event for a second already appended is in `write`'s files only; a
+        reader that sums rows by second and bucket (the Spark job) reads a checkpointed
+        file right either way."""
+        start = self._checkpointed if self._checkpointed is not None else min(
+            self.rows, default=second)
+        end = second - 1
+        if end <= start:
+            return
+        seconds = range(start, end)
+        self.writer.counters({s: dict(zip(C, self.rows[s])) for s in seconds if s in self.rows},
+                             append=True)
+        self.writer.histograms(sparse({k: h for k, h in self.hists.items()
+                                       if start <= k[0] < end}), append=True)
+        self._checkpointed = end
 
     def judgement(self) -> dict:
         """Loss and duplicates per delivery QoS, judged against what that QoS promises.

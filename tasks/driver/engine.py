@@ -157,6 +157,7 @@ class Engine:
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
             self.write_progress()
+            self.acct.checkpoint(int(time.time()))
 
     def write_progress(self) -> None:
         """Cumulative counters for the orchestrator's fail-fast rules and live progress."""

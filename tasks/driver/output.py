@@ -2,6 +2,11 @@
 
 One directory per stage, host and driver process: ``raw/<stage_id>/<host>/<proc>/``.
 
+``counters.csv`` and ``histograms.csv`` grow as the stage goes (each second is appended
+about two seconds after it ends), so a process killed mid-stage leaves the seconds it
+measured; at the end both are rewritten whole, with any late event, before
+``summary.json``. Without ``summary.json`` a process did not finish.
+
 ``counters.csv``  one row per wall-clock second (integer Unix seconds, the second in which
                   the event happened on this host), columns ``COUNTER_COLUMNS``:
                   published   PUBLISH packets handed to the socket (appended to the
@@ -169,20 +174,37 @@ class RawWriter:
     def event(self, record: Mapping) -> None:
         self._events.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def counters(self, per_second: Mapping[int, Mapping[str, int]]) -> None:
+    def counters(self, per_second: Mapping[int, Mapping[str, int]], *,
+                 append: bool = False) -> None:
+        """Every second's counters (the file replaced whole), or with `append` only the
+        seconds given, added to what the file holds (a checkpoint while the stage runs)."""
         rows = (
             [second] + [per_second[second].get(name, 0) for name in COUNTER_COLUMNS[1:]]
             for second in sorted(per_second)
         )
-        write_csv(self.out_dir / COUNTERS_FILE, COUNTER_COLUMNS, rows)
+        self._csv(COUNTERS_FILE, COUNTER_COLUMNS, rows, append)
 
-    def histograms(self, per_second: Mapping[tuple[int, str], Mapping[int, int]]) -> None:
+    def histograms(self, per_second: Mapping[tuple[int, str], Mapping[int, int]], *,
+                   append: bool = False) -> None:
+        """Like `counters`, for the sparse histograms of each (second, kind)."""
         rows = (
             (second, kind, bucket, count)
             for (second, kind) in sorted(per_second)
             for bucket, count in sorted(per_second[(second, kind)].items())
         )
-        write_csv(self.out_dir / HISTOGRAMS_FILE, HISTOGRAM_COLUMNS, rows)
+        self._csv(HISTOGRAMS_FILE, HISTOGRAM_COLUMNS, rows, append)
+
+    def _csv(self, name: str, columns: Iterable[str], rows: Iterable[Iterable],
+             append: bool) -> None:
+        path = self.out_dir / name
+        if not append:
+            write_csv(path, columns, rows)
+            return
+        with open(path, "a", newline="") as handle:
+            writer = csv.writer(handle)
+            if handle.tell() == 0:
+                writer.writerow(columns)
+            writer.writerows(rows)
 
     def summary(self, document: Mapping) -> None:
         self._events.close()

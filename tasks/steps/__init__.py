@@ -63,6 +63,10 @@ class Call:
     airflow: bool = False
 
 
+class RunClosed(ValueError):
+    """A step asked of a run that teardown already closed: its results stay as they are."""
+
+
 def step(name: str) -> Step:
     if name not in BY_NAME:
         raise ValueError(f"unknown step {name!r}; steps: {', '.join(BY_NAME)}")
@@ -77,9 +81,21 @@ def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
     if found.per_host and not call.host:
         raise ValueError(f"step {name!r} runs per host: name one of "
                          f"{[h.name for h in ctx.inventory.hosts]} (--host)")
+    if not found.always:
+        _refuse_closed(ctx, found.name)
     result = import_module(f"{__name__}.{name}").run(ctx, call)
     ctx.mark_finished(name, call.host)
     return result
+
+
+def _refuse_closed(ctx: RunContext, name: str) -> None:
+    """A closed run is never measured, loaded or judged again: a step re-run over it would
+    overwrite the raw files and metrics its status and verdicts were decided on."""
+    run = ctx.store().run(ctx.run_id)
+    if run is not None and run["status"] != "running":
+        raise RunClosed(f"run {ctx.run_id} is closed ({run['status']}): step {name} does not "
+                        f"run over a finished run, whose files and results stay as they were; "
+                        f"start a new run (perfpipe run)")
 
 
 def _context(run_id: str) -> RunContext:

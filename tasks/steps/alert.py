@@ -44,6 +44,7 @@ from ..run_context import RunContext
 from ..settings import Settings
 from ..views.report import History
 from . import Call
+from .load_metrics import stages_with_dead_drivers
 from .report import stored_histories
 
 TOLD_STATUSES = ("new", "confirmed")  # an alert with one of these is told at top level
@@ -109,12 +110,14 @@ def links_for(settings: Settings, run: dict, report_path: str) -> Links:
     return Links(report, airflow)
 
 
-def mostly_invalid(stages: list[dict]) -> dict[str, str]:
-    """stage id -> reason, when more than half the stages with results are invalid."""
+def invalid_to_tell(stages: list[dict], broken: frozenset[str] = frozenset()) -> dict[str, str]:
+    """stage id -> reason of the invalid stages, when more than half the stages with
+    results are invalid or one of them is `broken` (a driver process died in it)."""
     judged = [s for s in stages if s.get("validity") is not None]
     invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in judged
                if s["validity"] != "valid"}
-    return invalid if judged and 2 * len(invalid) > len(judged) else {}
+    mostly = judged and 2 * len(invalid) > len(judged)
+    return invalid if mostly or broken & set(invalid) else {}
 
 
 class Courier:
@@ -160,8 +163,9 @@ def _rows_to_tell(run: dict, plan: Delivery, tonight: Evidence) -> list[Row]:
 
 
 def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
-            run_dir: Path) -> dict:
-    """Send what run `run_id` has to tell; mark what was delivered; keep the rest."""
+            run_dir: Path, broken: frozenset[str] = frozenset()) -> dict:
+    """Send what run `run_id` has to tell; mark what was delivered; keep the rest.
+    `broken`: the stages in which a driver process died (always told)."""
     run, stages = store.run(run_id), store.stages(run_id)
     undelivered = store.undelivered_alerts()
     evidence = {r: evidence_of(store.stages(r), r)
@@ -184,7 +188,7 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
         for thread_ts, rows in plan.replies.items():
             courier.reply(thread_ts, thread_reply(run, rows, links))
             delivered += [(r.alert_id, thread_ts) for r in rows]
-        invalid = mostly_invalid(stages)
+        invalid = invalid_to_tell(stages, broken)
         if invalid:
             courier.send("invalid", invalid_run_message(run, invalid, len(stages), links))
     except SlackError as exc:
@@ -204,5 +208,6 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
 def run(ctx: RunContext, call: Call) -> dict:
     store = ctx.store()
     links = links_for(ctx.settings, store.run(ctx.run_id), str(ctx.run_dir / rundir.REPORT))
+    broken = frozenset(stages_with_dead_drivers(ctx))
     return deliver(store, ctx.run_id, notifier_for(ctx.settings, airflow=call.airflow), links,
-                   ctx.run_dir)
+                   ctx.run_dir, broken)

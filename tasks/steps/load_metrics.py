@@ -17,6 +17,20 @@ def stage_key(broker_kind: str, stage_id: str) -> str:
     return f"{broker_kind}|{stage_id}"
 
 
+def drivers_failed(ctx: RunContext, stage_id: str) -> list[str]:
+    """The stage's driver processes that died ('driver localhost/0 died (signal 9, SIGKILL)'),
+    as the stages step recorded them."""
+    path = ctx.run_dir / rundir.drivers_failed_file(stage_id)
+    return json.loads(path.read_text())["failures"] if path.exists() else []
+
+
+def stages_with_dead_drivers(ctx: RunContext) -> dict[str, list[str]]:
+    """stage id -> `drivers_failed` of every stage of the run that has any."""
+    pattern = rundir.drivers_failed_file("*")
+    return {path.parent.name: json.loads(path.read_text())["failures"]
+            for path in sorted(ctx.run_dir.glob(pattern))}
+
+
 def load_results(ctx: RunContext) -> list[dict]:
     """Record every stage's metrics and validity in the store; returns one row per stage."""
     document = json.loads((ctx.run_dir / rundir.STAGE_METRICS).read_text())
@@ -33,6 +47,10 @@ def load_results(ctx: RunContext) -> list[dict]:
         if stopped.exists():
             validity = "invalid"
             reasons.insert(0, "stopped early: " + json.loads(stopped.read_text())["reason"])
+        failed = drivers_failed(ctx, stage.stage_id)
+        if failed:
+            validity = "invalid"
+            reasons[:0] = failed
         store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
                            stage_key=stage_key(broker_kind, stage.stage_id), params=stage.to_dict(),
                            fingerprint_hash=fingerprint)

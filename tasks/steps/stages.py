@@ -37,11 +37,12 @@ from ..driver.output import (
     START_FILE,
     SUMMARY_FILE,
 )
-from ..hosts import Host
+from ..hosts import Host, died
 from ..run_context import RunContext
-from . import Call
+from . import STEPS, Call
 from .load_metrics import stage_key
 from .provision import host_cpus, host_pythonpath, run_fingerprint
+from .teardown import stop_drivers
 
 READY_TIMEOUT_S = 60.0
 # seconds at least between the barrier and the common start (a whole second): enough to
@@ -229,8 +230,15 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     stopped = refused or stopped
     if stopped:
         ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": stopped})
+    failed = [f"driver {name} {how}" for name, code in sorted(codes.items())
+              if code is not None and (how := died(code))]
+    for line in failed:
+        progress(f"    {line}")
+    if failed:
+        ctx.write_json(rundir.drivers_failed_file(stage.stage_id),
+                       {"failures": failed, "exit_codes": codes})
     return {"stage_id": stage.stage_id, "processes": len(launched), "exit_codes": codes,
-            "stopped": stopped,
+            "stopped": stopped, "drivers_failed": failed,
             "windows": windows, "expected_delivery_rate": expected,
             "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
 
@@ -310,11 +318,47 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
     return {"stage_id": template.stage_id, "search": outcome}
 
 
+def start_clean(ctx: RunContext) -> str | None:
+    """Start the stages step from clean folders when an earlier attempt ran in this run (an
+    Airflow task cleared or retried, `perfpipe step stages` again): that attempt's drivers
+    are stopped, its raw files, process list and searches moved to discarded/<n>/ here and
+    on every host (kept, never read again), and the marks of the steps after it removed, so
+    those steps run again on the new data. Returns what was done, or None."""
+    local = [name for name in (rundir.RAW_DIR, rundir.PROCESSES_DIR, rundir.SEARCH,
+                               rundir.METRICS_DIR, rundir.VERDICTS)
+             if (ctx.run_dir / name).exists()]
+    remote = [(host, f"{ctx.remote_run_dir(host)}/{rundir.RAW_DIR}")
+              for host in (ctx.host(h.name) for h in ctx.inventory.hosts)
+              if ctx.remote_run_dir(host) != str(ctx.run_dir)]
+    remote = [(host, raw) for host, raw in remote if host.exists(raw)]
+    if not local and not remote:
+        return None
+    stopped = stop_drivers(ctx)
+    discarded = ctx.run_dir / rundir.DISCARDED_DIR
+    attempt = f"{rundir.DISCARDED_DIR}/{len(list(discarded.iterdir())) + 1 if discarded.exists() else 1}"
+    (ctx.run_dir / attempt).mkdir(parents=True)
+    for name in local:
+        (ctx.run_dir / name).rename(ctx.run_dir / attempt / name)
+    for host, raw in remote:
+        target = f"{ctx.remote_run_dir(host)}/{attempt}"
+        host.mkdir(target)
+        host.run(["mv", raw, target])
+    later = [s.name for s in STEPS[[s.name for s in STEPS].index("stages"):] if not s.always]
+    for name in later:
+        (ctx.run_dir / rundir.step_mark(name)).unlink(missing_ok=True)
+    return (f"an earlier attempt of this step left files: {stopped} of its drivers stopped, "
+            f"its files moved to {attempt}/ ({', '.join(local + [h.name for h, _ in remote])})")
+
+
 def run(ctx: RunContext, call: Call) -> list[dict]:
     """Every planned stage in order (a search template runs its probes); one result per
-    planned stage, each said as it ends."""
+    planned stage, each said as it ends. An earlier attempt's files are set aside first
+    (`start_clean`)."""
     progress = call.say
     broker = ctx.broker()
+    cleaned = start_clean(ctx)
+    if cleaned:
+        progress(f"starting from clean folders: {cleaned}")
     results = []
     for number, stage in enumerate(ctx.stages, 1):
         progress(f"stage {number}/{len(ctx.stages)} {stage.stage_id}: {stage.publishers} pubs, "
