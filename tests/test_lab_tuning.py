@@ -83,6 +83,48 @@ def test_check_apply_again_and_restore_over_ssh(lab, perfpipe_env, capsys):
     assert {key: sysctl_here(key) for key in here} == here
 
 
+def test_an_apply_killed_midway_leaves_every_before_value_it_changed(lab, perfpipe_env, capsys):
+    """Fault: `perfpipe tune --apply` killed with SIGKILL right after its first change on a
+    lab host. What it changed must be restorable from what it left on disk."""
+    import json
+    import os
+    import signal
+    import sys
+
+    before = {h.name: host_state(h) for h in lab_hosts()}
+    watched = lab_hosts()[1]
+    paths = ["/proc/sys/" + key.replace(".", "/") for key in NAMESPACED]
+    first = watched.run(["cat", *paths]).stdout
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "tune", "--inventory", str(INVENTORY), "--apply"],
+        env={**os.environ, "PERFPIPE_STATE_DIR": str(perfpipe_env)}, cwd=INVENTORY.parents[2],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and watched.run(["cat", *paths]).stdout == first:
+        time.sleep(0.02)
+    apply.send_signal(signal.SIGKILL)
+    assert apply.wait() == -signal.SIGKILL, "the apply ended before it was killed"
+
+    for host in lab_hosts():
+        now = host_state(host)
+        record = perfpipe_env / "tuning" / f"{host.name}.json"
+        undo = json.loads(record.read_text())["records"] if record.exists() else []
+        sysctls = {r["key"]: r["before"] for r in undo if r["kind"] == "sysctl"}
+        for key in NAMESPACED:
+            if now[key] != before[host.name][key]:
+                assert " ".join(sysctls[key].split()) == before[host.name][key], (host.name, key)
+        files = {r["key"] for r in undo if r["kind"] == "file"}
+        for folder, listed in (("/etc/sysctl.d", "sysctl.d"), ("/etc/security/limits.d",
+                                                               "limits.d")):
+            for name in set(now[listed]) - set(before[host.name][listed]):
+                assert f"{folder}/{name}" in files, (host.name, name)
+    assert any(now != before[h.name] for h in lab_hosts() for now in [host_state(h)])
+
+    code, out, _ = tune("restore", capsys)
+    assert code == 0, out
+    assert {h.name: host_state(h) for h in lab_hosts()} == before
+
+
 def test_unreachable_wrong_key_and_no_sudo_each_get_one_line(lab, perfpipe_env, tmp_path, capsys):
     key = tmp_path / "not_authorized"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)

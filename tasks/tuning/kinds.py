@@ -9,6 +9,7 @@ every value back. Values reach the shell only as quoted arguments, after validat
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..brokers import activemq, mqxr, qmini
@@ -38,10 +39,15 @@ class Entry:
 
 
 class Undo:
-    """How to put a host back: the first recorded before-state of everything touched."""
+    """How to put a host back: the first recorded before-state of everything touched.
 
-    def __init__(self, records: list[dict] | None = None) -> None:
+    `persist` is called with every record each time one is added, before the change it
+    guards is made: a process killed midway leaves every before-value it changed."""
+
+    def __init__(self, records: list[dict] | None = None,
+                 persist: Callable[[list[dict]], None] | None = None) -> None:
         self.records = list(records or [])
+        self.persist = persist
 
     def _has(self, kind: str, key: str) -> bool:
         return any(r["kind"] == kind and r["key"] == key for r in self.records)
@@ -49,6 +55,8 @@ class Undo:
     def remember(self, kind: str, key: str, **state) -> None:
         if not self._has(kind, key):
             self.records.append({"kind": kind, "key": key, **state})
+            if self.persist is not None:
+                self.persist(self.records)
 
 
 def allowed(key: str, patterns: list[str]) -> bool:

@@ -7,6 +7,7 @@ changed, so ``restore`` puts back exactly what was there, whichever run applied 
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,34 +30,47 @@ def snapshot_path(state_dir: Path, host: str) -> Path:
     return Path(state_dir) / "tuning" / f"{host}.json"
 
 
-def _load_undo(path: Path) -> kinds.Undo:
-    return kinds.Undo(json.loads(path.read_text())["records"] if path.exists() else [])
+def _load_undo(path: Path, profile: str | None = None) -> kinds.Undo:
+    """The host's undo record; with `profile`, saved on every new record (`_save_undo`)."""
+    records = json.loads(path.read_text())["records"] if path.exists() else []
+    if profile is None:
+        return kinds.Undo(records)
+    return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile))
 
 
-def _save_undo(path: Path, undo: kinds.Undo, profile: str) -> None:
+def _save_undo(path: Path, records: list[dict], profile: str) -> None:
+    """Replace the record atomically and durably: a temporary file, fsync, rename, fsync
+    of the folder. A reader sees the old record or the new one, never a torn one, and a
+    crash of the machine after the change keeps the before-value that guards it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"profile": profile, "records": undo.records}, indent=1))
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump({"profile": profile, "records": records}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
          state_dir: Path) -> list[kinds.Entry]:
-    """Check or apply one profile on one host; the undo record is saved as it grows."""
+    """Check or apply one profile on one host; each before-value is saved to the undo
+    record before the change it guards (`kinds.Undo`)."""
     apply = mode == "apply"
-    path = snapshot_path(state_dir, host.name)
-    undo = _load_undo(path)
-    try:
-        entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
-        if profile.limits:
-            entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
-        if profile.tasks_max:
-            entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, apply)
-        if profile.qm_ini:
-            entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
-        if profile.jvm_heap:
-            entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
-    finally:
-        if apply and undo.records:
-            _save_undo(path, undo, profile.name)
+    undo = _load_undo(snapshot_path(state_dir, host.name), profile.name)
+    entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
+    if profile.limits:
+        entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
+    if profile.tasks_max:
+        entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, apply)
+    if profile.qm_ini:
+        entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
+    if profile.jvm_heap:
+        entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
     return entries
 
 
