@@ -179,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-nightly", help="exit 1 and alert when no nightly ran recently "
                            "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)")
     check.set_defaults(func=_check_nightly)
-    step = sub.add_parser("step", help="run one step of an existing run (see the list below)")
+    step = sub.add_parser("step", help="run one step of a run not yet closed by teardown "
+                          "(see the list below)")
     step.add_argument("name")
     step.add_argument("run_id")
     step.add_argument("--host", help="the host, for per-host steps (provision, tune)")

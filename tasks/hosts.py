@@ -9,6 +9,7 @@ reaches a shell unquoted.
 from __future__ import annotations
 
 import getpass
+import os
 import secrets
 import shlex
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import invoke
 
+from .child_env import child_env
 from .settings import REPO_ROOT
 
 
@@ -197,6 +199,17 @@ class Host:
     def mkdir(self, path: str) -> None:
         self.run(["mkdir", "-p", path])
 
+    def put_text(self, text: str, remote: str) -> None:
+        """Write `text` to `remote` on the host through a private temporary file here
+        (mkstemp: mode 0600, a name nobody can guess or create first)."""
+        handle, local = tempfile.mkstemp(prefix="perfpipe-")
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(text)
+            self.put(Path(local), remote)
+        finally:
+            Path(local).unlink(missing_ok=True)
+
     def interactive(self, argv: Sequence[str]) -> Interactive:
         """A running command whose stdin and stdout lines we exchange (kept short-lived)."""
         raise NotImplementedError
@@ -212,15 +225,18 @@ class LocalHost(Host):
     """This machine, through invoke's local Context: no SSH."""
 
     def __init__(self, name: str = "localhost", work_root: str | None = None,
-                 python: str | None = None) -> None:
+                 python: str | None = None, keep_env: Sequence[str] = ()) -> None:
         self.name = name
         self.user = getpass.getuser()
         self.python = python or sys.executable
         self.code_root = str(REPO_ROOT)
         self.work_root = work_root or ""
+        self.keep_env = tuple(keep_env)  # secret-looking variables its commands may see
 
     def _runner(self) -> invoke.Context:
-        return invoke.Context()
+        """Commands see this process's environment without its secrets (`child_env`)."""
+        return invoke.Context(config=invoke.Config(overrides={
+            "run": {"env": child_env(self.keep_env), "replace_env": True}}))
 
     def put(self, local: Path, remote: str) -> None:
         if Path(local).resolve() != Path(remote).resolve():
@@ -229,7 +245,7 @@ class LocalHost(Host):
 
     def interactive(self, argv: Sequence[str]) -> Interactive:
         proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, bufsize=1)
+                                text=True, bufsize=1, env=child_env(self.keep_env))
 
         def write(line: str) -> None:
             proc.stdin.write(line)

@@ -58,8 +58,16 @@ class RunContext:
         """The host, over one connection reused for the rest of this step."""
         cache = self.__dict__.setdefault("_hosts", {})
         if name not in cache:
-            cache[name] = connect(self.inventory, name, work_root=str(self.run_dir))
+            cache[name] = connect(self.inventory, name, work_root=str(self.run_dir),
+                                  keep_env=self.password_envs)
         return cache[name]
+
+    @property
+    def password_envs(self) -> tuple[str, ...]:
+        """The variables the run's drivers read MQTT passwords from (`connection.password_env`)."""
+        names = {(s.get("connection") or {}).get("password_env")
+                 for s in self.plan.get("scenarios", [])}
+        return tuple(sorted(n for n in names if n))
 
     def remote_run_dir(self, host: Host) -> str:
         """Where this run's files live on a host (the run directory itself for local hosts)."""

@@ -131,3 +131,100 @@ def test_a_driver_killed_mid_stage_fails_the_run_keeps_its_seconds_and_is_alerte
 
     message = json.loads((Path(run["artifact_dir"]) / "slack_message.json").read_text())
     assert died in json.dumps(message["invalid"]), message
+
+
+SECRET_SCENARIO = """
+name: tiny_login
+qos: [0]
+publishers:
+  - {group: pub, count: 4, topic: "perfpipe/test/{scenario}", rate_per_client: 20}
+subscribers:
+  - {group: sub, count: 1, topics: ["perfpipe/test/{scenario}"]}
+stages: {warmup_s: 1, measure_s: 3, cooldown_s: 1}
+connection: {username: perfpipe, password_env: PERFPIPE_TEST_MQTT_PASSWORD}
+"""
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
+    addresses = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                addresses.add(local.rsplit(":", 1)[0])
+    return addresses
+
+
+def test_children_see_no_secret_they_do_not_need_and_the_broker_binds_one_address(
+        tmp_path: Path, tiny_suite: Path, monkeypatch):
+    """Fault (security): perfpipe runs with the Slack token, the DB's URL and an Airflow
+    connection in its environment; the scenario's drivers need an MQTT password from one;
+    the inventory names the broker's address by host name."""
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps import Call, execute
+    from tasks.steps.plan import plan_run
+
+    secrets = {"PERFPIPE_SLACK_TOKEN": "xoxb-not-for-children",
+               "PERFPIPE_DB_URL": f"sqlite:///{tiny_suite}/results.db",
+               "AIRFLOW_CONN_RESULTS": "postgresql://perf:hunter2@db/results"}
+    for name, value in {**secrets, "PERFPIPE_TEST_MQTT_PASSWORD": "mqtt-pass"}.items():
+        monkeypatch.setenv(name, value)
+    scenarios = tiny_suite.parent / "scenarios"
+    (scenarios / "catalog" / "tiny_login.yml").write_text(SECRET_SCENARIO)
+    (scenarios / "suites.yml").write_text("suites: {login: [tiny_login]}\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
+                         "procs: 1}]\nbroker: {kind: mosquitto, host: localhost, address: "
+                         "localhost}\n")
+    settings = load_settings()
+    ctx = RunContext.load(settings, plan_run(settings, suite="login", inventory=inventory))
+    seen: dict[str, dict[str, str]] = {}
+    try:
+        execute("provision", ctx, Call(host="localhost"))
+        execute("broker", ctx)
+        broker = ctx.broker()
+        seen["broker"] = _environ(broker["pid"])
+        assert _listening(broker["port"]) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0
+
+        stages = threading.Thread(target=execute, args=("stages", ctx))
+        stages.start()
+        while stages.is_alive():
+            for pid_file in (ctx.run_dir / "raw").rglob("*.pid"):
+                environ = _environ(int(pid_file.read_text() or 0))
+                if environ is not None:
+                    seen[str(pid_file.relative_to(ctx.run_dir))] = environ
+            time.sleep(0.1)
+        stages.join()
+    finally:
+        execute("teardown", ctx)
+    drivers = [name for name in seen if name.endswith("driver.log.pid")]
+    assert drivers and len(seen) >= 3, sorted(seen)  # the broker, a driver, the sampler
+    for name, environ in seen.items():
+        assert environ and "PATH" in environ, name
+        assert not set(secrets) & set(environ), (name, sorted(set(secrets) & set(environ)))
+    assert all(seen[name]["PERFPIPE_TEST_MQTT_PASSWORD"] == "mqtt-pass" for name in drivers)
+    (summary,) = (ctx.run_dir / "raw").rglob("summary.json")
+    assert json.loads(summary.read_text())["totals"]["connects_ok"] == 5
+
+
+def test_the_secret_filter_keeps_what_is_asked_and_nothing_else():
+    from tasks.child_env import child_env
+
+    environ = {"PATH": "/bin", "PERFPIPE_SLACK_TOKEN": "t", "PERFPIPE_DB_URL": "u",
+               "AIRFLOW_CONN_X": "c", "AIRFLOW__CORE__FERNET_KEY": "k", "MQTT_PASSWORD": "p",
+               "GITHUB_TOKEN": "g", "PERFPIPE_STATE_DIR": "/s", "AIRFLOW_HOME": "/a"}
+    assert child_env(environ=environ) == {"PATH": "/bin", "PERFPIPE_STATE_DIR": "/s",
+                                          "AIRFLOW_HOME": "/a"}
+    assert child_env(["MQTT_PASSWORD"], environ=environ, EXTRA="1") == {
+        "PATH": "/bin", "PERFPIPE_STATE_DIR": "/s", "AIRFLOW_HOME": "/a", "MQTT_PASSWORD": "p",
+        "EXTRA": "1"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 from ..hosts import Host
 from ..rundir import BROKER_DIR
@@ -97,10 +96,8 @@ class ActiveMQ(BrokerAdapter):
     def start(self, run_dir: str, address: str, port: int) -> dict:
         base = f"{run_dir}/{BROKER_DIR}"
         self.host.mkdir(f"{base}/data")
-        local = Path("/tmp") / f"perfpipe-activemq-{port}.xml"
-        local.write_text(CONFIG.format(data=f"{base}/data", bind=bind_address(address), port=port))
-        self.host.put(local, f"{base}/activemq.xml")
-        local.unlink()
+        self.host.put_text(CONFIG.format(data=f"{base}/data", bind=bind_address(address),
+                                         port=port), f"{base}/activemq.xml")
         heap = heap_options(self.host.read_file(OPTIONS_FILE))
         argv = ["java", *heap, f"-Dactivemq.classpath={base}:{EXTRA_CLASSPATH}",
                 f"-Dactivemq.home={HOME}", f"-Dactivemq.base={base}", f"-Dactivemq.conf={base}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 import time
 
 import paho.mqtt.client as mqtt
@@ -11,10 +12,19 @@ from .errors import BrokerError
 
 
 def bind_address(address: str) -> str:
+    """The one IP address a managed broker listens on: `address` itself, or the first
+    address its name resolves to (the one the driver connects to, `tasks.driver.paho_glue`);
+    never every interface of the host."""
     try:
         return str(ipaddress.ip_address(address))
     except ValueError:
-        return "0.0.0.0"
+        pass
+    try:
+        return socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, IndexError) as exc:
+        raise BrokerError(f"broker address {address!r} does not resolve here "
+                          f"({getattr(exc, 'strerror', exc)}); give its IP address as the "
+                          f"inventory's broker.address") from None
 
 
 def health_check(address: str, port: int, timeout_s: float = 10.0,

@@ -135,10 +135,7 @@ class Mosquitto(BrokerAdapter):
                 raise ValueError("a TLS listener needs local_dir for its CA")
             tls = {"port": tls_port, **self.install_tls(run_dir, local_dir,
                                                         tls_names or [address])}
-        local_conf = Path("/tmp") / f"perfpipe-mosquitto-{port}.conf"
-        local_conf.write_text(render_config(port, bind_address(address), tls, extra_config))
-        self.host.put(local_conf, conf)
-        local_conf.unlink()
+        self.host.put_text(render_config(port, bind_address(address), tls, extra_config), conf)
         group = self.host.launch([self.binary(), "-c", conf], log)
         try:
             health_check(address, port)

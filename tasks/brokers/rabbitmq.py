@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 from ..rundir import BROKER_DIR
 from .base import BrokerAdapter
@@ -173,10 +172,7 @@ class RabbitMQ(BrokerAdapter):
         files = {"rabbitmq.conf": render_config(bind_address(address), port, amqp, metrics),
                  "enabled_plugins": PLUGINS, "rabbitmq-env.conf": ""}
         for name, text in files.items():
-            local = Path("/tmp") / f"perfpipe-rabbitmq-{port}-{name}"
-            local.write_text(text)
-            self.host.put(local, f"{base}/{name}")
-            local.unlink()
+            self.host.put_text(text, f"{base}/{name}")
         env = server_env(base, node, ports)
         log = f"{base}/rabbitmq.log"
         started = time.monotonic()

@@ -200,11 +200,14 @@ def load_inventory(path: Path) -> Inventory:
     return inventory
 
 
-def connect(inventory: Inventory, name: str, work_root: str) -> Host:
-    """A Host for an inventory entry; local hosts keep run files under `work_root`."""
+def connect(inventory: Inventory, name: str, work_root: str, keep_env: tuple[str, ...] = ()
+            ) -> Host:
+    """A Host for an inventory entry; local hosts keep run files under `work_root` and
+    hand the commands they run the secret-looking variables in `keep_env` only."""
     config = inventory.host(name)
     if config.transport == "local":
-        return LocalHost(config.name, work_root=work_root, python=config.python)
+        return LocalHost(config.name, work_root=work_root, python=config.python,
+                         keep_env=keep_env)
     gateway = connect(inventory, config.gateway, work_root) if config.gateway else None
     common = dict(gateway=gateway, python=config.python or "python3", code_root=config.code_root,
                   work_root=config.work_root)

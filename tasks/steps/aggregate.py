@@ -8,13 +8,13 @@ runs through the Spark provider's `SparkSubmitOperator` (`spark_job` gives its a
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from .. import rundir
+from ..child_env import child_env
 from ..run_context import RunContext
 from ..settings import REPO_ROOT, load_settings
 from . import Call
@@ -56,7 +56,7 @@ def submit(run_dir: Path, master: str) -> str:
                 # the C1 JIT only: a short job starts about 10 s sooner
                 "--driver-java-options", "-XX:TieredStopAtLevel=1",
                 str(SPARK_JOB), *job_arguments(run_dir)]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYSPARK_PYTHON": sys.executable}
+    env = child_env(PYTHONPATH=str(REPO_ROOT), PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])

@@ -11,10 +11,8 @@ import csv
 import io
 import json
 import math
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
@@ -64,12 +62,7 @@ class Launched:
 
 
 def _put_json(host: Host, document: dict, remote: str) -> None:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(document, handle)
-    try:
-        host.put(Path(handle.name), remote)
-    finally:
-        Path(handle.name).unlink()
+    host.put_text(json.dumps(document), remote)
 
 
 def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> Launched:
