@@ -228,3 +228,54 @@ def test_the_secret_filter_keeps_what_is_asked_and_nothing_else():
     assert child_env(["MQTT_PASSWORD"], environ=environ, EXTRA="1") == {
         "PATH": "/bin", "PERFPIPE_STATE_DIR": "/s", "AIRFLOW_HOME": "/a", "MQTT_PASSWORD": "p",
         "EXTRA": "1"}
+
+
+def test_the_broker_killed_mid_stage_fails_the_run_skips_the_rest_and_says_when(
+        tmp_path: Path, tiny_suite: Path, spark_connect):
+    """Fault: the managed Mosquitto is killed with SIGKILL 1 s into the first of two
+    stages' windows."""
+    from sql import Store
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
+                         "procs: 1}]\nbroker: {kind: mosquitto, host: localhost, "
+                         "address: 127.0.0.1}\n")
+    killed: dict = {}
+
+    def kill_broker() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for stage_file in tiny_suite.glob("runs/*/raw/*/stage.json"):
+                broker = json.loads((stage_file.parents[2] / "broker.json").read_text())
+                window = json.loads(stage_file.read_text())["windows"]
+                if time.time() >= window["measure_start"] + 1:
+                    os.kill(broker["pid"], signal.SIGKILL)
+                    killed.update(pid=broker["pid"], stage=stage_file.parent.name)
+                    return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_broker)
+    killer.start()
+    lines: list[str] = []
+    outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory, say=lines.append)
+    killer.join()
+    assert killed.get("stage") == "tiny_fanin.q0.c100.r100", killed
+
+    store = Store(load_settings().database_url())
+    run = store.run(outcome.run_id)
+    assert outcome.status == "failed" and run["status"] == "failed"
+    gone = f"the broker died (pid {killed['pid']} on localhost gone at "
+    assert run["excluded_reason"].startswith(f"run failed: {killed['stage']}: {gone}")
+    assert run["excluded_reason"].endswith("; 1 stages left skipped")
+    assert any(line.startswith(gone) and line.endswith(": 1 stages left skipped")
+               for line in lines), lines
+    run_dir = Path(run["artifact_dir"])
+    assert not (run_dir / "raw" / "tiny_fanin.q1.c100.r100").exists()  # never started
+    (stage,) = store.stages(outcome.run_id)
+    assert stage["validity"] == "invalid"
+    assert stage["reason"].startswith(f"stopped early: {gone}"), stage["reason"]
+    assert json.loads((run_dir / "broker.json").read_text())["stopped"]  # teardown ran
+    message = json.loads((run_dir / "slack_message.json").read_text())
+    assert gone in json.dumps(message["invalid"]), message

@@ -44,7 +44,7 @@ from ..run_context import RunContext
 from ..settings import Settings
 from ..views.report import History
 from . import Call
-from .load_metrics import stages_with_dead_drivers
+from .load_metrics import stage_failures
 from .report import stored_histories
 
 TOLD_STATUSES = ("new", "confirmed")  # an alert with one of these is told at top level
@@ -165,7 +165,7 @@ def _rows_to_tell(run: dict, plan: Delivery, tonight: Evidence) -> list[Row]:
 def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
             run_dir: Path, broken: frozenset[str] = frozenset()) -> dict:
     """Send what run `run_id` has to tell; mark what was delivered; keep the rest.
-    `broken`: the stages in which a driver process died (always told)."""
+    `broken`: the stages in which a driver process or the broker died (always told)."""
     run, stages = store.run(run_id), store.stages(run_id)
     undelivered = store.undelivered_alerts()
     evidence = {r: evidence_of(store.stages(r), r)
@@ -208,6 +208,6 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
 def run(ctx: RunContext, call: Call) -> dict:
     store = ctx.store()
     links = links_for(ctx.settings, store.run(ctx.run_id), str(ctx.run_dir / rundir.REPORT))
-    broken = frozenset(stages_with_dead_drivers(ctx))
+    broken = frozenset(stage_failures(ctx))
     return deliver(store, ctx.run_id, notifier_for(ctx.settings, airflow=call.airflow), links,
                    ctx.run_dir, broken)

@@ -24,11 +24,23 @@ def drivers_failed(ctx: RunContext, stage_id: str) -> list[str]:
     return json.loads(path.read_text())["failures"] if path.exists() else []
 
 
-def stages_with_dead_drivers(ctx: RunContext) -> dict[str, list[str]]:
-    """stage id -> `drivers_failed` of every stage of the run that has any."""
+def broker_gone(ctx: RunContext) -> dict | None:
+    """{reason, stage_id, skipped} when the broker died mid-run (the stages step)."""
+    path = ctx.run_dir / rundir.BROKER_GONE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def stage_failures(ctx: RunContext) -> dict[str, list[str]]:
+    """stage id -> what broke in it that fails the run: driver processes that died
+    (`drivers_failed`), the broker gone (`broker_gone`)."""
     pattern = rundir.drivers_failed_file("*")
-    return {path.parent.name: json.loads(path.read_text())["failures"]
-            for path in sorted(ctx.run_dir.glob(pattern))}
+    failures = {path.parent.name: json.loads(path.read_text())["failures"]
+                for path in sorted(ctx.run_dir.glob(pattern))}
+    gone = broker_gone(ctx)
+    if gone:
+        failures.setdefault(gone["stage_id"], []).append(
+            f"{gone['reason']}; {len(gone['skipped'])} stages left skipped")
+    return failures
 
 
 def load_results(ctx: RunContext) -> list[dict]:

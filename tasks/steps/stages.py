@@ -11,8 +11,11 @@ import csv
 import io
 import json
 import math
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
@@ -106,9 +109,11 @@ def _progress(launched: list[Launched]) -> list[dict]:
 
 
 def _wait_done(launched: list[Launched], until: float, *, started: float,
-               progress=print, rule: FailFast = FailFast()) -> tuple[dict, str | None]:
+               progress=print, rule: FailFast = FailFast(),
+               broker_gone: Callable[[], str | None] = lambda: None) -> tuple[dict, str | None]:
     """Wait for every process to exit; meanwhile say how the stage goes every few seconds
-    and stop it early when a fail-fast rule is broken. (exit codes, fail-fast reason)."""
+    and stop it early when a fail-fast rule is broken or the broker is gone. (exit codes,
+    why it was stopped)."""
     codes: dict[str, int | None] = {}
     pending = list(launched)
     stopped, said_at = None, time.monotonic()
@@ -122,7 +127,7 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
             said_at = time.monotonic()
             snapshot = _progress(launched)
             progress(progress_line(snapshot, max(0.0, time.time() - started)))
-            if stopped is None and (stopped := breach(snapshot, rule)) is not None:
+            if stopped is None and (stopped := broker_gone() or breach(snapshot, rule)):
                 progress(f"    stopping the stage: {stopped}")
                 for proc in pending:
                     proc.host.kill_group(proc.group_pid)  # SIGTERM: partial files are written
@@ -219,7 +224,8 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
-                                progress=progress)
+                                progress=progress,
+                                broker_gone=broker_check(ctx, broker, probe_port=False))
     stopped = refused or stopped
     if stopped:
         ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": stopped})
@@ -343,10 +349,39 @@ def start_clean(ctx: RunContext) -> str | None:
             f"its files moved to {attempt}/ ({', '.join(local + [h.name for h, _ in remote])})")
 
 
+def broker_check(ctx: RunContext, broker: dict, *,
+                 probe_port: bool = True) -> Callable[[], str | None]:
+    """A check that says since when and why the broker under test is gone, or None while
+    it is there: a managed broker's process, or an unmanaged one's listening port (not
+    with `probe_port` False: inside a window a probe would count as a broker connection)."""
+    if not (broker.get("managed") and broker.get("pid")) and not probe_port:
+        return lambda: None
+    if broker.get("managed") and broker.get("pid"):
+        host = ctx.host(broker["host"])
+
+        def gone() -> str | None:
+            return None if host.alive(broker["pid"]) else (
+                f"the broker died (pid {broker['pid']} on {host.name} gone at {_clock()})")
+    else:
+        def gone() -> str | None:
+            try:
+                socket.create_connection((broker["address"], broker["port"]), timeout=3).close()
+                return None
+            except OSError as exc:
+                return (f"the broker stopped answering on {broker['address']}:{broker['port']} "
+                        f"({exc.strerror or exc}) at {_clock()}")
+    return gone
+
+
+def _clock() -> str:
+    return datetime.now(timezone.utc).strftime("%H:%M:%S UTC")
+
+
 def run(ctx: RunContext, call: Call) -> list[dict]:
     """Every planned stage in order (a search template runs its probes); one result per
     planned stage, each said as it ends. An earlier attempt's files are set aside first
-    (`start_clean`)."""
+    (`start_clean`). When the broker is gone the stages left are skipped, and why is
+    recorded for teardown (`rundir.BROKER_GONE`)."""
     progress = call.say
     broker = ctx.broker()
     cleaned = start_clean(ctx)
@@ -361,4 +396,11 @@ def run(ctx: RunContext, call: Call) -> list[dict]:
             results.append(run_search(ctx, stage, broker, progress))
         else:
             results.append(run_stage(ctx, stage, broker, progress))
+        why = broker_check(ctx, broker)()
+        if why:
+            skipped = [s.stage_id for s in ctx.stages[number:]]
+            progress(f"{why}: {len(skipped)} stages left skipped")
+            ctx.write_json(rundir.BROKER_GONE, {"reason": why, "stage_id": stage.stage_id,
+                                                "skipped": skipped})
+            break
     return results

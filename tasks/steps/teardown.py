@@ -3,8 +3,8 @@ close the run with its status.
 
 The status comes from the steps that finished (`tasks.steps.STEPS`, each marked in the run
 folder when it finished): a run in which any step before teardown did not finish, for
-every host where it runs per host, or in which a driver process died mid-stage, is
-`failed`; one whose stages were all invalid is `invalid`. Neither ever feeds a baseline.
+every host where it runs per host, or in which a driver process or the broker died
+mid-stage, is `failed`; one whose stages were all invalid is `invalid`. Neither ever feeds a baseline.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .. import rundir
 from ..run_context import RunContext
 from . import STEPS, Call
 from .broker import stop_broker
-from .load_metrics import stages_with_dead_drivers
+from .load_metrics import stage_failures
 from .tune import restore_run_tuning
 
 
@@ -48,7 +48,7 @@ def final_status(ctx: RunContext) -> tuple[str, str | None]:
     unfinished = unfinished_steps(ctx)
     if unfinished:
         return "failed", f"run failed: {', '.join(unfinished)} did not finish"
-    failed = [f"{stage_id}: {line}" for stage_id, lines in stages_with_dead_drivers(ctx).items()
+    failed = [f"{stage_id}: {line}" for stage_id, lines in stage_failures(ctx).items()
               for line in lines]
     if failed:
         return "failed", f"run failed: {'; '.join(failed)}"
