@@ -5,9 +5,10 @@ own parameters), in that order; each task body is one call into `tasks.steps` (a
 module is imported when the task runs, never at parse time). Per-host steps are mapped
 over the inventory's hosts. The stages run in one task, in plan order: the method ramps
 load up from below the peak, and mapped task instances carry no order guarantee. Steps
-that load the lab hosts hold the `perfpipe_lab` pool, so two runs never load them at
-once; steps safe to repeat retry with backoff, and a measurement never retries (a repeated
-measurement would be a different measurement). `aggregate` runs the Spark job through the
+that load the lab hosts or this machine hold the `perfpipe_lab` pool (and, but for the
+Spark operator, the lab lock of `tasks.steps`, which `perfpipe` runs take too), so two
+runs never load them at once; steps safe to repeat retry with backoff, and a measurement
+never retries (a repeated measurement would be a different measurement). `aggregate` runs the Spark job through the
 Spark provider's operator.
 """
 

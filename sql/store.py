@@ -8,7 +8,7 @@ SQLite (the embedded default) and PostgreSQL (production) are supported.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tasks import metrics as metric_defs
 from tasks.fingerprint import fingerprint_hash
+from tasks.locks import held
 
 from . import alerts, queries
 from .common import (
@@ -126,7 +127,7 @@ class Store:
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
         try:
-            with self._engine.begin() as conn:
+            with self._sqlite_migrate_lock(), self._engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
                 cfg.attributes["connection"] = conn
@@ -135,6 +136,16 @@ class Store:
             raise self._error(exc) from exc
         except CommandError as exc:  # e.g. the database is at a revision this code lacks
             raise StoreError(f"cannot migrate {self.url_for_display}: {exc}") from exc
+
+    def _sqlite_migrate_lock(self):
+        """SQLite has no advisory lock: runs that migrate one file at once (the first
+        night's concurrent runs) take turns on a lock file beside it."""
+        database = self._url.database
+        if self._url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+            return nullcontext()
+        path = Path(database)
+        return held(path.with_name(path.name + ".migrate.lock"), {"migrating": str(path)},
+                    wait_s=120, say=lambda _line: None, what=f"the migration of {path}")
 
     # -- runs -------------------------------------------------------------------------
     def create_run(self, run_id: str, *, kind: str, suite: str, broker_kind: str,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .config_files import ConfigError
+from .locks import LockBusy
 from .metrics import ALERT_ACTIONS, RUN_KINDS
 from .settings import load_settings
 from .steps import STEPS
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"perfpipe: {exc}", file=sys.stderr)
         return 2
+    except LockBusy as exc:  # another run has the lab: nothing was started
+        print(f"perfpipe: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The whole run without Airflow: plan, then every step of `tasks.steps.STEPS` in order
-(per-host steps once per host), and teardown whatever happened.
+(per-host steps once per host), and teardown whatever happened. The run holds its lab
+from before its plan to its teardown, so another run's steps never come between its own
+(its broker is up for it alone), and a run that cannot get the lab leaves no run behind.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import rundir
+from .catalog.inventory import load_inventory
 from .manage import show_run
 from .run_context import RunContext
 from .settings import Settings
-from .steps import STEPS, Call, execute
+from .steps import STEPS, Call, execute, lab_lock
 from .steps.plan import plan_run
 
 
@@ -27,11 +30,22 @@ class RunOutcome:
 
 def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Path | None = None,
                  kind: str = "manual", say: Callable[[str], None] = print) -> RunOutcome:
-    run_id = plan_run(settings, suite=suite, inventory=inventory, kind=kind)
-    say(f"run id: {run_id}  (files: {settings.run_dir(run_id)})")
-    ctx = RunContext.load(settings, run_id)
-    hosts = [h.name for h in ctx.inventory.hosts]
-    results: dict[str, object] = {}
+    lab = load_inventory(Path(inventory or settings.inventory)).name
+    with lab_lock(settings, lab, {"run": f"a {kind} run", "suite": suite or settings.suite},
+                  say):
+        run_id = plan_run(settings, suite=suite, inventory=inventory, kind=kind)
+        say(f"run id: {run_id}  (files: {settings.run_dir(run_id)})")
+        ctx = RunContext.load(settings, run_id)
+        results: dict[str, object] = {}
+        _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
+    closed = results["teardown"]
+    show_run(ctx.store(), run_id, say)
+    alert = results.get("alert") or {}
+    return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"))
+
+
+def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
+               say: Callable[[str], None]) -> None:
     try:
         for step in STEPS:
             if step.name == "plan" or step.always:
@@ -49,7 +63,3 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
             if step.always:
                 results[step.name] = execute(step.name, ctx, Call(say=say))
                 say(f"{step.name}: {results[step.name]}")
-    closed = results["teardown"]
-    show_run(ctx.store(), run_id, say)
-    alert = results.get("alert") or {}
-    return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"))

@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     airflow_base_url: str | None = None  # for links from alerts to the Airflow run
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
     nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
+    lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
 
     @property
     def runs_dir(self) -> Path:

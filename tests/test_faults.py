@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import unmanaged_run
@@ -68,69 +69,6 @@ def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_ste
                f"finished run" in err and "start a new run" in err
     assert _tree(ctx.run_dir) == kept, "a refused step changed the closed run's files"
     assert Store(load_settings().database_url()).run(ctx.run_id)["status"] == "failed"
-
-
-def _kill_when_measuring(state: Path, proc: str, after_s: float, killed: dict) -> None:
-    """Wait for driver process `proc` of the run under `state` to be `after_s` into its
-    measure window, then SIGKILL it (the driver only: its launching shell stays)."""
-    deadline = time.time() + 120
-    while time.time() < deadline and not killed:
-        for pid_file in state.glob(f"runs/*/raw/*/localhost/{proc}/driver.log.pid"):
-            stage = json.loads((pid_file.parents[2] / "stage.json").read_text()) \
-                if (pid_file.parents[2] / "stage.json").exists() else None
-            if stage and time.time() >= stage["windows"]["measure_start"] + after_s:
-                pid = int(pid_file.read_text())
-                os.kill(pid, signal.SIGKILL)
-                killed.update(pid=pid, at=time.time(), window=stage["windows"],
-                              out=pid_file.parent)
-                return
-        time.sleep(0.1)
-
-
-def test_a_driver_killed_mid_stage_fails_the_run_keeps_its_seconds_and_is_alerted(
-        tmp_path: Path, tiny_suite: Path, broker, spark_connect):
-    """Fault: one of two driver processes is killed with SIGKILL 3 s into its window."""
-    from sql import Store
-    from tasks.pipeline import run_pipeline
-    from tasks.settings import load_settings
-
-    (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
-        "suites: {tiny0: [{scenario: tiny_fanin, qos: [0], stages: {measure_s: 8}}]}\n")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 2}]\n"
-        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {broker.port}}}\n")
-    killed: dict = {}
-    killer = threading.Thread(target=_kill_when_measuring, args=(tiny_suite, "0", 3.0, killed))
-    killer.start()
-    lines: list[str] = []
-    outcome = run_pipeline(load_settings(), suite="tiny0", inventory=inventory,
-                           say=lines.append)
-    killer.join()
-    assert killed, "the driver was never seen measuring"
-
-    died = "driver localhost/0 died (signal 9, SIGKILL)"
-    assert outcome.status == "failed"
-    run = Store(load_settings().database_url()).run(outcome.run_id)
-    assert run["status"] == "failed" and run["excluded"]
-    assert run["excluded_reason"] == f"run failed: tiny_fanin.q0.c100.r100: {died}"
-    assert any(line.strip() == died for line in lines), lines
-    (stage,) = Store(load_settings().database_url()).stages(outcome.run_id)
-    assert stage["validity"] == "invalid" and stage["reason"].startswith(died)
-
-    out: Path = killed["out"]
-    recorded = json.loads((out.parent.parent / "drivers_failed.json").read_text())
-    assert recorded["exit_codes"] == {"localhost/0": 137, "localhost/1": 0}
-    assert not (out / "summary.json").exists() and (out.parent / "1" / "summary.json").exists()
-    with open(out / "counters.csv") as handle:  # the seconds it measured before it died
-        rows = list(csv.DictReader(handle))
-    window = killed["window"]
-    measured = [r for r in rows if window["measure_start"] <= int(r["second"]) < killed["at"]]
-    assert len(measured) >= 1 and all(int(r["published"]) > 0 for r in measured), rows
-    assert int(rows[-1]["second"]) >= int(killed["at"]) - 3  # flushed up to ~2 s before
-
-    message = json.loads((Path(run["artifact_dir"]) / "slack_message.json").read_text())
-    assert died in json.dumps(message["invalid"]), message
 
 
 SECRET_SCENARIO = """
@@ -230,52 +168,157 @@ def test_the_secret_filter_keeps_what_is_asked_and_nothing_else():
         "EXTRA": "1"}
 
 
-def test_the_broker_killed_mid_stage_fails_the_run_skips_the_rest_and_says_when(
+def _kill_in_windows(state: Path, victims: dict[str, tuple[float, Callable[[Path], int]]],
+                     done: dict) -> None:
+    """For each stage id in `victims` = {stage: (after_s, pid_of)}, `after_s` into its
+    measure window, SIGKILL the process whose pid `pid_of(run folder)` reads; note pid,
+    time and window in `done`."""
+    deadline = time.time() + 180
+    while time.time() < deadline and len(done) < len(victims):
+        for stage_file in state.glob("runs/*/raw/*/stage.json"):
+            stage = stage_file.parent.name
+            window = json.loads(stage_file.read_text())["windows"]
+            if stage in victims and stage not in done and \
+                    time.time() >= window["measure_start"] + victims[stage][0]:
+                pid = victims[stage][1](stage_file.parents[2])
+                os.kill(pid, signal.SIGKILL)
+                done[stage] = {"pid": pid, "at": time.time(), "window": window}
+        time.sleep(0.1)
+
+
+def test_a_driver_then_the_broker_killed_mid_stage_fail_the_run_and_lose_no_measured_second(
         tmp_path: Path, tiny_suite: Path, spark_connect):
-    """Fault: the managed Mosquitto is killed with SIGKILL 1 s into the first of two
-    stages' windows."""
+    """Faults, one per stage of a three-stage run on a managed Mosquitto: in the first
+    stage one of two driver processes is killed with SIGKILL, in the second the broker."""
     from sql import Store
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
 
+    (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
+        "suites: {faults: [{scenario: tiny_fanin, qos: [0, 1, 2], stages: {measure_s: 5}}]}\n")
     inventory = tmp_path / "inventory.yml"
     inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
-                         "procs: 1}]\nbroker: {kind: mosquitto, host: localhost, "
+                         "procs: 2}]\nbroker: {kind: mosquitto, host: localhost, "
                          "address: 127.0.0.1}\n")
+    first, second, third = (f"tiny_fanin.q{q}.c100.r100" for q in (0, 1, 2))
+    victims = {  # the driver late enough to have measured seconds, the broker early
+        first: (3, lambda run: int((run / "raw" / first / "localhost/0/driver.log.pid")
+                                   .read_text())),
+        second: (1, lambda run: json.loads((run / "broker.json").read_text())["pid"])}
     killed: dict = {}
-
-    def kill_broker() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            for stage_file in tiny_suite.glob("runs/*/raw/*/stage.json"):
-                broker = json.loads((stage_file.parents[2] / "broker.json").read_text())
-                window = json.loads(stage_file.read_text())["windows"]
-                if time.time() >= window["measure_start"] + 1:
-                    os.kill(broker["pid"], signal.SIGKILL)
-                    killed.update(pid=broker["pid"], stage=stage_file.parent.name)
-                    return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_broker)
+    killer = threading.Thread(target=_kill_in_windows, args=(tiny_suite, victims, killed))
     killer.start()
     lines: list[str] = []
-    outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory, say=lines.append)
+    outcome = run_pipeline(load_settings(), suite="faults", inventory=inventory,
+                           say=lines.append)
     killer.join()
-    assert killed.get("stage") == "tiny_fanin.q0.c100.r100", killed
+    assert set(killed) == {first, second}, killed
 
     store = Store(load_settings().database_url())
     run = store.run(outcome.run_id)
-    assert outcome.status == "failed" and run["status"] == "failed"
-    gone = f"the broker died (pid {killed['pid']} on localhost gone at "
-    assert run["excluded_reason"].startswith(f"run failed: {killed['stage']}: {gone}")
+    run_dir = Path(run["artifact_dir"])
+    died = "driver localhost/0 died (signal 9, SIGKILL)"
+    gone = f"the broker died (pid {killed[second]['pid']} on localhost gone at "
+    assert outcome.status == "failed" and run["status"] == "failed" and run["excluded"]
+    assert run["excluded_reason"].startswith(f"run failed: {first}: {died}; {second}: {gone}")
     assert run["excluded_reason"].endswith("; 1 stages left skipped")
+    assert any(line.strip() == died for line in lines), lines
     assert any(line.startswith(gone) and line.endswith(": 1 stages left skipped")
                for line in lines), lines
-    run_dir = Path(run["artifact_dir"])
-    assert not (run_dir / "raw" / "tiny_fanin.q1.c100.r100").exists()  # never started
-    (stage,) = store.stages(outcome.run_id)
-    assert stage["validity"] == "invalid"
-    assert stage["reason"].startswith(f"stopped early: {gone}"), stage["reason"]
+
+    # the driver: its exit code, and every second it measured before it died
+    recorded = json.loads((run_dir / "raw" / first / "drivers_failed.json").read_text())
+    assert recorded["exit_codes"] == {"localhost/0": 137, "localhost/1": 0}
+    out = run_dir / "raw" / first / "localhost"
+    assert not (out / "0" / "summary.json").exists() and (out / "1" / "summary.json").exists()
+    with open(out / "0" / "counters.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    at, window = killed[first]["at"], killed[first]["window"]
+    measured = [r for r in rows if window["measure_start"] <= int(r["second"]) < at]
+    assert measured and all(int(r["published"]) > 0 for r in measured), rows
+    assert int(rows[-1]["second"]) >= int(at) - 3  # appended up to ~2 s before it died
+
+    # the broker: that stage stopped and said when, the one after it never started
+    assert not (run_dir / "raw" / third).exists()
+    stages = {s["stage_id"]: s for s in store.stages(outcome.run_id)}
+    assert set(stages) == {first, second}
+    assert stages[first]["validity"] == "invalid" and stages[first]["reason"].startswith(died)
+    assert stages[second]["validity"] == "invalid"
+    assert stages[second]["reason"].startswith(f"stopped early: {gone}"), stages[second]
     assert json.loads((run_dir / "broker.json").read_text())["stopped"]  # teardown ran
-    message = json.loads((run_dir / "slack_message.json").read_text())
-    assert gone in json.dumps(message["invalid"]), message
+
+    told = json.dumps(json.loads((run_dir / "slack_message.json").read_text())["invalid"])
+    assert died in told and gone in told, told
+
+
+def test_two_runs_at_once_take_turns_on_the_lab(tmp_path: Path, tiny_suite: Path, broker):
+    """Fault: two runs on one inventory start their stages in the same second (two
+    `perfpipe step stages`, or a CLI run beside an Airflow one)."""
+    from tasks.steps import Call, execute
+
+    suite = _one_stage_suite(tiny_suite)
+    for i in range(2):
+        (tmp_path / str(i)).mkdir()
+    runs = [unmanaged_run(tmp_path / str(i), broker.port, suite) for i in range(2)]
+    said: list[list[str]] = [[], []]
+    both = [threading.Thread(target=execute, args=("stages", ctx, Call(say=said[i].append)))
+            for i, ctx in enumerate(runs)]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+
+    windows = []
+    for ctx in runs:
+        assert ctx.finished("stages")
+        (stage_file,) = (ctx.run_dir / "raw").glob("*/stage.json")
+        window = json.loads(stage_file.read_text())["windows"]
+        windows.append((window["start"], window["end"]))
+    (_, first_end), (second_start, _) = sorted(windows)
+    assert first_end <= second_start, f"the two runs measured at once: {windows}"
+    waited = [line for lines in said for line in lines if line.startswith("waiting for the lab ")]
+    assert len(waited) == 1 and "taken by run " in waited[0] and "step stages" in waited[0], said
+
+
+HOLD_THE_LAB = """
+import sys, time
+from pathlib import Path
+from tasks.locks import held
+with held(Path(sys.argv[1]), {"run": "other-run", "step": "stages"}, wait_s=0):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_cli_run_that_cannot_get_the_lab_says_who_has_it_and_leaves_no_run(
+        tmp_path: Path, tiny_suite: Path, monkeypatch):
+    """Fault: a CLI run starts while another process holds the lab past the wait."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from tasks.locks import LockBusy
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    monkeypatch.setenv("PERFPIPE_LAB_WAIT_S", "1")
+    settings = load_settings()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("name: shared\nhosts: [{name: localhost, transport: local, "
+                         "roles: [driver]}]\nbroker: {kind: mosquitto, managed: false, "
+                         "address: 127.0.0.1, port: 1}\n")
+    holder = subprocess.Popen(  # another process on the same lab, holding it
+        [sys.executable, "-c", HOLD_THE_LAB,
+         str(settings.state_dir / "locks" / "lab-shared.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said: list[str] = []
+        with pytest.raises(LockBusy, match="taken by run other-run, step stages, since "):
+            run_pipeline(settings, suite="tiny", inventory=inventory, say=said.append)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert said and said[0].startswith("waiting for the lab 'shared': taken by run other-run")
+    assert not settings.runs_dir.exists() or not any(settings.runs_dir.iterdir())

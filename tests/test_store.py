@@ -6,6 +6,7 @@ import hashlib
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -483,3 +484,18 @@ def test_the_results_db_can_come_from_an_airflow_connection(pg_server, monkeypat
     monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps({"conn_type": "http", "host": "x"}))
     with pytest.raises(ValueError, match="make it a postgres Connection"):
         load_settings().database_url()
+
+
+def test_runs_migrating_a_new_sqlite_file_at_once_all_succeed(tmp_path):
+    """Fault: the first night's runs (six of them here) migrate one new SQLite file at once."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    script = f"from sql import Store; Store({url!r}).migrate()"
+    procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parent.parent) for _ in range(6)]
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 6, errors
+    Store(url).create_run("r", kind="manual", suite="s", broker_kind="mosquitto",
+                          artifact_dir=str(tmp_path))

@@ -13,12 +13,14 @@ parsed, and a step's module is imported only when the step runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..run_context import RunContext
+    from ..settings import Settings
 
 
 @dataclass(frozen=True)
@@ -27,21 +29,22 @@ class Step:
     doc: str  # one line: what it does
     per_host: bool = False  # runs once per inventory host (a mapped DAG task)
     retry: bool = False  # safe to retry with backoff; a measurement never is
-    lab: bool = False  # loads the lab hosts: holds the lab pool (one measurement at a time)
+    lab: bool = False  # loads the lab hosts or this machine: one such step at a time, for
+    # every run on the inventory (the lab lock, `lab_lock`; under Airflow also its pool)
     always: bool = False  # runs whatever happened before it
 
 
 STEPS: tuple[Step, ...] = (
     Step("plan", "validate suite + inventory, expand stages, create the run"),
     Step("provision", "check each host, ship the driver, record its fingerprint",
-         per_host=True, retry=True),
+         per_host=True, retry=True, lab=True),
     Step("tune", "apply or check the tuning profile, read it back, record it",
-         per_host=True, retry=True),
+         per_host=True, retry=True, lab=True),
     Step("broker", "start the broker under test (or check the running one)", lab=True),
     Step("stages", "every stage in plan order: drivers, barrier, common start, warm-up, "
          "measure window", lab=True),
-    Step("collect", "fetch raw driver files with checksums", retry=True),
-    Step("aggregate", "spark-submit spark/aggregate.py over the raw files"),
+    Step("collect", "fetch raw driver files with checksums", retry=True, lab=True),
+    Step("aggregate", "spark-submit spark/aggregate.py over the raw files", lab=True),
     Step("load_metrics", "the Spark job's per-stage metrics and validity into SQL"),
     Step("compare", "verdicts per stage and metric against history"),
     Step("report", "write the HTML report"),
@@ -83,9 +86,24 @@ def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
                          f"{[h.name for h in ctx.inventory.hosts]} (--host)")
     if not found.always:
         _refuse_closed(ctx, found.name)
-    result = import_module(f"{__name__}.{name}").run(ctx, call)
+    holder = {"run": ctx.run_id, "step": found.name}
+    with lab_lock(ctx.settings, ctx.inventory.name, holder, call.say) if found.lab \
+            else nullcontext():
+        result = import_module(f"{__name__}.{name}").run(ctx, call)
     ctx.mark_finished(name, call.host)
     return result
+
+
+def lab_lock(settings: Settings, inventory: str, holder: dict[str, str],
+             say: Callable[[str], None]) -> AbstractContextManager[None]:
+    """One step that loads the lab at a time, whichever run, CLI or Airflow, asks: two
+    runs' windows never overlap and one's Spark job never runs inside another's window
+    (`tasks.locks`; one lock per inventory name, in the state folder). A CLI run holds it
+    from before its plan to its teardown; its steps, in the same thread, then pass."""
+    from ..locks import held
+
+    return held(settings.state_dir / "locks" / f"lab-{inventory}.lock", holder,
+                wait_s=settings.lab_wait_s, say=say, what=f"the lab {inventory!r}")
 
 
 def _refuse_closed(ctx: RunContext, name: str) -> None:

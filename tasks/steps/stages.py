@@ -136,7 +136,8 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
     for proc in pending:  # overran its bound: stop it, the partial files say the rest
         proc.host.kill_group(proc.group_pid)
         codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
-    return codes, stopped
+    # a broker that died in the window's last seconds is the stage's first reason too
+    return codes, stopped or broker_gone()
 
 
 @dataclass(frozen=True)
