@@ -14,6 +14,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,11 @@ import invoke
 
 from .child_env import child_env
 from .settings import REPO_ROOT
+
+# An SSH link that stops answering is given up after about this long (keepalives every
+# SSH_KEEPALIVE_S make sure bytes are in flight, so the kernel's deadline applies).
+SSH_KEEPALIVE_S = 5
+SSH_DEAD_AFTER_S = 15.0
 
 
 def died(code: int) -> str | None:
@@ -100,6 +106,10 @@ class Host:
         """A transport failure (unreachable, refused key) as one clear line, or None."""
         return None
 
+    def _lost(self) -> HostError | None:
+        """The connection died under the last command (a link down), or None."""
+        return None
+
     def run(self, argv: Sequence[str] | str, *, check: bool = True,
             timeout: float | None = None) -> CommandResult:
         """Run a command (an argv list is quoted; a string is passed as written)."""
@@ -110,10 +120,13 @@ class Host:
         except invoke.exceptions.CommandTimedOut:
             raise HostError(f"{self.name}: timed out after {timeout}s: {line[:120]}") from None
         except Exception as exc:  # transport errors differ by library; map the known ones
-            mapped = self._connection_error(exc)
+            mapped = self._lost() or self._connection_error(exc)
             if mapped is None:
                 raise
             raise mapped from None
+        lost = self._lost()
+        if lost is not None:  # the command's end was never seen: its exit code means nothing
+            raise lost
         out = CommandResult(result.stdout, result.stderr, result.exited)
         if check and not out.ok:
             first = (out.stderr or out.stdout).strip().splitlines()[:1]
@@ -290,6 +303,7 @@ class SshHost(Host):
         self.python = python
         self.code_root = code_root
         self.work_root = work_root
+        self._connected = False  # a connection was made and its deadlines set
         self._connection = fabric.Connection(
             address, user=user, port=port, connect_kwargs=connect_kwargs,
             connect_timeout=connect_timeout,
@@ -298,7 +312,35 @@ class SshHost(Host):
     supports_login = True
 
     def _runner(self):
+        if not self._connection.is_connected:
+            self._connected = False
+            self._connection.open()
+            self._deadlines()
+            self._connected = True
         return self._connection
+
+    def _deadlines(self) -> None:
+        """A link that stops answering is an error within about `SSH_DEAD_AFTER_S`, not a
+        wait without end: SSH keepalives every `SSH_KEEPALIVE_S` put unanswered bytes on
+        the wire, and the kernel gives the connection up when bytes stay unanswered that
+        long (TCP_USER_TIMEOUT); every channel on it then ends, and `_lost` says why."""
+        transport = self._connection.transport
+        transport.set_keepalive(SSH_KEEPALIVE_S)
+        sock = transport.sock
+        if isinstance(sock, socket.socket):  # not through a gateway's channel
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                int(SSH_DEAD_AFTER_S * 1000))
+
+    def _lost(self) -> HostError | None:
+        transport = self._connection.transport
+        if not self._connected or transport is None or transport.is_active():
+            return None  # never connected (`_connection_error` says why) or still there
+        self._connected = False
+        self._connection.close()  # the next command connects anew (or says unreachable)
+        return HostError(f"{self.name}: connection to {self.user}@{self.address} lost: no "
+                         f"answer for {SSH_DEAD_AFTER_S:.0f} s")
 
     def fresh(self) -> SshHost:
         return SshHost(**self._args)
@@ -316,8 +358,7 @@ class SshHost(Host):
 
     def interactive(self, argv: Sequence[str]) -> Interactive:
         try:
-            self._connection.open()
-            stdin, stdout, _ = self._connection.client.exec_command(command_line(argv))
+            stdin, stdout, _ = self._runner().client.exec_command(command_line(argv))
         except Exception as exc:
             raise self._connection_error(exc) or exc from None
 
@@ -333,14 +374,14 @@ class SshHost(Host):
 
     def put(self, local: Path, remote: str) -> None:
         try:
-            self._connection.put(str(local), remote)
+            self._runner().put(str(local), remote)
         except Exception as exc:
             raise self._connection_error(exc) or exc from None
 
     def get(self, remote: str, local: Path) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._connection.get(remote, str(local))
+            self._runner().get(remote, str(local))
         except Exception as exc:
             raise self._connection_error(exc) or exc from None
 

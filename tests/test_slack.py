@@ -147,6 +147,23 @@ def test_a_429_is_retried_after_its_retry_after(nights: Nights) -> None:
     assert nights.store.alerts()[0]["delivered"] is True
 
 
+def test_a_retry_after_beyond_the_cap_is_not_waited_out_and_the_alert_is_kept(
+        nights: Nights) -> None:
+    import time
+
+    from tasks.notify.slack import RETRY_AFTER_CAP_S
+
+    run_id = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.slack.fail_next(429, retry_after=3600)
+    began = time.monotonic()
+    outcome = nights.alert(run_id)
+    assert time.monotonic() - began < RETRY_AFTER_CAP_S  # not the hour Slack asked for
+    assert (outcome["posted"], outcome["kept"]) == (False, 1)
+    written = json.loads((nights.settings.run_dir(run_id) / "slack_message.json").read_text())
+    assert "ratelimited" in written["error"] and "HTTP 429" in written["error"]
+    assert len(nights.slack.calls) == 1 and nights.store.alerts()[0]["delivered"] is False
+
+
 def test_an_alert_slack_refused_is_kept_and_sent_with_the_next_run(nights: Nights) -> None:
     first = nights.run({"fanin.q1.c100": [RATE_DROP]})
     for _ in range(3):  # the first try and both server-error retries

@@ -6,7 +6,8 @@ from slack_sdk import WebClient
 from slack_sdk.http_retry import RetryHandler
 
 
-def connection_client(conn_id: str, retry_handlers: list[RetryHandler]) -> WebClient | None:
+def connection_client(conn_id: str, retry_handlers: list[RetryHandler],
+                      timeout: int) -> WebClient | None:
     """The WebClient of an Airflow Slack Connection, or None when it is not defined or has
     no token (a deployment may define it with an empty token to mean "files only")."""
     from airflow.exceptions import AirflowNotFoundException
@@ -18,4 +19,5 @@ def connection_client(conn_id: str, retry_handlers: list[RetryHandler]) -> WebCl
             return None
     except AirflowNotFoundException:
         return None
-    return SlackHook(slack_conn_id=conn_id, retry_handlers=retry_handlers).client
+    return SlackHook(slack_conn_id=conn_id, retry_handlers=retry_handlers,
+                     timeout=timeout).client

@@ -8,14 +8,16 @@ the message to a file instead. The token stays inside the client: it is never lo
 written or returned, and errors carry only Slack's error code.
 
 Rate limits (429 with Retry-After) and server errors are retried by slack-sdk's own retry
-handlers; what still fails raises `SlackError`.
+handlers, a rate limit only when Slack asks to wait at most `RETRY_AFTER_CAP_S` (a longer
+wait would hold the run; its alerts are kept for the next one instead), and every call
+gives up after `CALL_TIMEOUT_S`; what still fails raises `SlackError`.
 """
 
 from __future__ import annotations
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
-from slack_sdk.http_retry import RetryHandler
+from slack_sdk.http_retry import HttpRequest, HttpResponse, RetryHandler, RetryState
 from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
     RateLimitErrorRetryHandler,
@@ -29,8 +31,31 @@ class SlackError(RuntimeError):
     """Slack could not be reached or refused the call; names the Slack error, never the token."""
 
 
+RETRY_AFTER_CAP_S = 30  # a rate limit asking for a longer wait is not waited out
+CALL_TIMEOUT_S = 15  # one HTTP call to Slack
+
+
+class CappedRateLimitRetry(RateLimitErrorRetryHandler):
+    """slack-sdk's rate-limit retry, but only for a Retry-After of at most `cap_s`."""
+
+    def __init__(self, max_retry_count: int = 3, cap_s: float = RETRY_AFTER_CAP_S) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self.cap_s = cap_s
+
+    def _can_retry(self, *, state: RetryState, request: HttpRequest,
+                   response: HttpResponse | None = None, error: Exception | None = None) -> bool:
+        if not super()._can_retry(state=state, request=request, response=response, error=error):
+            return False
+        asked = next((values[0] for name, values in response.headers.items()
+                      if name.lower() == "retry-after"), "1")
+        try:
+            return float(asked) <= self.cap_s
+        except ValueError:
+            return False
+
+
 def retry_handlers() -> list[RetryHandler]:
-    return [RateLimitErrorRetryHandler(max_retry_count=3), ServerErrorRetryHandler(max_retry_count=2),
+    return [CappedRateLimitRetry(max_retry_count=3), ServerErrorRetryHandler(max_retry_count=2),
             ConnectionErrorRetryHandler(max_retry_count=2)]
 
 
@@ -69,7 +94,7 @@ class SlackNotifier:
 
 def token_client(token: str, base_url: str | None = None) -> WebClient:
     return WebClient(token=token, base_url=base_url or WebClient.BASE_URL,
-                     retry_handlers=retry_handlers())
+                     timeout=CALL_TIMEOUT_S, retry_handlers=retry_handlers())
 
 
 def notifier_for(settings: Settings, *, airflow: bool = False) -> SlackNotifier:
@@ -79,7 +104,7 @@ def notifier_for(settings: Settings, *, airflow: bool = False) -> SlackNotifier:
     if airflow:
         from ..airflow_glue.slack import connection_client
 
-        client = connection_client(settings.slack_conn_id, retry_handlers())
+        client = connection_client(settings.slack_conn_id, retry_handlers(), CALL_TIMEOUT_S)
     if client is None and settings.slack_token is not None:
         client = token_client(settings.slack_token.get_secret_value(), settings.slack_base_url)
     return SlackNotifier(client, settings.slack_channel)

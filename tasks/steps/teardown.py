@@ -4,29 +4,45 @@ close the run with its status.
 The status comes from the steps that finished (`tasks.steps.STEPS`, each marked in the run
 folder when it finished): a run in which any step before teardown did not finish, for
 every host where it runs per host, or in which a driver process or the broker died
-mid-stage, is `failed`; one whose stages were all invalid is `invalid`. Neither ever feeds a baseline.
+mid-stage, or whose teardown could not stop or restore something, is `failed`; one whose
+stages were all invalid is `invalid`. Neither ever feeds a baseline.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TypeVar
 
 from .. import rundir
+from ..hosts import HostError
 from ..run_context import RunContext
 from . import STEPS, Call
 from .broker import stop_broker
 from .load_metrics import stage_failures
 from .tune import restore_run_tuning
 
+T = TypeVar("T")
 
-def stop_drivers(ctx: RunContext) -> int:
-    stopped = 0
+
+def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
+    """Stop every driver process group of the run still alive; a host that cannot be
+    reached is noted in `problems` (once) and the others are still stopped."""
+    stopped, unreachable = 0, set()
     for path in sorted((ctx.run_dir / rundir.PROCESSES_DIR).glob("*.json")):
         for proc in json.loads(path.read_text())["processes"]:
+            if proc["host"] in unreachable:
+                continue
             host = ctx.host(proc["host"])
-            if host.alive(proc["group_pid"]):
-                host.kill_group(proc["group_pid"])
-                stopped += 1
+            try:
+                if host.alive(proc["group_pid"]):
+                    host.kill_group(proc["group_pid"])
+                    stopped += 1
+            except HostError as exc:
+                if problems is None:
+                    raise
+                unreachable.add(proc["host"])
+                problems.append(f"drivers on {proc['host']} not stopped: {exc}")
     return stopped
 
 
@@ -61,10 +77,26 @@ def final_status(ctx: RunContext) -> tuple[str, str | None]:
 
 
 def run(ctx: RunContext, call: Call) -> dict:
-    stopped = stop_drivers(ctx)
-    broker = stop_broker(ctx)
-    restored = restore_run_tuning(ctx)
+    """Each part runs whatever the one before it met (a host out of reach, a broker that
+    will not stop); what a part could not do is said, and makes the run `failed`."""
+    problems: list[str] = []
+    stopped = stop_drivers(ctx, problems)
+    broker = _guarded(problems, "broker not stopped", lambda: stop_broker(ctx))
+    restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx))
+    for line in problems:
+        call.say(f"teardown: {line}")
     status, reason = final_status(ctx)
+    if problems:
+        status, reason = "failed", "; ".join(
+            ([reason] if reason else ["run failed"]) + [f"teardown: {p}" for p in problems])
     ctx.store().finish_run(ctx.run_id, status, excluded=status != "ok", reason=reason)
     return {"status": status, "drivers_stopped": stopped, "broker": broker,
-            "tuning_restored": restored}
+            "tuning_restored": restored, "problems": problems}
+
+
+def _guarded(problems: list[str], what: str, part: Callable[[], T]) -> T | None:
+    try:
+        return part()
+    except Exception as exc:  # noqa: BLE001 (any failure of a part is said; the rest still run)
+        problems.append(f"{what}: {type(exc).__name__}: {exc}")
+        return None
