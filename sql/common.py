@@ -16,6 +16,10 @@ class StoreError(Exception):
     """A results-store call that cannot be honoured. Messages never carry the DB password."""
 
 
+class StoreUnavailable(StoreError):
+    """The database could not be reached, or stayed locked, for as long as it was waited for."""
+
+
 def check(field: str, value: str, allowed: tuple[str, ...] | None = None) -> str:
     """`value` if it is one of the allowed values of `field` ("table.column"), else StoreError."""
     allowed = allowed or ALLOWED[field]

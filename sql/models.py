@@ -105,6 +105,8 @@ class Run(Base):
     excluded: Mapped[bool] = mapped_column(default=False)
     # Why the run is excluded or did not finish ok: it never feeds a baseline.
     excluded_reason: Mapped[str | None]
+    # What went wrong in a run that still measured well (Slack not told): shown, not excluded.
+    warning: Mapped[str | None]
     started_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     finished_at: Mapped[datetime | None]
 

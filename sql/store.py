@@ -7,6 +7,8 @@ SQLite (the embedded default) and PostgreSQL (production) are supported.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -18,7 +20,7 @@ from alembic.config import Config
 from alembic.util import CommandError
 from sqlalchemy import create_engine, delete, event, insert, select, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks import metrics as metric_defs
@@ -28,6 +30,7 @@ from tasks.locks import held
 from . import alerts, queries
 from .common import (
     StoreError,
+    StoreUnavailable,
     check,
     finite,
     json_safe,
@@ -51,6 +54,27 @@ from .models import (
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _MIGRATE_LOCK = 0x70657266  # pg advisory lock key: concurrent migrate() calls take turns
 _FINISHED = tuple(s for s in metric_defs.RUN_STATUSES if s != "running")
+log = logging.getLogger(__name__)
+
+DB_RETRY_S = 60.0  # a database that cannot be reached is tried again for this long
+CONNECT_TIMEOUT_S = 10  # one connection attempt to PostgreSQL
+# PostgreSQL connections that stop answering mid-query end within ~15 s (libpq options)
+_PG_DEADLINES = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 5,
+                 "keepalives_interval": 5, "keepalives_count": 2, "tcp_user_timeout": 15000}
+
+
+# A server that answered a connection with one of these is busy, not refusing: try again.
+_BUSY = ("is starting up", "is shutting down", "in recovery mode", "too many clients",
+         "remaining connection slots")
+
+
+def _unreachable(exc: Exception) -> bool:
+    """A connection that failed because the server is away (no answer, refused, starting
+    up or shutting down), not because it said no (authentication, unknown database: the
+    server's FATAL answer). psycopg gives no SQLSTATE for connection errors, so the
+    message tells."""
+    message = str(exc)
+    return "FATAL:" not in message or any(busy in message for busy in _BUSY)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -64,9 +88,14 @@ class Store:
 
     Call `migrate()` once before use. Errors are StoreError, whose messages show the URL
     only through `url_for_display` (password masked).
+
+    A database that is down or locked is waited for, up to `retry_s`: a PostgreSQL
+    connection is tried again (connecting changes nothing, so it is always safe to retry;
+    every write being idempotent, a step retried after a failure is safe too), and a
+    locked SQLite file is waited on by SQLite itself for as long.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, retry_s: float = DB_RETRY_S) -> None:
         try:
             parsed = make_url(url)
         except SQLAlchemyError:
@@ -79,18 +108,47 @@ class Store:
         if backend not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported database {self.url_for_display}: "
                              "use sqlite or postgresql")
-        kwargs: dict[str, Any] = {}
+        self._retry_s = retry_s
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}  # a restarted server: reconnect
         if backend == "sqlite":
-            kwargs["connect_args"] = {"timeout": 30}  # mapped tasks write concurrently
+            kwargs["connect_args"] = {"timeout": retry_s}  # waits out a writer's lock
             if parsed.database and parsed.database != ":memory:":
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        else:
+            kwargs["connect_args"] = dict(_PG_DEADLINES)
         try:
             self._engine = create_engine(parsed, **kwargs)
         except SQLAlchemyError as exc:
             raise StoreError(f"cannot use database {self.url_for_display}: {exc}") from None
         if backend == "sqlite":
             event.listen(self._engine, "connect", _sqlite_pragmas)
+        else:
+            event.listen(self._engine, "do_connect", self._connect_retrying)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+
+    def _connect_retrying(self, dialect: Any, _record: Any, cargs: tuple,
+                          cparams: dict) -> Any:
+        """Connect, trying again with growing pauses while the server cannot be reached;
+        past `retry_s`, one line that says how long it was tried."""
+        started, pause, tries = time.monotonic(), 0.5, 0
+        while True:
+            tries += 1
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as exc:
+                if not _unreachable(exc):
+                    raise  # e.g. a wrong password: no wait makes it right
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                waited = time.monotonic() - started
+                if waited + pause > self._retry_s:
+                    raise StoreUnavailable(
+                        f"database {self.url_for_display} unreachable: {first} (tried "
+                        f"{tries} times in {waited:.0f} s; PERFPIPE_DB_RETRY_S sets how "
+                        "long)") from None
+                log.warning("database %s unreachable (%s): trying again in %.1f s",
+                            self.url_for_display, first, pause)
+                time.sleep(pause)
+                pause = min(2 * pause, 8.0)
 
     @property
     def url_for_display(self) -> str:
@@ -105,7 +163,13 @@ class Store:
     def _error(self, exc: SQLAlchemyError) -> StoreError:
         detail = exc.orig if isinstance(exc, DBAPIError) else exc
         first = str(detail).strip().splitlines()[0] if str(detail).strip() else type(detail).__name__
-        return StoreError(f"database error on {self.url_for_display}: {first}")
+        message = f"database error on {self.url_for_display}: {first}"
+        if "database is locked" in first:  # SQLite waited `retry_s` for another writer
+            return StoreUnavailable(f"{message} (waited {self._retry_s:.0f} s; "
+                                    "PERFPIPE_DB_RETRY_S sets how long)")
+        if isinstance(exc, OperationalError):  # e.g. the connection lost mid-query
+            return StoreUnavailable(message)
+        return StoreError(message)
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -168,13 +232,15 @@ class Store:
             self._run(s, run_id).broker_version = version
 
     def finish_run(self, run_id: str, status: str, *, excluded: bool = False,
-                   reason: str | None = None) -> None:
+                   reason: str | None = None, warning: str | None = None) -> None:
         """Close the run. `reason` (kept in excluded_reason) says why it is excluded or not
-        ok. finished_at is set once, so a retry does not move it."""
+        ok; `warning`, what went wrong that leaves its results good. finished_at is set
+        once, so a retry does not move it."""
         check("runs.status", status, _FINISHED)
         with self._tx() as s:
             run = self._run(s, run_id)
             run.status, run.excluded, run.excluded_reason = status, excluded, reason
+            run.warning = warning
             run.finished_at = run.finished_at or utcnow()
 
     def run(self, run_id: str) -> dict[str, Any] | None:

@@ -83,7 +83,7 @@ def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int
     elif alert_id <= 0:
         raise ValueError(f"{action} needs alert_id (see `perfpipe alerts list`)")
     said: list[str] = []
-    store = Store(load_settings().database_url())
+    store = load_settings().store()
     try:
         store.migrate()
         if action == "promote":

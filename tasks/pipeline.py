@@ -26,6 +26,7 @@ class RunOutcome:
     status: str
     report: str | None
     message: str | None
+    warning: str | None = None  # the run ended well but Slack was not told
 
 
 def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Path | None = None,
@@ -39,9 +40,11 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
         results: dict[str, object] = {}
         _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
     closed = results["teardown"]
-    show_run(ctx.store(), run_id, say)
+    if closed["stored"]:  # else teardown said why and how to store it later
+        show_run(ctx.store(), run_id, say)
     alert = results.get("alert") or {}
-    return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"))
+    return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"),
+                      closed["warning"])
 
 
 def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],

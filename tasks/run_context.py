@@ -76,7 +76,7 @@ class RunContext:
         return f"{host.work_root}/{self.run_id}"
 
     def store(self) -> Store:
-        return Store(self.settings.database_url())
+        return self.settings.store()
 
     def broker(self) -> dict:
         path = self.run_dir / rundir.BROKER

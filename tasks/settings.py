@@ -6,9 +6,13 @@ Read when a step runs, never at import time (an Airflow DAG file imports this pa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from sql import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +38,7 @@ class Settings(BaseSettings):
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
     nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
     lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
+    db_retry_s: float = 60.0  # how long a database that is down or locked is waited for
 
     @property
     def runs_dir(self) -> Path:
@@ -41,6 +46,13 @@ class Settings(BaseSettings):
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
+
+    def store(self) -> Store:
+        """The results store, waiting for a database that is down or locked up to
+        `db_retry_s`."""
+        from sql import Store
+
+        return Store(self.database_url(), retry_s=self.db_retry_s)
 
     def database_url(self) -> str:
         if self.db_url is not None:

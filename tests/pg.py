@@ -4,6 +4,9 @@
     db_url = create_database(url, "t1")      # a fresh, empty database on that server
     stop()                                   # immediate shutdown, data removed
 
+    server = start_server(tmp_dir)           # the same, as a `Server` that can also go
+    server.down(); server.up()               # down and come back (a database outage)
+
 The server listens on 127.0.0.1 on a free port (unix socket in its own directory), with
 password (scram) authentication for TCP, fsync off. PostgreSQL refuses to run as root, so
 under root initdb/pg_ctl run as the existing `postgres` system user (never created here),
@@ -21,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -50,7 +54,43 @@ def _free_port() -> int:
 
 
 def start_postgres(tmpdir: Path | str) -> tuple[str, Callable[[], None]]:
-    """Start a server; return (SQLAlchemy URL of its `postgres` database, stop function).
+    """Start a server; return (SQLAlchemy URL of its `postgres` database, stop function)."""
+    server = start_server(tmpdir)
+    return server.url, server.stop
+
+
+@dataclass
+class Server:
+    """A running test server: `down()` stops it keeping its data (a database outage),
+    `up()` starts it again on the same port, `stop()` ends it for good."""
+
+    url: str
+    pg_ctl: Callable[..., None]
+    data: Path
+    options: str
+    base: Path
+
+    running: bool = True
+
+    def down(self) -> None:
+        self.pg_ctl("-D", str(self.data), "-m", "fast", "-w", "stop")
+        self.running = False
+
+    def up(self) -> None:
+        self.pg_ctl("-D", str(self.data), "-l", str(self.base / "server.log"), "-o",
+                    self.options, "-w", "-t", "60", "start")
+        self.running = True
+
+    def stop(self) -> None:
+        try:
+            if self.running:
+                self.pg_ctl("-D", str(self.data), "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+def start_server(tmpdir: Path | str) -> Server:
+    """Start a server (see the module's docstring).
 
     `tmpdir` holds the server when we are not root; as root the server gets its own
     directory under the system temp dir (pytest's are private to root). Raises
@@ -108,13 +148,8 @@ def start_postgres(tmpdir: Path | str) -> tuple[str, Callable[[], None]]:
         shutil.rmtree(base, ignore_errors=True)
         raise
 
-    def stop() -> None:
-        try:
-            run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
-
-    return f"postgresql+psycopg://{USER}:{password}@127.0.0.1:{port}/postgres", stop
+    return Server(f"postgresql+psycopg://{USER}:{password}@127.0.0.1:{port}/postgres",
+                  lambda *args: run(str(bindir / "pg_ctl"), *args), data, opts, base)
 
 
 def create_database(server_url: str, name: str) -> str:

@@ -3,13 +3,17 @@
 It records every request (method, headers, parsed body) and answers like Slack:
 `chat.postMessage` returns a new `ts` (and the thread's), `chat.update` echoes the `ts`.
 `fail_next(status, retry_after)` makes the next call answer 429 (with Retry-After) or a
-5xx, to exercise slack-sdk's retry handlers. Bound to 127.0.0.1 on a free port.
+5xx, to exercise slack-sdk's retry handlers; `refused` set to an error code (e.g.
+"invalid_auth") makes every call answer it, as Slack does (HTTP 200, ok false);
+`on_call(method)`, when set, runs before each
+answer (to inject a fault at that moment). Bound to 127.0.0.1 on a free port.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
@@ -28,6 +32,8 @@ class FakeSlack:
     failures: list[tuple[int, int | None]] = field(default_factory=list)
     next_ts: int = 1000
     server: ThreadingHTTPServer | None = None
+    on_call: Callable[[str], None] | None = None
+    refused: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -41,6 +47,8 @@ class FakeSlack:
         return [c for c in self.calls if c.method == "chat.postMessage"]
 
     def answer(self, method: str, body: dict) -> dict:
+        if self.refused:
+            return {"ok": False, "error": self.refused}
         if method == "chat.postMessage":
             self.next_ts += 1
             return {"ok": True, "channel": body.get("channel", "C1"),
@@ -62,6 +70,8 @@ def _handler(slack: FakeSlack):
             else:
                 body = {k: v[0] for k, v in parse_qs(raw).items()}
             slack.calls.append(Call(method, dict(self.headers), body))
+            if slack.on_call is not None:
+                slack.on_call(method)
             if slack.failures:
                 status, retry_after = slack.failures.pop(0)
                 self.send_response(status)

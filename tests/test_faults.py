@@ -322,3 +322,33 @@ def test_a_cli_run_that_cannot_get_the_lab_says_who_has_it_and_leaves_no_run(
         holder.wait()
     assert said and said[0].startswith("waiting for the lab 'shared': taken by run other-run")
     assert not settings.runs_dir.exists() or not any(settings.runs_dir.iterdir())
+
+
+def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
+        tmp_path: Path, tiny_suite: Path, broker, slack, spark_connect, monkeypatch, capsys):
+    """Fault: Slack refuses every call (`invalid_auth`) during a release run, which always
+    posts its summary. The results are good (the run stays `ok` and feeds baselines), but
+    the run carries the warning, `perfpipe run` exits 5, and the summary is kept."""
+    from sql import Store
+    from tasks.cli import main
+    from tasks.settings import load_settings
+
+    monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", "xoxb-refused")
+    monkeypatch.setenv("PERFPIPE_SLACK_BASE_URL", slack.base_url)
+    slack.refused = "invalid_auth"
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                         "broker: {kind: mosquitto, host: localhost, managed: false, address: "
+                         f"127.0.0.1, port: {broker.port}}}\n")
+    code = main(["run", "--suite", _one_stage_suite(tiny_suite), "--inventory", str(inventory),
+                 "--kind", "release"])
+    said = capsys.readouterr().out
+    assert code == 5, said
+    (run,) = Store(load_settings().database_url()).latest_runs(5)
+    assert run["status"] == "ok" and not run["excluded"]
+    assert run["warning"] == ("Slack not told: Slack refused chat_postMessage: invalid_auth "
+                              "(HTTP 200); 0 alert(s) kept for the next run")
+    assert f"warning: {run['warning']}" in said  # in the run's summary
+    kept = json.loads((Path(run["artifact_dir"]) / "slack_message.json").read_text())
+    assert kept["posted"] is False and kept["text"].startswith("perfpipe release run ")
+    assert [c.method for c in slack.calls] == ["chat.postMessage"]

@@ -11,14 +11,16 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
-from sql import Store
+from sql import Store, StoreUnavailable
 from tasks.notify.slack import SlackNotifier, notifier_for, token_client
 from tasks.notify.watchdog import check_nightly
 from tasks.settings import load_settings
 from tasks.steps.alert import deliver, links_for
 from tasks.steps.compare import record_verdicts
 from tests import slack_server
+from tests.sqlite_lock import start_holding
 
 TOKEN = "xoxb-perfpipe-test-0123456789-SECRET"
 T0 = datetime.now(timezone.utc) - timedelta(days=20)
@@ -197,6 +199,46 @@ def test_release_runs_always_post_a_summary_and_a_retried_step_updates_it(nights
     assert again["posted"] and update.method == "chat.update" and len(nights.slack.posts()) == 1
     written = json.loads((nights.settings.run_dir(run_id) / "slack_message.json").read_text())
     assert update.body["ts"] == written["ts"] and written["ts"]
+
+
+def test_an_alert_step_retried_after_the_database_failed_under_it_never_posts_twice(
+        nights: Nights) -> None:
+    """Fault: the results file is locked by another writer while Slack answers the post,
+    so the alert cannot be marked delivered and the step fails; retried once the lock is
+    gone, it updates the message and the thread reply it posted instead of posting them
+    again."""
+    first = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.alert(first)
+    run_id = nights.run({"fanin.q1.c100": [("delivered_rate", "regression", 2000.0, 1300.0, 2)],
+                         "fanin.q1.c200": [RATE_DROP]})  # a reply, and a new alert's post
+    store = Store(nights.settings.database_url(), retry_s=1)
+    database = make_url(nights.settings.database_url()).database
+    holders: list = []
+
+    def lock_when_slack_answers(method: str) -> None:
+        if not holders:
+            holders.append(start_holding(database, 30))
+    nights.slack.on_call = lock_when_slack_answers
+    run_dir = nights.settings.run_dir(run_id)
+    run_dir.mkdir(parents=True)
+    links = links_for(nights.settings, nights.store.run(run_id), "report.html")
+    try:
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            deliver(store, run_id, nights.notifier(), links, run_dir)
+    finally:
+        nights.slack.on_call = None
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    told = [(c.method, c.body.get("thread_ts")) for c in nights.slack.calls[1:]]
+    assert told and told[0][0] == "chat.postMessage", told
+
+    again = deliver(store, run_id, nights.notifier(), links, run_dir)
+    retried = [(c.method, c.body.get("thread_ts")) for c in nights.slack.calls[1 + len(told):]]
+    assert again["posted"] and again["kept"] == 0
+    assert [m for m, _ in retried] == ["chat.update"] * len(retried), retried
+    assert len(nights.slack.posts()) == 3  # the first night's, tonight's and its reply
+    assert all(a["delivered"] for a in nights.store.alerts())
 
 
 def test_a_release_summary_says_what_each_metric_can_see_and_what_is_too_noisy(

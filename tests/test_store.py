@@ -91,7 +91,7 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() \
-            == ["0001"]
+            == ["0002"]
     engine.dispose()
     store.close()
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from sql import Store
-
 from ..settings import Settings, load_settings
 from .failure import write_message
 from .messages import missing_nightly_message
@@ -28,7 +26,7 @@ def check_nightly(settings: Settings | None = None, *, airflow: bool = False,
     """{"missing", "text"}; alerts when the last nightly is too old. `airflow`: called from
     the watchdog DAG (Slack from its Connection first)."""
     settings = settings or load_settings()
-    store = Store(settings.database_url())
+    store = settings.store()
     store.migrate()
     last = next(iter(store.latest_runs(1, kind="nightly")), None)
     now = now or datetime.now(timezone.utc)

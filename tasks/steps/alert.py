@@ -13,8 +13,9 @@ A nightly posts a message only when it has rows; a release run always posts its 
 a run whose stages were mostly invalid gets a short message of its own.
 
 Everything sent is also written to `slack_message.json` in the run folder (with no Slack
-client that file is the delivery). A retried alert step updates the messages it posted
-(`chat.update`) instead of posting them again. When Slack stays unreachable after the
+client that file is the delivery), each message as soon as Slack took it. A retried alert
+step (after the database failed under it, say) updates the messages and thread replies it
+posted (`chat.update`) instead of posting them again. When Slack stays unreachable after the
 SDK's retries, the alerts stay undelivered and the next run sends them.
 """
 
@@ -132,19 +133,26 @@ class Courier:
 
     def send(self, slot: str, message: dict) -> str | None:
         earlier = (self.sent.get(slot) or {}).get("ts")
+        self.keep(slot, message, earlier)  # kept whatever Slack answers: for the next run
         ts = None
         if self.notifier.enabled:
             ts = self.notifier.update(earlier, message) if earlier else self.notifier.post(message)
         self.keep(slot, message, ts)
+        self.save()  # on disk before anything else can fail: a retried step updates it
         return ts
 
     def keep(self, slot: str, message: dict, ts: str | None = None) -> None:
         self.record[slot] = {**message, "ts": ts}
 
     def reply(self, thread_ts: str, message: dict) -> None:
+        earlier = next((r.get("ts") for r in self.sent.get("replies", [])
+                        if r["thread_ts"] == thread_ts), None)
+        ts = None
         if self.notifier.enabled:
-            self.notifier.post(message, thread_ts=thread_ts)
-        self.record["replies"].append({**message, "thread_ts": thread_ts})
+            ts = (self.notifier.update(earlier, message) if earlier
+                  else self.notifier.post(message, thread_ts=thread_ts))
+        self.record["replies"].append({**message, "thread_ts": thread_ts, "ts": ts})
+        self.save()
 
     def save(self, **extra) -> str:
         run_message_doc = self.record.get("run") or {}

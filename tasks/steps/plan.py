@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sql import Store
+from sql import StoreError
 
 from .. import rundir
 from ..catalog.inventory import load_inventory
@@ -62,6 +63,9 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
             raise ConfigError(f"{inventory_path}: hosts: {problem}")
     run_id = new_run_id(kind, dag_run_id)
     run_dir = settings.run_dir(run_id)
+    store = settings.store()
+    store.migrate()  # the database is reached before anything is written (no orphan folder)
+    made_here = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {
         "run_id": run_id, "kind": kind, "suite": suite, "release_label": release_label,
@@ -75,11 +79,14 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
     ctx = RunContext(settings, run_id, run_dir, plan)
     if not (run_dir / rundir.PLAN).exists():  # a retried task keeps the first plan
         ctx.write_json(rundir.PLAN, plan)
-    store = Store(settings.database_url())
-    store.migrate()
-    store.create_run(run_id, kind=kind, suite=suite, broker_kind=inv.broker.kind,
-                     artifact_dir=str(run_dir), release_label=release_label,
-                     dag_run_id=dag_run_id)
+    try:
+        store.create_run(run_id, kind=kind, suite=suite, broker_kind=inv.broker.kind,
+                         artifact_dir=str(run_dir), release_label=release_label,
+                         dag_run_id=dag_run_id)
+    except StoreError:
+        if made_here:  # the database went away meanwhile: leave no folder without a run
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     ctx.mark_finished("plan")
     return run_id
 

@@ -63,7 +63,7 @@ def rerender(run_id: str, out: Path | None = None) -> str:
     settings = load_settings()
     run_dir = settings.run_dir(run_id)
     path = out or run_dir / rundir.REPORT
-    html = render_stored(Store(settings.database_url()), run_id,
+    html = render_stored(settings.store(), run_id,
                          run_dir if run_dir.exists() else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html)

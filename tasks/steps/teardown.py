@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable
 from typing import TypeVar
 
+from sql import StoreError
+
 from .. import rundir
 from ..hosts import HostError
 from ..run_context import RunContext
@@ -85,13 +87,43 @@ def run(ctx: RunContext, call: Call) -> dict:
     restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx))
     for line in problems:
         call.say(f"teardown: {line}")
-    status, reason = final_status(ctx)
-    if problems:
-        status, reason = "failed", "; ".join(
-            ([reason] if reason else ["run failed"]) + [f"teardown: {p}" for p in problems])
-    ctx.store().finish_run(ctx.run_id, status, excluded=status != "ok", reason=reason)
-    return {"status": status, "drivers_stopped": stopped, "broker": broker,
-            "tuning_restored": restored, "problems": problems}
+    warning = slack_warning(ctx)
+    if warning:
+        call.say(f"teardown: warning: {warning}")
+    status, stored = _close(ctx, call, problems, warning)
+    return {"status": status, "stored": stored, "warning": warning,
+            "drivers_stopped": stopped, "broker": broker, "tuning_restored": restored,
+            "problems": problems}
+
+
+def slack_warning(ctx: RunContext) -> str | None:
+    """What the alert step could not tell Slack, from what it kept in the run folder: the
+    run's results stay good, but nobody was told (its alerts wait for the next run)."""
+    path = ctx.run_dir / rundir.SLACK_MESSAGE
+    sent = json.loads(path.read_text()) if path.exists() else {}
+    if not sent.get("error"):
+        return None
+    return (f"Slack not told: {sent['error']}; {sent.get('kept', 0)} alert(s) kept for the "
+            "next run")
+
+
+def _close(ctx: RunContext, call: Call, problems: list[str],
+           warning: str | None) -> tuple[str, bool]:
+    """Decide and store the run's status: (status, stored). With the database out of
+    reach the run is `failed` and not stored; teardown says how to store it later (run it
+    again once the database is back: its other parts find nothing left to do)."""
+    try:
+        status, reason = final_status(ctx)
+        if problems:
+            status, reason = "failed", "; ".join(
+                ([reason] if reason else ["run failed"]) + [f"teardown: {p}" for p in problems])
+        ctx.store().finish_run(ctx.run_id, status, excluded=status != "ok", reason=reason,
+                               warning=warning)
+    except StoreError as exc:
+        call.say(f"teardown: the run's status is not stored: {exc}; when the database is "
+                 f"back: perfpipe step teardown {ctx.run_id}")
+        return "failed", False
+    return status, True
 
 
 def _guarded(problems: list[str], what: str, part: Callable[[], T]) -> T | None:

@@ -12,7 +12,8 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
     stages = sorted(stages, key=lambda s: s["params"].get("index", 0))
     lines = [f"\nrun id: {run['run_id']}  ({run['kind']}, suite {run['suite']}, "
-             f"{run['broker_kind']} {run.get('broker_version')}): {run['status']}",
+             f"{run['broker_kind']} {run.get('broker_version')}): {run['status']}"
+             + (f"\nwarning: {run['warning']}" if run.get("warning") else ""),
              "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages))]
     verdicts = verdict_rows(stages)
     judged = [v for v in verdicts if v["verdict"] not in ("no_baseline", "invalid")]
