@@ -59,8 +59,13 @@ def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
                 said = f"{len(result)} done" if isinstance(result, list) else result
                 say(f"{step.name}{' ' + host if host else ''}: {said}")
     except Exception as exc:  # the run is closed as failed below; the trace goes to a file
-        (ctx.run_dir / rundir.ERROR_LOG).write_text(traceback.format_exc())
-        say(f"FAILED: {type(exc).__name__}: {exc}\n(full trace: {ctx.run_dir / rundir.ERROR_LOG})")
+        trace = ctx.run_dir / rundir.ERROR_LOG
+        try:
+            trace.write_text(traceback.format_exc())
+            where = f"full trace: {trace}"
+        except OSError as why:  # e.g. the disk is full
+            where = f"full trace not written: {why}"
+        say(f"FAILED: {type(exc).__name__}: {exc}\n({where})")
     finally:
         for step in STEPS:
             if step.always:

@@ -7,6 +7,7 @@ directory (its layout is `tasks.rundir`) and in the store.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,17 @@ from .catalog.inventory import Inventory, connect
 from .catalog.stages import Stage
 from .hosts import Host
 from .settings import Settings
+
+MIN_FREE_BYTES = 1 << 20  # less room than this left for the run folder: the disk is full
+
+
+def disk_full(path: Path) -> str | None:
+    """Why the disk holding `path` cannot take a run's files any more, or None. What is
+    free is what a user may write (root's reserve left out)."""
+    free = shutil.disk_usage(path).free
+    if free >= MIN_FREE_BYTES:
+        return None
+    return f"the disk of {path} is full ({free:,} bytes free)"
 
 
 @dataclass
@@ -88,9 +100,16 @@ class RunContext:
         path = self.run_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
+        try:
+            tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: leave the file as it was, no stub
+            raise
         tmp.replace(path)
         return path
+
+    def disk_full(self) -> str | None:
+        return disk_full(self.run_dir)
 
     def mark_finished(self, step: str, host: str | None = None) -> None:
         """Record that a step (for one host, if per host) finished."""

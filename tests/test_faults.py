@@ -352,3 +352,45 @@ def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
     kept = json.loads((Path(run["artifact_dir"]) / "slack_message.json").read_text())
     assert kept["posted"] is False and kept["text"].startswith("perfpipe release run ")
     assert [c.method for c in slack.calls] == ["chat.postMessage"]
+
+
+FILL_WHEN_MEASURING = """
+mount -t tmpfs -o size=16M tmpfs "$STATE"
+( until ls "$STATE"/runs/*/raw/*/stage.json >/dev/null 2>&1; do sleep 0.1; done
+  sleep 2; dd if=/dev/zero of="$STATE/filler" bs=1M 2>/dev/null ) &
+exec "$PYTHON" -m tasks.cli run --suite "$SUITE" --inventory "$INVENTORY"
+"""
+
+
+def test_a_disk_that_fills_mid_stage_fails_the_run_saying_so_and_leaves_nothing_running(
+        tmp_path: Path, tiny_suite: Path):
+    """Fault: the run folder's disk (a 16 MiB tmpfs, in a mount namespace of the test's
+    own) fills up a second into the measure window."""
+    import subprocess
+    import sys
+
+    from sql import Store
+    from tasks.settings import REPO_ROOT
+
+    state, db = tmp_path / "small-disk", tmp_path / "results.db"
+    state.mkdir()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver]}]"
+                         "\nbroker: {kind: mosquitto, host: localhost, address: 127.0.0.1}\n")
+    env = {**os.environ, "STATE": str(state), "PYTHON": sys.executable, "INVENTORY": str(inventory),
+           "SUITE": _one_stage_suite(tiny_suite), "PERFPIPE_STATE_DIR": str(state),
+           "PERFPIPE_DB_URL": f"sqlite:///{db}"}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c",
+                           FILL_WHEN_MEASURING], env=env, cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=240, check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said, said
+    assert "stopping the stage: the disk of " in said and " is full (" in said, said
+    (run,) = Store(f"sqlite:///{db}").latest_runs(5)
+    assert run["status"] == "failed" and " is full (" in run["excluded_reason"], run
+    assert Store(f"sqlite:///{db}").stages(run["run_id"]) == []  # nothing half-loaded
+    broker_pid = int(said.split("stopped mosquitto (pid ")[1].split(")")[0])
+    assert not Path(f"/proc/{broker_pid}").exists()
+    left = subprocess.run(["pgrep", "-f", f"tasks.driver.*{run['run_id']}"],
+                          capture_output=True, text=True, check=False)
+    assert left.stdout == "", left.stdout  # no driver left running

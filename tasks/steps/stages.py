@@ -110,10 +110,10 @@ def _progress(launched: list[Launched]) -> list[dict]:
 
 def _wait_done(launched: list[Launched], until: float, *, started: float,
                progress=print, rule: FailFast = FailFast(),
-               broker_gone: Callable[[], str | None] = lambda: None) -> tuple[dict, str | None]:
+               cannot_go_on: Callable[[], str | None] = lambda: None) -> tuple[dict, str | None]:
     """Wait for every process to exit; meanwhile say how the stage goes every few seconds
-    and stop it early when a fail-fast rule is broken or the broker is gone. (exit codes,
-    why it was stopped)."""
+    and stop it early when a fail-fast rule is broken or it `cannot_go_on` (the broker
+    gone, the disk full). (exit codes, why it was stopped)."""
     codes: dict[str, int | None] = {}
     pending = list(launched)
     stopped, said_at = None, time.monotonic()
@@ -127,7 +127,7 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
             said_at = time.monotonic()
             snapshot = _progress(launched)
             progress(progress_line(snapshot, max(0.0, time.time() - started)))
-            if stopped is None and (stopped := broker_gone() or breach(snapshot, rule)):
+            if stopped is None and (stopped := cannot_go_on() or breach(snapshot, rule)):
                 progress(f"    stopping the stage: {stopped}")
                 for proc in pending:
                     proc.host.kill_group(proc.group_pid)  # SIGTERM: partial files are written
@@ -137,7 +137,7 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
         proc.host.kill_group(proc.group_pid)
         codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
     # a broker that died in the window's last seconds is the stage's first reason too
-    return codes, stopped or broker_gone()
+    return codes, stopped or cannot_go_on()
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
                                 progress=progress,
-                                broker_gone=broker_check(ctx, broker, probe_port=False))
+                                cannot_go_on=_stop_check(ctx, broker))
     stopped = refused or stopped
     if stopped:
         ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": stopped})
@@ -350,6 +350,12 @@ def start_clean(ctx: RunContext) -> str | None:
             f"its files moved to {attempt}/ ({', '.join(local + [h.name for h, _ in remote])})")
 
 
+def _stop_check(ctx: RunContext, broker: dict) -> Callable[[], str | None]:
+    """Why a stage cannot go on: the broker gone or the run folder's disk full."""
+    broker_gone = broker_check(ctx, broker, probe_port=False)
+    return lambda: broker_gone() or ctx.disk_full()
+
+
 def broker_check(ctx: RunContext, broker: dict, *,
                  probe_port: bool = True) -> Callable[[], str | None]:
     """A check that says since when and why the broker under test is gone, or None while
@@ -390,6 +396,9 @@ def run(ctx: RunContext, call: Call) -> list[dict]:
         progress(f"starting from clean folders: {cleaned}")
     results = []
     for number, stage in enumerate(ctx.stages, 1):
+        full = ctx.disk_full()
+        if full:  # nothing of the stages left could be kept
+            raise StageError(f"{full}: {len(ctx.stages) - number + 1} stages left not run")
         progress(f"stage {number}/{len(ctx.stages)} {stage.stage_id}: {stage.publishers} pubs, "
                  f"{stage.subscribers} subs, {stage.target_publish_rate:g} msg/s, "
                  f"{stage.duration_s} s")

@@ -114,6 +114,9 @@ def _close(ctx: RunContext, call: Call, problems: list[str],
     again once the database is back: its other parts find nothing left to do)."""
     try:
         status, reason = final_status(ctx)
+        full = ctx.disk_full()
+        if full and status != "ok":  # the likely cause of what did not finish: say it
+            reason = f"{reason}; {full}"
         if problems:
             status, reason = "failed", "; ".join(
                 ([reason] if reason else ["run failed"]) + [f"teardown: {p}" for p in problems])
