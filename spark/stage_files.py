@@ -28,7 +28,8 @@ from tasks.driver.output import (
     STATS_FILE,
     SUMMARY_FILE,
 )
-from tasks.rundir import RAW_DIR
+from tasks.manifest import changed_since
+from tasks.rundir import MANIFEST, RAW_DIR
 from tasks.rundir import SAMPLER as SAMPLER_DIR
 
 CLOCK_OFFSET_LIMIT_S = 0.01
@@ -214,7 +215,20 @@ def load_stage(raw_dir: Path, stage_id: str) -> StageFiles:
     return stage
 
 
+def _check_manifest(stage: StageFiles, run_dir: Path, files: dict[str, dict]) -> None:
+    """The stage's files are what the collect step saw (`tasks.manifest`)."""
+    for line in changed_since(run_dir, files, f"{RAW_DIR}/{stage.stage_id}/"):
+        stage.problem(line, incomplete=True)
+
+
 def discover(run_dir: Path, wanted: list[str] | None) -> list[StageFiles]:
+    """Every stage's files (or the `wanted` ones'), checked against the manifest when the
+    run was collected (a raw folder aggregated by hand may have none)."""
     raw_dir = run_dir / RAW_DIR
     found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
-    return [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
+    manifest = run_dir / MANIFEST
+    files = _read_json(manifest)["files"] if manifest.is_file() else None
+    stages = [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
+    for stage in stages if files is not None else []:
+        _check_manifest(stage, run_dir, files)
+    return stages

@@ -535,3 +535,27 @@ def test_prints_one_timing_line_and_few_logs(run: Run):
         lines = result.stdout.strip().splitlines()
         assert len(lines) == 1 and all(w in lines[0] for w in ("session", "read", "write"))
         assert sum(" INFO " in line for line in result.stderr.splitlines()) < 10
+
+
+def test_a_raw_file_changed_or_gone_after_collect_makes_its_stage_incomplete(tmp_path):
+    """What the Spark job checks before it reads a stage: its files against raw/MANIFEST.json
+    as the collect step wrote it (here: a late write to one CSV, another one deleted)."""
+    from spark.stage_files import discover
+    from tasks.manifest import entry
+
+    raw = tmp_path / "raw"
+    build_stage(raw, "s1_touched", 1)
+    build_stage(raw, "s2_kept", 2)
+    files = {str(p.relative_to(tmp_path)): entry(p) for p in sorted(raw.rglob("*"))
+             if p.is_file()}
+    (raw / "MANIFEST.json").write_text(json.dumps({"files": files, "missing": []}))
+    counters = raw / "s1_touched" / "h1" / "0" / COUNTERS_FILE
+    counters.write_text(counters.read_text() + f"{MEASURE[0]},0,0,0\n")  # a late writer
+    (raw / "s1_touched" / "h2" / "1" / HISTOGRAMS_FILE).unlink()
+    stages = {s.stage_id: s for s in discover(tmp_path, None)}
+    problems = stages["s1_touched"].problem_list()
+    assert stages["s1_touched"].incomplete
+    assert any(p.startswith("raw/s1_touched/h1/0/counters.csv changed since collect (")
+               for p in problems), problems
+    assert "raw/s1_touched/h2/1/histograms.csv is gone since collect" in problems, problems
+    assert not stages["s2_kept"].incomplete, stages["s2_kept"].problem_list()

@@ -2,13 +2,13 @@
 
 Local hosts already wrote into the run directory; each SSH host's part of raw/ comes over
 in one compressed archive (one SFTP transfer, not one per file).
-`raw/MANIFEST.json` lists every file with its size and SHA-256, and every process that
-should have reported but has no summary (the aggregation reports those as missing).
+`raw/MANIFEST.json` lists every file with its size and SHA-256 (`tasks.manifest`: the
+Spark job checks the files against it), and every process that should have reported but
+has no summary (the aggregation reports those as missing).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tarfile
 import tempfile
@@ -16,16 +16,9 @@ from pathlib import Path
 
 from .. import rundir
 from ..driver.output import STAGE_FILE, SUMMARY_FILE
+from ..manifest import entry
 from ..run_context import RunContext
 from . import Call
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch_raw(ctx: RunContext, host_name: str) -> int:
@@ -59,7 +52,7 @@ def run(ctx: RunContext, call: Call) -> dict:
                 for stage in stages for proc in stage["processes"]]
     missing = [rel for rel in expected if not (ctx.run_dir / rel / SUMMARY_FILE).exists()]
     files = {
-        str(path.relative_to(ctx.run_dir)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        str(path.relative_to(ctx.run_dir)): entry(path)
         for path in sorted((ctx.run_dir / rundir.RAW_DIR).rglob("*"))
         if path.is_file() and path != ctx.run_dir / rundir.MANIFEST
     }

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from .. import bundle, rundir
 from ..fingerprint import host_facts, host_hash, run_hash
 from ..hosts import Host, HostError, LocalHost
+from ..manifest import file_sha256
 from ..run_context import RunContext
 from . import Call
 
@@ -56,16 +58,29 @@ class ProvisionError(RuntimeError):
     """A host cannot take part in the run; the message says what to install or fix."""
 
 
-def ship_driver(ctx: RunContext, host: Host) -> str:
-    """Make the driver importable on the host; returns the PYTHONPATH that runs it."""
+def ship_driver(host: Host, bundles: Path) -> str:
+    """Make the driver importable on the host; returns the PYTHONPATH that runs it. The
+    bundle already there is used only when its SHA-256 is the one built here (an upload
+    cut short, or a file changed on the host, is replaced); a new one is uploaded beside
+    it and renamed into place, so a run never imports half a file."""
     if isinstance(host, LocalHost):
         return host.code_root
-    local = bundle.build(ctx.settings.state_dir / "bundles")
+    local = bundle.build(bundles)
     remote = f"{host.code_root}/{local.name}"
-    if not host.run(["test", "-f", remote], check=False).ok:
+    want = file_sha256(local)
+    if _remote_sha256(host, remote) != want:
         host.run(["mkdir", "-p", host.code_root])
-        host.put(local, remote)
+        host.put(local, f"{remote}.part")
+        host.run(["mv", "-f", f"{remote}.part", remote])
+        if _remote_sha256(host, remote) != want:
+            raise ProvisionError(f"{host.name}: the driver bundle {remote} does not read back "
+                                 "as uploaded: check the disk of its code_root")
     return remote
+
+
+def _remote_sha256(host: Host, path: str) -> str | None:
+    found = host.run(["sha256sum", path], check=False)
+    return found.stdout.split()[0] if found.ok and found.stdout.strip() else None
 
 
 _CLOCK_ECHO = "import sys, time\nfor _ in sys.stdin:\n    print(repr(time.time()), flush=True)"
@@ -110,7 +125,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     host_name = call.host
     host = ctx.host(host_name)
     try:
-        pythonpath = ship_driver(ctx, host)
+        pythonpath = ship_driver(host, ctx.settings.state_dir / "bundles")
         facts = fingerprint(host, pythonpath)
     except HostError as exc:
         raise ProvisionError(f"{host_name}: cannot run the driver with {host.python}: {exc}") from exc

@@ -1,6 +1,10 @@
-"""A lab host's network link taken down in the middle of a stage (`ip link set eth0 down`
-in its namespace): the run sees it within seconds, names the host, stops what it can
-reach, and closes `failed`; nothing waits without end."""
+"""Faults on the SSH lab hosts, for real.
+
+- A host's network link taken down in the middle of a stage (`ip link set eth0 down` in
+  its namespace): the run sees it within seconds, names the host, stops what it can
+  reach, and closes `failed`; nothing waits without end.
+- The driver bundle on a host cut short (an upload interrupted): provision replaces it.
+"""
 
 from __future__ import annotations
 
@@ -73,3 +77,22 @@ def test_a_driver_hosts_link_down_mid_stage_fails_the_run_within_seconds(
     assert broker["stopped"]  # broker1 was reachable: stopped
     said = [line for _, line in lines]
     assert any(line.startswith("teardown: drivers on driver1 not stopped") for line in said)
+
+
+def test_a_driver_bundle_cut_short_on_a_host_is_replaced_by_provision(lab, tmp_path: Path):
+    from tasks.catalog.inventory import connect, load_inventory
+    from tasks.manifest import file_sha256
+    from tasks.steps.provision import ship_driver
+
+    inventory = load_inventory(_lab_inventory_without_tuning(tmp_path / "lab.yml"))
+    host = connect(inventory, "driver2", work_root="/tmp")
+    remote = ship_driver(host, tmp_path / "bundles")
+    (local,) = (tmp_path / "bundles").glob("perfpipe-driver-*.zip")
+    want = file_sha256(local)
+    host.run(["truncate", "-s", "1000", remote])  # an upload cut short, left in place
+    assert host.run(["sha256sum", remote]).stdout.split()[0] != want
+    assert ship_driver(host, tmp_path / "bundles") == remote
+    assert host.run(["sha256sum", remote]).stdout.split()[0] == want
+    imported = host.run(["env", f"PYTHONPATH={remote}", host.python, "-c",
+                         "import tasks.driver.output"], check=False)
+    assert imported.ok, imported.stderr
