@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,16 +24,24 @@ INVENTORY = ("hosts: [{name: localhost, transport: local, roles: [broker, driver
              "broker: {kind: mosquitto, host: localhost, address: 127.0.0.1}\n")
 
 
-@pytest.fixture
-def pg(perfpipe_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Server:
-    """A PostgreSQL server of this test's own (it is taken down), its database in use."""
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """A PostgreSQL server of this module's own (its tests take it down)."""
     try:
-        server = start_server(tmp_path)
+        server = start_server(tmp_path_factory.mktemp("pg"))
     except PostgresUnavailable as exc:
         pytest.fail(str(exc))
-    monkeypatch.setenv("PERFPIPE_DB_URL", create_database(server.url, "results"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def pg(pg_server: Server, perfpipe_env: Path, monkeypatch: pytest.MonkeyPatch) -> Server:
+    """The module's server, up, with a new empty database in use."""
+    if not pg_server.running:
+        pg_server.up()
+    monkeypatch.setenv("PERFPIPE_DB_URL", create_database(pg_server.url, f"t_{uuid.uuid4().hex[:12]}"))
+    return pg_server
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
