@@ -266,6 +266,38 @@ def test_a_mostly_invalid_run_gets_its_own_short_message(nights: Nights) -> None
     assert "fanin.q0.c200: rate 70% of target" in blocks_text(post)
 
 
+def test_a_release_summary_and_an_invalid_run_message_slack_refused_are_sent_by_the_next_run(
+        nights: Nights) -> None:
+    """Fault: Slack answers invalid_auth to a release run (its summary) and to a mostly
+    invalid nightly; the next run's alert step, with Slack back, sends both, marked late,
+    before its own message; the run after that sends neither again."""
+    unchanged = [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]
+    nights.slack.refused = "invalid_auth"
+    release = nights.run({"fanin.q1.c100": unchanged}, kind="release", label="2.0.12")
+    broken = nights.run({"fanin.q1.c100": unchanged},
+                        invalid={"fanin.q1.c200": "errors 12", "fanin.q0.c200": "errors 3"})
+    for run_id in (release, broken):
+        assert nights.alert(run_id)["posted"] is False
+    refused = len(nights.slack.calls)
+    nights.slack.refused = None
+
+    later = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.alert(later)
+    told = [c.body["text"] for c in nights.slack.calls[refused:]]
+    assert told == [
+        (f"perfpipe release 2.0.12 run {release}: no regressions (mosquitto 2.0.11, suite "
+         f"smoke) (sent late: Slack did not take it when run {release} ended)"),
+        (f":warning: perfpipe nightly run {broken}: 2 of 3 stages invalid, so they were not "
+         f"compared (sent late: Slack did not take it when run {broken} ended)"),
+        f"perfpipe nightly run {later}: 1 regression(s) (mosquitto 2.0.11, suite smoke)"], told
+    kept = json.loads((nights.settings.run_dir(release) / "slack_message.json").read_text())
+    assert kept["run"]["ts"] and kept["run"]["sent_late_by"] == later
+
+    nights.alert(nights.run({"fanin.q1.c100": unchanged}))  # (the drop's recovery is told)
+    again = [c.body["text"] for c in nights.slack.calls[refused + 3:]]
+    assert again and not any("sent late" in text for text in again), again  # never twice
+
+
 def test_the_token_never_reaches_logs_or_files(nights: Nights, caplog, capsys) -> None:
     caplog.set_level(logging.DEBUG)
     run_id = nights.run({"fanin.q1.c100": [RATE_DROP]})

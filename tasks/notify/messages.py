@@ -196,3 +196,10 @@ def failure_message(*, dag_id: str, task_id: str, item: str | None, error: str,
     return {"text": text,
             "blocks": [_section(f":x: {text}"),
                        _context(f"*task* {where} · *run* {run_id or '-'}", _link(log_url, "log"))]}
+
+
+def sent_late(message: dict, run_id: str) -> dict:
+    """An earlier run's message that Slack did not take then, as a later run sends it."""
+    note = f"sent late: Slack did not take it when run {run_id} ended"
+    return {"text": f"{message['text']} ({note})",
+            "blocks": [*message.get("blocks", []), _context(f"_{note}_")]}

@@ -16,7 +16,9 @@ Everything sent is also written to `slack_message.json` in the run folder (with 
 client that file is the delivery), each message as soon as Slack took it. A retried alert
 step (after the database failed under it, say) updates the messages and thread replies it
 posted (`chat.update`) instead of posting them again. When Slack stays unreachable after the
-SDK's retries, the alerts stay undelivered and the next run sends them.
+SDK's retries, the alerts stay undelivered and the next run sends them; a release summary
+or an invalid-run message it did not take is sent by the next run's alert step (`resend`,
+marked as late, once).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..notify.messages import (
     blind_spots,
     invalid_run_message,
     run_message,
+    sent_late,
     thread_reply,
 )
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
@@ -185,9 +188,15 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
                           blind_spots(stages))
     needs_attention = bool(plan.headline) or run["kind"] == "release"
     courier = Courier(notifier, run_dir)
+    invalid = invalid_to_tell(stages, broken)
+    invalid_message = invalid and invalid_run_message(run, invalid, len(stages), links)
+    if invalid_message:  # kept whatever Slack answers, like the run's message
+        courier.keep("invalid", invalid_message)
     delivered: list[tuple[int, str | None]] = [(i, None) for i in plan.quiet]
     error = None
     try:
+        if notifier.enabled:
+            resend(store, notifier, run_dir.parent, run_id)
         if needs_attention:
             ts = courier.send("run", message)
             delivered += [(r.alert_id, ts) for r in plan.headline]
@@ -196,9 +205,8 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
         for thread_ts, rows in plan.replies.items():
             courier.reply(thread_ts, thread_reply(run, rows, links))
             delivered += [(r.alert_id, thread_ts) for r in rows]
-        invalid = invalid_to_tell(stages, broken)
-        if invalid:
-            courier.send("invalid", invalid_run_message(run, invalid, len(stages), links))
+        if invalid_message:
+            courier.send("invalid", invalid_message)
     except SlackError as exc:
         error = str(exc)
         print(f"alert: {error}; undelivered alerts are kept for the next run")
@@ -211,6 +219,37 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
     return {"posted": posted, "message": path, "text": message["text"],
             "alerts_told": len({i for i, _ in delivered} & {r.alert_id for r in plan.headline}),
             "replies": len(plan.replies), "kept": kept}
+
+
+RESEND_LOOKBACK = 20  # earlier runs whose untaken messages a run's alert step sends
+
+
+def untaken(doc: dict, kind: str) -> list[str]:
+    """The slots of an earlier run's slack_message.json that Slack never took and that no
+    later message repeats: a release summary, an invalid-run message. (A nightly's alerts
+    stay undelivered, so the next run's own message tells them.)"""
+    if not doc.get("error"):
+        return []
+    return [slot for slot in ("run", "invalid")
+            if isinstance(doc.get(slot), dict) and not doc[slot].get("ts")
+            and (slot == "invalid" or kind == "release")]
+
+
+def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -> int:
+    """Send the messages earlier runs kept because Slack did not take them, oldest first,
+    each once (its ts is written back to its run's file); returns how many."""
+    sent = 0
+    for earlier in reversed(store.latest_runs(RESEND_LOOKBACK)):
+        path = runs_dir / earlier["run_id"] / rundir.SLACK_MESSAGE
+        if earlier["run_id"] == run_id or not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        for slot in untaken(doc, earlier["kind"]):
+            doc[slot] = {**doc[slot], "ts": notifier.post(sent_late(doc[slot], earlier["run_id"])),
+                         "sent_late_by": run_id}
+            path.write_text(json.dumps(doc, indent=1))
+            sent += 1
+    return sent
 
 
 def run(ctx: RunContext, call: Call) -> dict:
