@@ -20,7 +20,7 @@ from alembic.config import Config
 from alembic.util import CommandError
 from sqlalchemy import create_engine, delete, event, insert, select, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tasks import metrics as metric_defs
@@ -167,7 +167,7 @@ class Store:
         if "database is locked" in first:  # SQLite waited `retry_s` for another writer
             return StoreUnavailable(f"{message} (waited {self._retry_s:.0f} s; "
                                     "PERFPIPE_DB_RETRY_S sets how long)")
-        if isinstance(exc, OperationalError):  # e.g. the connection lost mid-query
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:  # lost mid-query
             return StoreUnavailable(message)
         return StoreError(message)
 

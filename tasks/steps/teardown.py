@@ -100,7 +100,10 @@ def slack_warning(ctx: RunContext) -> str | None:
     """What the alert step could not tell Slack, from what it kept in the run folder: the
     run's results stay good, but nobody was told (its alerts wait for the next run)."""
     path = ctx.run_dir / rundir.SLACK_MESSAGE
-    sent = json.loads(path.read_text()) if path.exists() else {}
+    try:
+        sent = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as exc:  # cut short (a full disk): teardown goes on
+        return f"what was told to Slack is unknown: {path} unreadable ({exc})"
     if not sent.get("error"):
         return None
     return (f"Slack not told: {sent['error']}; {sent.get('kept', 0)} alert(s) kept for the "
