@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks import metrics as metric_defs
 from tasks.fingerprint import fingerprint_hash
 from tasks.locks import held
+from tasks.settings import DB_RETRY_S
 
 from . import alerts, queries
 from .common import (
@@ -56,7 +57,6 @@ _MIGRATE_LOCK = 0x70657266  # pg advisory lock key: concurrent migrate() calls t
 _FINISHED = tuple(s for s in metric_defs.RUN_STATUSES if s != "running")
 log = logging.getLogger(__name__)
 
-DB_RETRY_S = 60.0  # a database that cannot be reached is tried again for this long
 CONNECT_TIMEOUT_S = 10  # one connection attempt to PostgreSQL
 # PostgreSQL connections that stop answering mid-query end within ~15 s (libpq options)
 _PG_DEADLINES = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 5,

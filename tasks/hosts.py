@@ -103,7 +103,8 @@ class Host:
         """Release the connection (nothing to do locally)."""
 
     def _connection_error(self, exc: Exception) -> HostError | None:
-        """A transport failure (unreachable, refused key) as one clear line, or None."""
+        """A transport failure (unreachable, refused key, a link lost under the call) as
+        one clear line, or None."""
         return None
 
     def _lost(self) -> HostError | None:
@@ -120,7 +121,7 @@ class Host:
         except invoke.exceptions.CommandTimedOut:
             raise HostError(f"{self.name}: timed out after {timeout}s: {line[:120]}") from None
         except Exception as exc:  # transport errors differ by library; map the known ones
-            mapped = self._lost() or self._connection_error(exc)
+            mapped = self._connection_error(exc)
             if mapped is None:
                 raise
             raise mapped from None
@@ -348,6 +349,9 @@ class SshHost(Host):
     def _connection_error(self, exc: Exception) -> HostError | None:
         import paramiko
 
+        lost = self._lost()
+        if lost is not None:  # whatever the library raised, the link is why
+            return lost
         where = f"{self.user}@{self.address}"
         if isinstance(exc, paramiko.AuthenticationException):
             return HostError(f"{self.name}: SSH key refused for {where} (check key_file and "

@@ -36,7 +36,9 @@ def changed_since(run_dir: Path, files: dict[str, dict], prefix: str) -> list[st
         path = run_dir / rel
         if not path.is_file():
             lines.append(f"{rel} is gone since collect")
-        elif path.stat().st_size != seen["bytes"] or file_sha256(path) != seen["sha256"]:
+            continue
+        size = path.stat().st_size
+        if size != seen["bytes"] or file_sha256(path) != seen["sha256"]:
             lines.append(f"{rel} changed since collect ({seen['bytes']:,} bytes then, "
-                         f"{path.stat().st_size:,} now)")
+                         f"{size:,} now)")
     return lines

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sql import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DB_RETRY_S = 60.0  # how long a database that is down or locked is waited for (the default)
 
 
 class Settings(BaseSettings):
@@ -38,7 +39,7 @@ class Settings(BaseSettings):
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
     nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
     lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
-    db_retry_s: float = 60.0  # how long a database that is down or locked is waited for
+    db_retry_s: float = DB_RETRY_S
 
     @property
     def runs_dir(self) -> Path:
