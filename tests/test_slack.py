@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from sql import Store, StoreUnavailable
-from tasks.notify.slack import SlackNotifier, notifier_for, token_client
+from tasks.notify.slack import SlackError, SlackNotifier, notifier_for, token_client
 from tasks.notify.watchdog import check_nightly
 from tasks.settings import load_settings
 from tasks.steps.alert import deliver, links_for
@@ -340,3 +340,35 @@ def test_under_airflow_the_slack_connection_is_used(nights: Nights, monkeypatch)
     assert nights.slack.posts()[0].headers["Authorization"] == f"Bearer {TOKEN}"
     monkeypatch.delenv("AIRFLOW_CONN_PERFPIPE_SLACK")
     assert not notifier_for(load_settings(), airflow=True).enabled  # no Connection, no token
+
+
+def test_under_airflow_a_summary_slack_refused_fails_the_alert_task_and_is_sent_later(
+        tiny_suite: Path, slack, monkeypatch) -> None:
+    """Fault: Slack answers invalid_auth to a release run's summary under Airflow. The alert
+    task fails after keeping the summary (so the DAG run is not green, as `perfpipe run`
+    exits 5), teardown closes the run with the warning, and the next run, with Slack back,
+    sends the kept summary before its own."""
+    from tasks.steps import Call, run_step
+    from tasks.steps.plan import plan_run
+
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_SLACK", json.dumps(
+        {"conn_type": "slack", "password": TOKEN, "extra": {"base_url": slack.base_url}}))
+    run_id = plan_run(suite="tiny", kind="release", release_label="rc-refused")
+    slack.refused = "invalid_auth"
+    with pytest.raises(SlackError, match=r"Slack not told: .*invalid_auth.*results are stored"):
+        run_step("alert", run_id, Call(airflow=True))
+    kept_file = load_settings().run_dir(run_id) / "slack_message.json"
+    kept = json.loads(kept_file.read_text())
+    assert kept["run"]["text"].startswith(f"perfpipe release rc-refused run {run_id}")
+    assert "invalid_auth" in kept["error"] and not kept["run"].get("ts")
+    closed = run_step("teardown", run_id, Call(airflow=True))
+    assert "invalid_auth" in closed["warning"]
+    assert "invalid_auth" in Store(load_settings().database_url()).run(run_id)["warning"]
+
+    slack.refused, refused = None, len(slack.calls)
+    run_id = plan_run(suite="tiny", kind="release", release_label="rc-back")
+    assert run_step("alert", run_id, Call(airflow=True))["posted"]
+    told = [c.body["text"] for c in slack.calls[refused:]]
+    assert [t.split(" run ")[0] for t in told] == [
+        "perfpipe release rc-refused", "perfpipe release rc-back"], told
+    assert "sent late" in told[0]
