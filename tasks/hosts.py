@@ -9,6 +9,7 @@ reaches a shell unquoted.
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import secrets
 import shlex
@@ -203,7 +204,11 @@ class Host:
             self.kill_group(pid, "KILL")
 
     def alive(self, pid: int) -> bool:
-        return self.run(["kill", "-0", str(pid)], check=False).ok
+        """Whether the process runs. A zombie (ended, not yet reaped) does not: a stopped
+        group's shell is one until PID 1 reaps it, which a container's init may do seconds
+        later, or never (`kill -0` would call it alive all that time)."""
+        stat = self.run(["cat", f"/proc/{pid}/stat"], check=False)
+        return stat.ok and stat.stdout.rpartition(")")[2].split()[:1] != ["Z"]
 
     def kill_group(self, pid: int, signal: str = "TERM") -> None:
         self.run(["kill", f"-{signal}", "--", f"-{pid}"], check=False)
@@ -291,6 +296,10 @@ class SshHost(Host):
                  connect_kwargs: dict | None = None) -> None:
         import fabric  # imported here: the local default never needs paramiko
 
+        # paramiko says "Connected", "Authentication successful" at INFO for every
+        # connection (a line or two per host per step under Airflow's INFO logging); what
+        # went wrong with a host, perfpipe says itself, in one line per host
+        logging.getLogger("paramiko").setLevel(logging.WARNING)
         self._args = dict(name=name, address=address, port=port, user=user, key_file=key_file,
                           gateway=gateway, python=python, code_root=code_root,
                           work_root=work_root, connect_timeout=connect_timeout,

@@ -49,9 +49,9 @@ def health_check(address: str, port: int, timeout_s: float = 10.0,
             last_error = "no CONNACK within 5 s"
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             last_error = str(exc)
-        finally:
-            client.loop_stop()
+        finally:  # DISCONNECT first: it wakes the network thread, which then ends at once
             client.disconnect()
+            client.loop_stop()
         time.sleep(0.2)
     raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
 

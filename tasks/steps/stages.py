@@ -48,7 +48,7 @@ from .teardown import stop_drivers
 READY_TIMEOUT_S = 60.0
 # seconds at least between the barrier and the common start (a whole second): enough to
 # hand every process its start file, over SSH or on this machine
-START_LEAD_S = {"ssh": 1.0, "local": 0.3}
+START_LEAD_S = {"ssh": 1.0, "local": 0.15}
 PROGRESS_EVERY_S = 5.0  # live progress lines while a stage runs
 
 
