@@ -7,8 +7,9 @@
 
 Each host is a network namespace on one bridge, with its own address, its own sshd (its
 own host key; the lab's client key in authorized_keys) and its own mount namespace, in
-which /etc (copied from this machine at lab-up), /opt/perfpipe, /var/tmp/perfpipe and /home
-are per-host directories and the host's own subtree of the pids cgroup is mounted.
+which /etc (copied from this machine at lab-up), /root (root's home, from /etc/skel),
+/opt/perfpipe, /var/tmp/perfpipe and /home are per-host directories and the host's own
+subtree of the pids cgroup is mounted.
 Directories, not files, are bind-mounted: a file mount would be detached as soon as this
 machine replaced the file (adduser renames a new /etc/passwd into place).
 So over SSH a lab host behaves like a separate machine for what perfpipe touches: sysctls
@@ -38,7 +39,9 @@ BRIDGE = "pplab0"
 NETWORK = "10.250.77"
 HOSTS = {"broker1": 11, "driver1": 12, "driver2": 13}
 LAB_USER = ("pplab", 2077)
-PER_HOST_DIRS = ("etc", "opt/perfpipe", "var/tmp/perfpipe", "home")
+# /root too: this machine's root may run a slow ~/.bashrc (pyenv init: 0.11 s), which bash
+# sources for every command sshd runs; a lab host's root has the distribution's default
+PER_HOST_DIRS = ("etc", "root", "opt/perfpipe", "var/tmp/perfpipe", "home")
 
 BOOT = """set -e
 R={root}
@@ -116,6 +119,9 @@ def _root_fs(name: str) -> Path:
     for rel in PER_HOST_DIRS:
         (root / rel).mkdir(parents=True, exist_ok=True)
         Path("/", rel).mkdir(parents=True, exist_ok=True)  # mount point on this machine
+    if not any((root / "root").iterdir()) and Path("/etc/skel").is_dir():
+        shutil.copytree("/etc/skel", root / "root", dirs_exist_ok=True)
+    (root / "root").chmod(0o700)
     return root
 
 
