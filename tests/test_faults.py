@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import unmanaged_run
 
 
@@ -29,6 +31,7 @@ def _one_stage_suite(tiny_suite: Path) -> str:
     return "tiny0"
 
 
+@pytest.mark.slow  # about 16 s
 def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_step(
         tmp_path: Path, tiny_suite: Path, broker, capsys):
     """Fault: the stages step run twice in one run (an Airflow task cleared after it ran,
@@ -186,6 +189,7 @@ def _kill_in_windows(state: Path, victims: dict[str, tuple[float, Callable[[Path
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # about 20 s
 def test_a_driver_then_the_broker_killed_mid_stage_fail_the_run_and_lose_no_measured_second(
         tmp_path: Path, tiny_suite: Path, spark_connect):
     """Faults, one per stage of a three-stage run on a managed Mosquitto: in the first
@@ -251,6 +255,7 @@ def test_a_driver_then_the_broker_killed_mid_stage_fail_the_run_and_lose_no_meas
     assert died in told and gone in told, told
 
 
+@pytest.mark.slow  # about 18 s
 def test_two_runs_at_once_take_turns_on_the_lab(tmp_path: Path, tiny_suite: Path, broker):
     """Fault: two runs on one inventory start their stages in the same second (two
     `perfpipe step stages`, or a CLI run beside an Airflow one)."""
@@ -324,6 +329,7 @@ def test_a_cli_run_that_cannot_get_the_lab_says_who_has_it_and_leaves_no_run(
     assert not settings.runs_dir.exists() or not any(settings.runs_dir.iterdir())
 
 
+@pytest.mark.slow  # about 12 s
 def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
         tmp_path: Path, tiny_suite: Path, broker, slack, spark_connect, monkeypatch, capsys):
     """Fault: Slack refuses every call (`invalid_auth`) during a release run, which always
@@ -362,6 +368,7 @@ exec "$PYTHON" -m tasks.cli run --suite "$SUITE" --inventory "$INVENTORY"
 """
 
 
+@pytest.mark.slow  # about 23 s
 def test_a_disk_that_fills_mid_stage_fails_the_run_saying_so_and_leaves_nothing_running(
         tmp_path: Path, tiny_suite: Path):
     """Fault: the run folder's disk (a 16 MiB tmpfs, in a mount namespace of the test's

@@ -18,6 +18,8 @@ from sql import Store
 from tests.lab import INVENTORY
 from tests.lab_nightly import check_rated_suite
 
+pytestmark = pytest.mark.slow  # a release DAG over SSH on the lab: about 135 s
+
 REPO = Path(__file__).resolve().parent.parent
 
 TOKEN = "xoxb-lab-token-never-logged"

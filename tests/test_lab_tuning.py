@@ -53,6 +53,7 @@ def rows(output: str) -> list[list[str]]:
             if line.split() and line.split()[0] in ("broker1", "driver1", "driver2")]
 
 
+@pytest.mark.slow  # about 13 s
 def test_check_apply_again_and_restore_over_ssh(lab, perfpipe_env, capsys):
     here = {key: sysctl_here(key) for key in NAMESPACED + ["fs.file-max"]}
     before = {h.name: host_state(h) for h in lab_hosts()}

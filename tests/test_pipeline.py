@@ -10,6 +10,8 @@ import pytest
 from sql import Store
 from tests.checks import assert_plausible
 
+pytestmark = pytest.mark.slow  # two nightly DAG runs (about 65 s) and a CLI run (about 20 s)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

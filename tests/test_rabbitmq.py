@@ -23,6 +23,8 @@ from sql import Store
 from tasks.driver.output import SAMPLER_FILE, STATS_FILE
 from tests.checks import assert_plausible
 
+pytestmark = pytest.mark.slow  # a RabbitMQ node started per test: about 40 s each
+
 START_BOUND_S = 60.0
 
 
