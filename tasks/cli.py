@@ -43,13 +43,26 @@ def exit_code(status: str, warning: str | None) -> int:
 
 
 def _nightly(args: argparse.Namespace) -> int:
+    import time
+
     from .airflow_glue.dag_test import test_dag
     from .manage import show_run
-    from .steps.plan import new_run_id
+    from .notify.failure import latest_message
+    from .rundir import FAILURES_DIR
+    from .steps.plan import check_plan, new_run_id
 
-    conf = {"suite": args.suite} if args.suite else {}
+    settings = load_settings()
+    # a suite or inventory no run can use: one line before Airflow starts, not a task trace
+    check_plan(settings, args.suite or settings.suite, Path(settings.inventory))
+    conf = {"suite": args.suite or settings.suite}
+    started = time.time()
     airflow_run_id, state = test_dag("mqtt_perf_nightly", conf)
-    store = load_settings().store()
+    failed_plan = latest_message(settings.state_dir / FAILURES_DIR, "plan", started)
+    if failed_plan is not None:  # no run was planned: say why, not what the store lacks
+        print(f"perfpipe: {failed_plan['text']} (Airflow run {airflow_run_id}: {state})",
+              file=sys.stderr)
+        return 1
+    store = settings.store()
     run = store.run(new_run_id("nightly", f"mqtt_perf_nightly/{airflow_run_id}"))
     if run is None:
         print(f"Airflow run {airflow_run_id} ended {state} before perfpipe planned a run",
@@ -154,7 +167,8 @@ def parser() -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = root.add_subparsers(dest="command", required=True)
     nightly = sub.add_parser("nightly", help="run the nightly DAG once through Airflow (dag.test)")
-    nightly.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")
+    nightly.add_argument("--suite", help="suite from scenarios/suites.yml (default: "
+                         "PERFPIPE_SUITE, else smoke)")
     nightly.set_defaults(func=_nightly)
     run = sub.add_parser("run", help="run the whole pipeline once, without Airflow")
     run.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")

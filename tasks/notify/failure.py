@@ -22,6 +22,16 @@ def write_message(directory: Path, task_id: str, message: dict) -> Path:
     return path
 
 
+def latest_message(directory: Path, task_id: str, since: float) -> dict | None:
+    """The newest failure message of `task_id` written in `directory` at or after `since`
+    (a Unix time), or None."""
+    written = [path for path in directory.glob(f"*-{task_id}.json")
+               if path.stat().st_mtime >= since]
+    if not written:
+        return None
+    return json.loads(max(written, key=lambda path: path.stat().st_mtime).read_text())
+
+
 def notify_failure(context) -> None:
     """Never raises: a failing callback would hide the task's own failure."""
     from ..settings import load_settings

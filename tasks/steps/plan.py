@@ -15,9 +15,9 @@ from pathlib import Path
 from sql import StoreError
 
 from .. import rundir
-from ..catalog.inventory import load_inventory
+from ..catalog.inventory import Inventory, load_inventory
 from ..catalog.placement import too_many_for_hosts
-from ..catalog.scenarios import ConfigError, load_suite
+from ..catalog.scenarios import ConfigError, Scenario, load_suite
 from ..catalog.stages import Stage, expand_all, stage_rows
 from ..metrics import RUN_KINDS
 from ..run_context import RunContext
@@ -39,6 +39,20 @@ def suite_stages(settings: Settings, suite: str) -> list[Stage]:
     return expand_all(load_suite(settings.scenarios_dir, suite))
 
 
+def check_plan(settings: Settings, suite: str, inventory: Path
+               ) -> tuple[list[Scenario], Inventory, list[Stage]]:
+    """The suite's scenarios, the inventory and the stages a run of them would have, or a
+    ConfigError naming the file and the field; reads no database and writes nothing."""
+    scenarios = load_suite(settings.scenarios_dir, suite)
+    inv = load_inventory(inventory)
+    stages = expand_all(scenarios)
+    for stage in stages:
+        problem = too_many_for_hosts(stage, len(inv.driver_hosts()))
+        if problem:
+            raise ConfigError(f"{inventory}: hosts: {problem}")
+    return scenarios, inv, stages
+
+
 def plan_run(settings: Settings | None = None, *, suite: str | None = None,
              inventory: Path | str | None = None, kind: str = "manual",
              release_label: str | None = None, dag_run_id: str | None = None,
@@ -54,13 +68,7 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
         raise ValueError(f"kind: {kind!r} is not one of {RUN_KINDS}")
     suite = suite or settings.suite
     inventory_path = Path(inventory or settings.inventory)
-    scenarios = load_suite(settings.scenarios_dir, suite)
-    inv = load_inventory(inventory_path)
-    stages = expand_all(scenarios)
-    for stage in stages:
-        problem = too_many_for_hosts(stage, len(inv.driver_hosts()))
-        if problem:
-            raise ConfigError(f"{inventory_path}: hosts: {problem}")
+    scenarios, inv, stages = check_plan(settings, suite, inventory_path)
     run_id = new_run_id(kind, dag_run_id)
     run_dir = settings.run_dir(run_id)
     store = settings.store()
