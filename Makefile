@@ -31,8 +31,12 @@ help:
 run: deps
 	$(VENV)/bin/perfpipe nightly
 
-test: deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# The tests' DAG runs (some fail on purpose) go to an Airflow home of their own, never
+# into the one `make run` and the UI use.
+TEST_AIRFLOW_HOME := $(STATE)/airflow-test
+
+test: deps $(TEST_AIRFLOW_HOME)/.migrated
+	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 deps: os-deps venv airflow-db
 
@@ -73,11 +77,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --no-deps -e .
 	@touch $@
 
+# An Airflow home (make run's, or the tests'): its metadata DB migrated, the lab pool set.
 airflow-db: $(AIRFLOW_HOME)/.migrated
-$(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
-	@mkdir -p $(AIRFLOW_HOME)
-	$(VENV)/bin/airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || (tail -20 $(AIRFLOW_HOME)/migrate.log; exit 1)
-	$(VENV)/bin/airflow pools set perfpipe_lab 1 "lab hosts: one measurement at a time" >>$(AIRFLOW_HOME)/migrate.log 2>&1
+$(STATE)/%/.migrated: $(VENV)/.installed
+	@mkdir -p $(@D)
+	AIRFLOW_HOME=$(@D) $(VENV)/bin/airflow db migrate >$(@D)/migrate.log 2>&1 || (tail -20 $(@D)/migrate.log; exit 1)
+	AIRFLOW_HOME=$(@D) $(VENV)/bin/airflow pools set perfpipe_lab 1 "lab hosts: one measurement at a time" >>$(@D)/migrate.log 2>&1
 	@touch $@
 
 # Regenerate the exact pins after editing requirements.in (needs the package registry).

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Airflow reads its config when first imported: point it at the repo's Airflow home
-# (migrated by `make test`) unless the caller chose another.
-os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".state" / "airflow"))
+# Airflow reads its config when first imported: point it at the tests' own Airflow home
+# (migrated by `make test`; `make run` and the UI use .state/airflow) unless the caller
+# chose another.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".state" / "airflow-test"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[*]"}')

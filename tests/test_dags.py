@@ -34,6 +34,19 @@ def test_every_dag_file_imports_without_errors(dagbag):
             "mqtt_perf_watchdog"} <= set(dagbag.dag_ids)
 
 
+def test_only_dag_files_are_parsed_as_dag_files(dagbag):
+    parsed = {Path(stat.file).name for stat in dagbag.dagbag_stats}
+    assert "perfpipe_graph.py" not in parsed  # dags/.airflowignore: imported, not a DAG file
+    assert parsed == {"mqtt_perf_maintenance.py", "mqtt_perf_nightly.py",
+                      "mqtt_perf_release.py", "mqtt_perf_watchdog.py"}
+
+
+def test_the_tests_dag_runs_stay_out_of_make_runs_airflow_home():
+    import os
+
+    assert Path(os.environ["AIRFLOW_HOME"]).resolve() != (REPO / ".state" / "airflow").resolve()
+
+
 def test_dags_have_no_cycles_owners_tags_and_docs(dagbag):
     for dag in dagbag.dags.values():
         dag.check_cycle()
