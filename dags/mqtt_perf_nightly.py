@@ -17,12 +17,13 @@ with DAG(
     schedule="0 2 * * *",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
+    is_paused_upon_creation=False,  # scheduled: runs once deployed, no unpausing by hand
     max_active_runs=1,
     tags=["perfpipe", "mqtt", "nightly"],
     default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": on_failure},
     params={
         "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
-        "inventory": Param("", type="string",
+        "inventory": Param(None, type=["null", "string"],
                            description="inventory YAML path; empty: PERFPIPE_INVENTORY or the local default"),
     },
     doc_md=__doc__,

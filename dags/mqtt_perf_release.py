@@ -24,10 +24,11 @@ with DAG(
     params={
         "release_label": Param("", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
                                description="the release this run measures, e.g. 9.4.5"),
-        "broker_version": Param("", type="string",
+        "broker_version": Param(None, type=["null", "string"],
                                 description="version the broker must report; empty: not checked"),
         "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
-        "inventory": Param("", type="string", description="inventory YAML; empty: the default"),
+        "inventory": Param(None, type=["null", "string"],
+                           description="inventory YAML; empty: the default"),
         "baseline": Param("rolling", type="string",
                           description="compare with 'rolling' history or a pinned release label"),
         "promote": Param(False, type="boolean",

@@ -14,6 +14,7 @@ with DAG(
     schedule="0 8 * * *",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
+    is_paused_upon_creation=False,  # scheduled: runs once deployed, no unpausing by hand
     max_active_runs=1,
     tags=["perfpipe", "mqtt", "watchdog"],
     default_args={"owner": "perf-team", "retries": 1},

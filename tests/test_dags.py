@@ -71,6 +71,11 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.get_task("aggregate").task_type == "SparkSubmitOperator"
 
 
+def test_the_scheduled_dags_run_once_deployed(dagbag):
+    for dag_id in ("mqtt_perf_nightly", "mqtt_perf_watchdog"):
+        assert dagbag.get_dag(dag_id).is_paused_upon_creation is False, dag_id
+
+
 def test_release_params_are_validated_and_documented(dagbag):
     dag = dagbag.get_dag("mqtt_perf_release")
     assert dag.schedule is None or str(dag.timetable.summary) in ("None", "")
@@ -82,6 +87,10 @@ def test_release_params_are_validated_and_documented(dagbag):
     with pytest.raises(ParamValidationError):
         dag.params.get_param("release_label").resolve("9.4.5; rm -rf /")
     assert dag.params.get_param("release_label").resolve("9.4.5") == "9.4.5"
+    # what may be left empty is optional in the trigger form (null allowed), not required
+    for name in ("broker_version", "inventory"):
+        assert dag.params.get_param(name).resolve(None) is None, name
+    assert dagbag.get_dag("mqtt_perf_nightly").params.get_param("inventory").resolve(None) is None
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.name)
