@@ -262,6 +262,9 @@ def run(ctx: RunContext, call: Call) -> dict:
     told = deliver(store, ctx.run_id, notifier_for(ctx.settings, airflow=call.airflow), links,
                    ctx.run_dir, broken)
     if call.airflow and told["error"]:
+        # the step did its part (everything kept for the next run): teardown must not call
+        # the run failed for it, only warn; the task still fails, for the DAG run's colour
+        ctx.mark_finished("alert")
         raise SlackError(f"Slack not told: {told['error']}; the run's results are stored and "
                          f"{told['kept']} alert(s) kept for the next run ({told['message']})")
     return told
