@@ -49,7 +49,7 @@ STEPS: tuple[Step, ...] = (
     Step("compare", "verdicts per stage and metric against history"),
     Step("report", "write the HTML report"),
     Step("alert", "Slack: new regressions, thread replies for known ones, a release summary "
-         "(written to the run folder without a token)"),
+         "(written to the run folder without a token)", retry=True),
     Step("teardown", "stop drivers and broker, restore tuning, close the run with its status",
          lab=True, always=True),
 )
