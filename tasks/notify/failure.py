@@ -25,11 +25,10 @@ def write_message(directory: Path, task_id: str, message: dict) -> Path:
 def latest_message(directory: Path, task_id: str, since: float) -> dict | None:
     """The newest failure message of `task_id` written in `directory` at or after `since`
     (a Unix time), or None."""
-    written = [path for path in directory.glob(f"*-{task_id}.json")
-               if path.stat().st_mtime >= since]
-    if not written:
-        return None
-    return json.loads(max(written, key=lambda path: path.stat().st_mtime).read_text())
+    written = {path: path.stat().st_mtime for path in directory.glob(f"*-{task_id}.json")}
+    newest = max((path for path, mtime in written.items() if mtime >= since),
+                 key=written.__getitem__, default=None)
+    return json.loads(newest.read_text()) if newest else None
 
 
 def notify_failure(context) -> None:
