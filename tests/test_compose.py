@@ -1,11 +1,19 @@
 """docker-compose.yml, checked as a file (no Docker engine here): it parses, images are
 pinned, every path it mounts or builds from exists, every setting the code reads is
-provided, and the services agree on their connection strings."""
+provided, and the services agree on their connection strings. It is at least as careful as
+Airflow 3's own compose file: long-running services have healthchecks (on ports they listen
+on) and restart policies, the Airflow services wait for airflow-init and healthy databases,
+logs go to a volume, and the admin logs in with a password taken from the environment (the
+login is checked with Airflow's own simple auth manager)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -178,3 +186,260 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
             broker.wait(5)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- as careful as Airflow 3's compose file -------------------------------------------------
+
+# A service others wait for to complete is a one-shot job; every other one runs for good.
+def waits(service: str) -> dict[str, dict]:
+    """depends_on as a mapping (a bare list, which waits for nothing, as no conditions)."""
+    depends = SERVICES[service].get("depends_on") or {}
+    return depends if isinstance(depends, dict) else {name: {} for name in depends}
+
+
+ONE_SHOT = {target for name in SERVICES for target, dep in waits(name).items()
+            if dep.get("condition") == "service_completed_successfully"}
+LONG_RUNNING = [name for name in SERVICES if name not in ONE_SHOT]
+AIRFLOW_SERVICES = [name for name in AIRFLOW if name not in ONE_SHOT]
+AIRFLOW_PKG = Path(importlib.util.find_spec("airflow").submodule_search_locations[0])
+AIRFLOW_OPTIONS = yaml.safe_load((AIRFLOW_PKG / "config_templates" / "config.yml").read_text())
+
+
+def command(service: str) -> str:
+    value = SERVICES[service].get("command", "")
+    return (" ".join(value) if isinstance(value, list) else value).strip()
+
+
+def healthcheck(service: str) -> str:
+    """The check's command line, as the container runs it (compose's $$ is a literal $)."""
+    test = (SERVICES[service].get("healthcheck") or {}).get("test", [])
+    return (" ".join(test[1:]) if isinstance(test, list) else test).replace("$$", "$")
+
+
+def airflow_option(service: str, section: str, key: str) -> str:
+    """What an Airflow service gets for [section] key: its env, else Airflow's default."""
+    return env(service).get(f"AIRFLOW__{section.upper()}__{key.upper()}",
+                            str(AIRFLOW_OPTIONS[section]["options"][key]["default"]))
+
+
+def interpolate(value: str, environ: dict[str, str]) -> str:
+    """Compose's variable substitution: ${VAR}, ${VAR:-default}, ${VAR:?error}, $$."""
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if environ.get(name):
+            return environ[name]
+        assert op != ":?", f"compose would stop: {arg}"
+        return arg if op == ":-" else ""
+    return re.sub(r"\$\$|\$\{(\w+)(?:(:[?-])([^}]*))?\}", one, value)
+
+
+def test_the_file_has_no_duplicate_keys():
+    """Compose rejects a mapping with a key twice; PyYAML silently keeps the last one.
+    Checked on the composed node tree, where merge keys (<<) are not yet applied."""
+    pending = [yaml.compose((REPO / "docker-compose.yml").read_text())]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+            duplicated = {k for k in keys if keys.count(k) > 1}
+            assert not duplicated, f"line {node.start_mark.line + 1}: {duplicated}"
+            pending += [v for _, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            pending += node.value
+
+
+def test_long_running_services_have_a_healthcheck_and_a_restart_policy():
+    assert ONE_SHOT == {"airflow-init", "broker-certs"}
+    for name in LONG_RUNNING:
+        service = SERVICES[name]
+        test = (service.get("healthcheck") or {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL") and healthcheck(name), f"{name}: {test}"
+        assert service.get("restart") in ("always", "unless-stopped"), name
+    for name in ONE_SHOT:  # restarted, a one-shot job would run again and again
+        assert SERVICES[name].get("restart", "no") in ("no", "on-failure"), name
+
+
+def test_every_wait_is_on_a_condition_the_target_can_meet():
+    for name, service in SERVICES.items():
+        depends = service.get("depends_on") or {}
+        assert isinstance(depends, dict), f"{name}: a bare list only orders the starts"
+        for target, dep in depends.items():
+            assert target in SERVICES, (name, target)
+            condition = dep.get("condition")
+            if condition == "service_healthy":
+                assert SERVICES[target].get("healthcheck"), (name, target)
+            else:
+                assert condition == "service_completed_successfully", (name, target, condition)
+
+
+def test_airflow_services_wait_for_init_and_healthy_databases():
+    airflow = env("airflow-scheduler")
+    needed = {urlsplit(expand(airflow[key]).removeprefix("db+")).hostname for key in (
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__BROKER_URL",
+        "AIRFLOW__CELERY__RESULT_BACKEND")}
+    needed.add(json.loads(expand(airflow["AIRFLOW_CONN_PERFPIPE_RESULTS"]))["host"])
+    assert needed == {"airflow-db", "results-db", "redis"}
+    assert set(AIRFLOW_SERVICES) == {"airflow-apiserver", "airflow-scheduler",
+                                     "airflow-dag-processor", "airflow-triggerer",
+                                     "airflow-worker"}
+    for name in AIRFLOW_SERVICES + ["airflow-init"]:
+        depends = waits(name)
+        for db in needed:
+            assert depends.get(db) == {"condition": "service_healthy"}, (name, db)
+        if name != "airflow-init":
+            assert depends.get("airflow-init") == {
+                "condition": "service_completed_successfully"}, name
+    # the worker runs tasks, which report through the api-server's execution API
+    api = urlsplit(airflow["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]).hostname
+    assert waits("airflow-worker").get(api) == {"condition": "service_healthy"}
+
+
+def listening_ports(name: str) -> set[int]:
+    """The ports a service's server listens on, from where that server takes them."""
+    service = SERVICES[name]
+    ports = {int(str(p).split(":")[-1]) for p in service.get("ports", [])}  # container side
+    image = service.get("image", "")
+    if name in AIRFLOW_SERVICES and command(name).endswith("airflow api-server"):
+        ports.add(int(airflow_option(name, "api", "port")))
+    if name in AIRFLOW_SERVICES and command(name) == "airflow scheduler":
+        if airflow_option(name, "scheduler", "enable_health_check").lower() == "true":
+            ports.add(int(airflow_option(name, "scheduler", "scheduler_health_check_server_port")))
+    if image.startswith("apache/spark:") and "deploy.worker.Worker" in command(name):
+        ports.add(int(env(name).get("SPARK_WORKER_WEBUI_PORT", 8081)))
+    if image.startswith("eclipse-mosquitto:"):
+        conf = next(v.split(":")[0] for v in service["volumes"] if "mosquitto.conf" in v)
+        ports |= {int(p) for p in re.findall(r"^listener (\d+)", (REPO / conf).read_text(), re.M)}
+    if "driver.Dockerfile" in (service.get("build") or {}).get("dockerfile", ""):
+        sshd = (REPO / "infra/docker/sshd_config").read_text()
+        ports.add(int(m.group(1)) if (m := re.search(r"^Port (\d+)", sshd, re.M)) else 22)
+    return ports
+
+
+PROBE = re.compile(r"://(?P<h1>[^/:\s]+):(?P<p1>\d+)"  # an HTTP URL
+                   r"|/dev/tcp/(?P<h2>[^/\s]+)/(?P<p2>\d+)"  # bash's TCP connect
+                   r"|\s-h\s+(?P<h3>\S+)\s+-p\s+(?P<p3>\d+)"  # mosquitto_sub
+                   r"|\(\s*'(?P<h4>[^']+)',\s*(?P<p4>\d+)\s*\)")  # Python's socket
+
+
+def test_healthchecks_probe_ports_the_service_itself_listens_on():
+    probed_somewhere = set()
+    for name in LONG_RUNNING:
+        probes = [(m["h1"] or m["h2"] or m["h3"] or m["h4"], int(m["p1"] or m["p2"] or m["p3"] or m["p4"]))
+                  for m in PROBE.finditer(" " + healthcheck(name))]
+        listening = listening_ports(name)
+        assert bool(probes) == bool(listening), f"{name}: probes {probes}, listens on {listening}"
+        for host, port in probes:
+            assert host in ("localhost", "127.0.0.1", "${HOSTNAME}"), f"{name} probes {host}"
+            assert port in listening, f"{name} probes {port}, listens on {listening}"
+            probed_somewhere.add(name)
+    assert {"airflow-apiserver", "airflow-scheduler", "spark-master", "spark-worker",
+            "mosquitto", "driver1", "driver2"} <= probed_somewhere
+    assert "/api/v2/version" in healthcheck("airflow-apiserver")  # unauthenticated
+    assert healthcheck("airflow-scheduler").endswith("/health")
+
+
+def test_the_other_airflow_healthchecks_ask_airflow_and_celery():
+    from airflow.cli.cli_config import ARG_JOB_TYPE_FILTER
+
+    for name in ("airflow-dag-processor", "airflow-triggerer"):
+        found = re.search(r"airflow jobs check --job-type (\w+) --hostname \"\$\{HOSTNAME\}\"",
+                          healthcheck(name))
+        assert found, healthcheck(name)
+        job_type = found.group(1)
+        assert job_type in ARG_JOB_TYPE_FILTER.kwargs["choices"], job_type
+        assert job_type.removesuffix("Job").lower() == command(name).split()[-1].replace("-", "")
+    worker = healthcheck("airflow-worker")
+    assert "celery_executor.app inspect ping" in worker and '"celery@${HOSTNAME}"' in worker
+    for name in ("airflow-db", "results-db"):
+        db = env(name)
+        assert healthcheck(name) == f"pg_isready -U {db['POSTGRES_USER']} -d {db['POSTGRES_DB']}"
+    assert healthcheck("redis") == "redis-cli ping"
+
+
+def test_airflow_settings_are_options_airflow_knows():
+    """A misspelt AIRFLOW__SECTION__KEY is silently ignored by Airflow."""
+    for name in AIRFLOW:
+        for key in env(name):
+            if key.startswith("AIRFLOW__") and not key.startswith("AIRFLOW__CELERY__"):
+                section, option = key[9:].lower().split("__")
+                assert option in AIRFLOW_OPTIONS[section]["options"], f"{name}: {key}"
+
+
+def test_airflow_logs_go_to_a_volume_every_airflow_service_mounts():
+    for name in AIRFLOW:
+        folder = env(name)["AIRFLOW__LOGGING__BASE_LOG_FOLDER"]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in SERVICES[name]["volumes"]}
+        assert folder in mounts, f"{name} logs to {folder}, not on a volume"
+        assert mounts[folder] in COMPOSE["volumes"], mounts[folder]  # named, kept
+
+
+SECRET = re.compile(r"PASSWORD|SECRET|TOKEN", re.I)
+REFERENCE = re.compile(r"\$\{\w+(:\?[^}]*|:-)?\}")  # a variable, required or empty by default
+
+
+def test_no_password_is_written_in_the_file():
+    """Passwords, secrets and tokens are variables (required, or empty), never literals:
+    in env values, in connection URLs and in JSON connections."""
+    seen = 0
+    for name in SERVICES:
+        for key, value in env(name).items():
+            if SECRET.search(key) and not key.endswith("_FILE"):  # not a file's path
+                assert REFERENCE.fullmatch(value), f"{name}: {key}={value}"
+                seen += 1
+            if "://" in value:
+                password = urlsplit(value.removeprefix("db+")).password
+                assert password is None or REFERENCE.fullmatch(password), f"{name}: {key}"
+            if value.startswith("{"):
+                secret = {k: v for k, v in json.loads(value).items() if SECRET.search(k)}
+                assert all(REFERENCE.fullmatch(v) for v in secret.values()), f"{name}: {key}"
+    assert seen >= 5
+    assert env("airflow-apiserver")["AIRFLOW_ADMIN_PASSWORD"].startswith("${AIRFLOW_ADMIN_PASSWORD:?")
+    assert all("AIRFLOW_ADMIN_PASSWORD" not in env(n) for n in SERVICES if n != "airflow-apiserver")
+
+
+def test_the_admin_logs_in_with_the_password_from_the_environment(tmp_path: Path):
+    """The api-server's own command writes the passwords file before `airflow api-server`;
+    then Airflow's simple auth manager, configured as compose configures it, generates and
+    prints nothing, and its login service takes that password for an admin, and no other."""
+    service = SERVICES["airflow-apiserver"]
+    assert service["command"][:2] == ["bash", "-c"]
+    script, last = service["command"][2].rstrip().rsplit("\n", 1)
+    assert last == "exec airflow api-server"
+    password = "pw-" + os.urandom(8).hex()
+    compose_env = {"AIRFLOW_ADMIN_PASSWORD": password, "AIRFLOW_JWT_SECRET": os.urandom(32).hex(),
+                   "AIRFLOW_DB_PASSWORD": "x", "RESULTS_DB_PASSWORD": "x"}
+    environ = {k: interpolate(v, compose_env) for k, v in env("airflow-apiserver").items()
+               if k.startswith(("AIRFLOW__CORE__", "AIRFLOW__API_AUTH__", "AIRFLOW_ADMIN"))}
+    assert environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(tmp_path / "passwords.json")
+    # the tests' Airflow home (its metadata DB holds the revoked-tokens table a login reads)
+    environ |= {"AIRFLOW_HOME": os.environ["AIRFLOW_HOME"], "PATH": os.environ["PATH"]}
+    written = subprocess.run(["bash", "-c", script], env=environ, capture_output=True, text=True)
+    assert written.returncode == 0 and not written.stdout + written.stderr, written
+    assert (tmp_path / "passwords.json").stat().st_mode & 0o077 == 0  # owner only
+
+    check = f"""
+import asyncio
+from fastapi import HTTPException
+from airflow.api_fastapi.app import create_auth_manager
+from airflow.api_fastapi.auth.managers.simple.datamodels.login import LoginBody
+from airflow.api_fastapi.auth.managers.simple.services.login import SimpleAuthManagerLogin
+manager = create_auth_manager()
+manager.init()
+token = SimpleAuthManagerLogin.create_token(LoginBody(username="admin", password={password!r}))
+user = asyncio.run(manager.get_user_from_token(token))
+print("LOGIN", user.get_name(), user.role)
+for name, wrong in (("admin", "airflow"), ("airflow", {password!r})):
+    try:
+        SimpleAuthManagerLogin.create_token(LoginBody(username=name, password=wrong))
+        print("ACCEPTED", name)
+    except HTTPException as exc:
+        print("REFUSED", exc.status_code)
+"""
+    out = subprocess.run([sys.executable, "-c", check], env=environ, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-4:] == ["LOGIN admin admin", "REFUSED 401", "REFUSED 401", ""], out.stdout
+    assert password not in out.stdout + out.stderr  # nothing printed or logged it
