@@ -83,7 +83,8 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
 
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
             limit: int) -> list[dict[str, Any]]:
-    """One entry per comparable run (a run is assumed to have one stage per stage key)."""
+    """One entry per comparable run (a run is assumed to have one stage per stage key):
+    its metrics, series, the metrics held out of baselines and its verdicts by metric."""
     q = _comparable(stage_key, fingerprint_hash, before)
     start = reset_start(s, stage_key)
     if start is not None:
@@ -91,7 +92,7 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
     rows = s.execute(q.order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)).all()
     held = _held_out(s, stage_key, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
-                                      "metrics": {}, "series": {},
+                                      "metrics": {}, "series": {}, "verdicts": {},
                                       "held_out": sorted(held.get((r.run_id, r.stage_id), ()))}
              for r in rows}
     run_ids = [r.run_id for r in rows]
@@ -100,6 +101,10 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
             entry = found.get((row.run_id, row.stage_id))
             if entry is not None:
                 entry[field][row.name] = getattr(row, attr)
+    for c in s.scalars(select(Comparison).where(Comparison.run_id.in_(run_ids))):
+        entry = found.get((c.run_id, c.stage_id))
+        if entry is not None:  # what that night was judged, for the report's history
+            entry["verdicts"][c.metric] = row_dict(c, skip=("id", "run_id", "stage_id"))
     return list(found.values())
 
 
@@ -142,3 +147,25 @@ def release_baseline_at(s: Session, when: datetime) -> tuple[str, str] | None:
                     .where(Baseline.kind == "release", Baseline.created_at <= when)
                     .order_by(Baseline.created_at.desc(), Baseline.id.desc()).limit(1)).first()
     return None if row is None else (row.label, row.run_id)
+
+
+def full_history(s: Session, stage_key: str, fingerprint_hash: str | None, *,
+                 before: datetime) -> list[dict[str, Any]]:
+    """Every comparable earlier run of this stage key (and fingerprint), oldest first, with
+    its metrics: no window, no reset marker, no value held out. For tools that look for
+    change points themselves (Otava): an accepted change or a regression is what they must
+    see."""
+    q = _comparable(stage_key, fingerprint_hash, before).add_columns(Run.kind,
+                                                                     Run.broker_version)
+    rows = s.execute(q.order_by(Run.started_at, Run.run_id)).all()
+    found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
+                                      "kind": r.kind, "broker_version": r.broker_version,
+                                      "metrics": {}} for r in rows}
+    metrics = select(Metric).join(Stage, (Stage.run_id == Metric.run_id)
+                                  & (Stage.stage_id == Metric.stage_id))
+    for m in s.scalars(metrics.where(Stage.stage_key == stage_key,
+                                     Metric.run_id.in_([r.run_id for r in rows]))):
+        entry = found.get((m.run_id, m.stage_id))
+        if entry is not None:
+            entry["metrics"][m.name] = m.value
+    return list(found.values())

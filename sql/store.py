@@ -370,6 +370,15 @@ class Store:
             before = self._run(s, before_run).started_at
             return queries.history(s, stage_key, fingerprint_hash, before=before, limit=limit)
 
+    def full_history(self, stage_key: str, fingerprint_hash: str | None, *,
+                     before_run: str) -> list[dict[str, Any]]:
+        """Every comparable earlier result of `stage_key`, oldest first: {"run_id",
+        "started_at", "kind", "broker_version", "metrics"}; unlike `history`, no window,
+        no reset marker and no value held out (`queries.full_history`)."""
+        with self._tx() as s:
+            before = self._run(s, before_run).started_at
+            return queries.full_history(s, stage_key, fingerprint_hash, before=before)
+
     def last_fingerprint(self, stage_key: str, *, before_run: str) -> str | None:
         """The fingerprint of the newest earlier comparable run of `stage_key`, any fingerprint."""
         with self._tx() as s:

@@ -91,7 +91,7 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() \
-            == ["0002"]
+            == ["0003"]
     engine.dispose()
     store.close()
 
@@ -217,12 +217,19 @@ def test_history(store: Store) -> None:
     nightly(store, "n8", 8)
     nightly(store, "n9", 9)
     new_run(store, "tonight", 10)
+    judged = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "unchanged",
+              "baseline_value": 8.5, "value": 9.0, "change_pct": 5.9, "confidence": 0.5,
+              "detail": {"noise_pct": 3.0}}
+    store.record_comparisons("n9", [judged])
 
     hist = store.history("fanin.q1", "fp1", before_run="tonight")
     assert [h["run_id"] for h in hist] == ["n9", "n8", "n2", "n1"]
     assert hist[0] == {"run_id": "n9", "started_at": T0 + timedelta(days=9),
                        "metrics": {"delivered_rate": 9.0}, "series": {"delivered_rate": [9.0, 9.0]},
+                       "verdicts": {"delivered_rate": {k: v for k, v in judged.items()
+                                                       if k != "stage_id"}},
                        "held_out": []}
+    assert hist[1]["verdicts"] == {}  # what each night was judged, for the report
     assert [h["run_id"] for h in store.history("fanin.q1", None, before_run="tonight")] \
         == ["n9", "n8", "n6", "n2", "n1"]
     assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n8")] == ["n2", "n1"]
