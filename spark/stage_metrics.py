@@ -21,11 +21,14 @@ from tasks.analysis.tails import SecondTail, tail_metrics
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import (
+    BROKER_CPU_SERIES,
     LATENCY_KINDS,
     LATENCY_STATS,
     METRICS,
     TAIL_KINDS,
     backlog,
+    bucket_series,
+    p99_per_s_series,
     slope,
 )
 
@@ -94,6 +97,31 @@ def stage_series(stage: StageFiles, whole: dict[int, int]) -> dict[str, list[int
         return {}
     seconds = list(range(windows["start"], windows["end"]))
     return {"stage_seconds": seconds, "stage_delivered_per_s": [whole.get(s, 0) for s in seconds]}
+
+
+def window_series(seconds: list[int], tails: dict[str, list[SecondTail]],
+                  broker_rows: list[dict]) -> dict[str, list]:
+    """Per second of the measure window, beside its delivered rate: each tail kind's p99
+    (microseconds) and the broker's CPU (% of one core); null where a second has none."""
+    out: dict[str, list] = {}
+    for kind in TAIL_KINDS:
+        p99 = {t.second: t.p99 for t in tails.get(kind, [])}
+        out[p99_per_s_series(kind)] = [p99.get(s) for s in seconds]
+    cpu = {int(r["second"]): r["cpu_pct"] for r in broker_rows if r.get("cpu_pct") is not None}
+    out[BROKER_CPU_SERIES] = [cpu.get(s) for s in seconds]
+    return out
+
+
+def histogram_series(histograms: dict[str, dict[int, int]]) -> dict[str, list[int]]:
+    """The window's summed buckets of each tail kind, as two aligned series (bucket index,
+    count; `tasks.driver.histogram` reads them), so a stored run's percentile curve can be
+    drawn again from SQL."""
+    out: dict[str, list[int]] = {}
+    for kind in TAIL_KINDS:
+        buckets = sorted((b, c) for b, c in histograms.get(kind, {}).items() if c)
+        index, counts = bucket_series(kind)
+        out[index], out[counts] = [b for b, _ in buckets], [c for _, c in buckets]
+    return out
 
 
 def loss_metrics(stage: StageFiles) -> dict:
@@ -212,11 +240,12 @@ def _broker_source(stage: StageFiles) -> tuple[str, list[dict]]:
     return "nothing", []
 
 
-def broker_metrics(stage: StageFiles, delivered_rate: float | None) -> dict:
+def broker_metrics(stage: StageFiles, delivered_rate: float | None,
+                   source: tuple[str, list[dict]]) -> dict:
     """The broker over the measure window: CPU, RSS and what a message costs, from the best
-    source `_broker_source` finds (said in a problem line when it is not its processes),
+    `source` `_broker_source` found (said in a problem line when it is not its processes),
     plus its processes' detail, its own counts and its host."""
-    source, rows = _broker_source(stage)
+    source, rows = source
     if source not in ("processes", "nothing"):
         stage.problem(f"broker CPU and RSS from {source}: its processes were not sampled",
                       notice=False)
@@ -271,9 +300,12 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
         metrics.update(connect_metrics(stage))
         metrics.update(driver_metrics(stage))
-        metrics.update(latency_metrics(*(part.get(stage.stage_id, {}) for part in
-                                         (sums.histograms, sums.tails, sums.stalled))))
-        metrics.update(broker_metrics(stage, metrics["delivered_rate"]))
+        histograms, tails = (part.get(stage.stage_id, {}) for part in (sums.histograms, sums.tails))
+        metrics.update(latency_metrics(histograms, tails, sums.stalled.get(stage.stage_id, {})))
+        broker = _broker_source(stage)
+        metrics.update(broker_metrics(stage, metrics["delivered_rate"], broker))
+        series.update(window_series(series["seconds"], tails, broker[1]))
+        series.update(histogram_series(histograms))
     unknown = set(metrics) - set(METRICS)
     if unknown:
         raise KeyError(f"metrics missing from tasks.metrics: {sorted(unknown)}")

@@ -21,6 +21,19 @@ LATENCY_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 LATENCY_STATS = ("avg", "p50", "p95", "p99", "p99_9", "max", "stddev")
 TAIL_KINDS = ("e2e", "pub_ack")  # their tails are also read per second (tasks.analysis.tails)
 
+
+def p99_per_s_series(kind: str) -> str:
+    """The series of a tail kind's p99 per second of the measure window (microseconds)."""
+    return f"{kind}_p99_per_s"
+
+
+def bucket_series(kind: str) -> tuple[str, str]:
+    """The two aligned series of a tail kind's summed window buckets: (index, count)."""
+    return f"{kind}_buckets", f"{kind}_bucket_counts"
+
+
+BROKER_CPU_SERIES = "broker_cpu_per_s"  # % of one core, per second of the measure window
+
 _DEFS: list[MetricDef] = [
     MetricDef("delivered_rate", "msg/s", "higher", 0.05),
     MetricDef("published_rate", "msg/s", "higher", 0.05),

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of  # noqa: E402
+from tasks.driver.histogram import MAX_RELATIVE_ERROR, bucket_bounds, bucket_of, percentile  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
     COUNTER_COLUMNS,
     COUNTERS_FILE,
@@ -38,7 +38,14 @@ from tasks.driver.output import (  # noqa: E402
     write_csv,
     write_json,
 )
-from tasks.metrics import LATENCY_STATS, METRICS, TAIL_KINDS  # noqa: E402
+from tasks.metrics import (  # noqa: E402
+    BROKER_CPU_SERIES,
+    LATENCY_STATS,
+    METRICS,
+    TAIL_KINDS,
+    bucket_series,
+    p99_per_s_series,
+)
 
 pytestmark = pytest.mark.slow  # runs Spark
 
@@ -299,8 +306,8 @@ def test_document_shape(run: Run):
     for stage in run.doc["stages"]:
         assert set(stage) == {"stage_id", "scenario", "status", "problems", "metrics", "series"}
         assert set(stage["metrics"]) == set(METRICS)
-        assert set(stage["series"]) == {"seconds", "delivered_per_s", "published_per_s",
-                                        "stage_seconds", "stage_delivered_per_s"}
+        assert set(stage["series"]) >= {"seconds", "delivered_per_s", "published_per_s",
+                                         "stage_seconds", "stage_delivered_per_s"}
         series = stage["series"]
         whole = dict(zip(series["stage_seconds"], series["stage_delivered_per_s"]))
         # the whole-stage series (for charts) holds the window series and the warm-up too
@@ -475,6 +482,23 @@ def test_broker_metrics_from_window_samples(run: Run):
     assert metrics["broker_rss_max"] == max(expect.rss)
     per_10k = np.mean(expect.cpu) / 100 / (metrics["delivered_rate"] / 10_000)  # CPU-seconds
     assert metrics["broker_cpu_s_per_10k"] == pytest.approx(per_10k, rel=1e-8)
+
+
+def test_per_second_p99_broker_cpu_and_buckets_are_series_for_the_report(run: Run):
+    stage, expect = run.stages["s1_ok"], run.expect["s1_ok"]
+    series = stage["series"]
+    assert series[BROKER_CPU_SERIES] == expect.cpu  # one per window second, in order
+    for kind in TAIL_KINDS:
+        p99 = dict(zip(series["seconds"], series[p99_per_s_series(kind)]))
+        assert p99[EMPTY_SECOND] is None  # a second without samples has no p99
+        for second, values in expect.by_second[kind].items():
+            want = _nearest(values, 99)
+            assert abs(p99[second] - want) <= _tolerance(want), (kind, second)
+        index, counts = (series[name] for name in bucket_series(kind))
+        assert index == sorted(index) and len(index) == len(counts) and all(counts)
+        assert sum(counts) == len(expect.samples[kind])
+        # the stored buckets give back the window's percentiles
+        assert percentile(dict(zip(index, counts)), 99) == stage["metrics"][f"{kind}_latency_p99"]
 
 
 def test_clock_offset_is_reported(run: Run):

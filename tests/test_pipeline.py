@@ -43,6 +43,8 @@ def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: P
     # one night of history: learning the noise, no verdict from it
     assert verdicts["delivered_rate"]["verdict"] == "learning"
     assert verdicts["delivered_rate"]["detail"]["note"].startswith("learning: 1 of 8 nights")
+    report = (Path(store.run(second)["artifact_dir"]) / "report.html").read_text()
+    assert f'id="history-{stages[0]["stage_id"]}-delivered_rate"' in report  # two nights drawn
 
 
 def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite, broker, tmp_path,
@@ -73,4 +75,10 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
     output = "\n".join(lines)
     assert "no baseline yet" in output and outcome.report in output
     report = Path(outcome.report).read_text()
-    assert "broker CPU-s / 10K msgs" in report and "RSS / 1K conns MiB" in report
+    assert "broker CPU / 10K msgs (CPU-s)" in report and "RSS / 1K conns (MiB)" in report
+    # teardown wrote it again with the run's final status; buckets and per-second series
+    # were stored, so the latency curve and the p99 and CPU per second are drawn
+    assert '<b class="status-ok">ok</b>' in report and "status <b>running</b>" not in report
+    assert report.count('id="latency-') == len(stages)
+    assert report.count("e2e p99 per second") == len(stages)
+    assert report.count("broker CPU per second") == len(stages)

@@ -162,4 +162,4 @@ def test_a_node_reachable_only_over_the_network_is_costed_from_its_prometheus_en
     assert all("broker CPU and RSS from its own metrics: its processes were not sampled"
                in stage["problems"] for stage in job["stages"])  # the source is said
     report = Path(outcome.report).read_text()
-    assert "broker CPU-s / 10K msgs" in report
+    assert "broker CPU / 10K msgs (CPU-s)" in report

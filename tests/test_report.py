@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import io
+import json
+import math
+import random
+import re
 import shutil
 import subprocess
+from datetime import datetime, timedelta, timezone
+from html import unescape
 from pathlib import Path
 
 import pytest
 
+from sql import Store
+from tasks.driver.histogram import bucket_of
+from tasks.metrics import BROKER_CPU_SERIES, bucket_series, p99_per_s_series
+from tasks.steps.report import render_stored
 from tasks.views.report import render
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -82,7 +93,6 @@ def test_report_renders_in_chromium_with_charts_and_score_card(report, tmp_path)
 
 
 def test_perfpipe_report_rerenders_a_stored_run_from_the_store(perfpipe_env: Path, capsys) -> None:
-    from sql import Store
     from tasks.cli import main
     from tasks.settings import load_settings
 
@@ -107,3 +117,122 @@ def test_perfpipe_report_rerenders_a_stored_run_from_the_store(perfpipe_env: Pat
     assert capsys.readouterr().out.strip() == str(out)
     assert main(["report", "nope"]) == 2
     assert "unknown run 'nope'" in capsys.readouterr().err
+
+
+# ---- a stored history with a known regression, judged by the real detector ---------------
+STEADY, DROPPED = 1000.0, 880.0  # delivered msg/s: a 12% drop on the last two nights
+NIGHTS = 12
+
+
+def _night_series(rng: random.Random, seconds: list[int], rate: float) -> dict:
+    """What the Spark job stores for a stage: per-second rates, p99 and broker CPU, and the
+    window's summed e2e buckets."""
+    buckets: dict[int, int] = {}
+    for _ in range(4000):
+        value = int(rng.lognormvariate(math.log(900), 0.4))  # microseconds
+        buckets[bucket_of(value)] = buckets.get(bucket_of(value), 0) + 1
+    index, counts = bucket_series("e2e")
+    window = seconds[2:12]
+    return {"stage_seconds": seconds, "stage_delivered_per_s": [rate] * len(seconds),
+            "seconds": window, "delivered_per_s": [rate] * len(window),
+            p99_per_s_series("e2e"): [2500.0 + 100 * rng.random() for _ in window],
+            BROKER_CPU_SERIES: [20 + rng.random() for _ in window],
+            index: sorted(buckets), counts: [buckets[b] for b in sorted(buckets)]}
+
+
+@pytest.fixture
+def regressed(perfpipe_env: Path) -> tuple[Store, str]:
+    """Twelve nights of one stage in a real SQLite store, each judged by the compare step's
+    own code; the delivered rate drops 12% on the last two nights."""
+    from tasks.settings import load_settings
+    from tasks.steps.compare import compare_stored
+
+    store = Store(load_settings().database_url())
+    store.migrate()
+    rng, start = random.Random(7), datetime(2026, 11, 1, 2, 0, tzinfo=timezone.utc)
+    template = stage(0, 1, 100, STEADY)
+    for night in range(NIGHTS):
+        run_id = f"nightly-{night:02d}"
+        rate = (DROPPED if night >= NIGHTS - 2 else STEADY) * (1 + rng.gauss(0, 0.004))
+        store.create_run(run_id, kind="nightly", suite="smoke", broker_kind="mosquitto",
+                         artifact_dir="/gone", started_at=start + timedelta(days=night))
+        store.record_stage(run_id, template["stage_id"], scenario="fanin", stage_key="fanin-k",
+                           params=template["params"], fingerprint_hash="fp")
+        metrics = {**template["metrics"], "delivered_rate": rate,
+                   "e2e_latency_p50": 900.0 * (1 + rng.gauss(0, 0.01))}
+        store.record_results(run_id, template["stage_id"], metrics=metrics,
+                             series=_night_series(rng, list(range(1000, 1014)), rate),
+                             validity="valid", reason=None)
+        compare_stored(store, run_id, {})
+        store.finish_run(run_id, "ok")
+    return store, run_id
+
+
+def _boxes_and_screenshot(html: Path, tmp_path: Path, ids: list[str]) -> tuple[dict, bytes]:
+    """Open the page in Chromium as a person would: where each element was laid out (read
+    back from the DOM by a script added to a copy) and a screenshot of the same layout."""
+    probe = tmp_path / "probe.html"
+    script = ("<script>document.body.dataset.boxes=JSON.stringify(Object.fromEntries("
+              f"{json.dumps(ids)}.map(i=>{{const r=document.getElementById(i)"
+              ".getBoundingClientRect();return [i,[r.left,r.top,r.width,r.height]]})))</script>")
+    probe.write_text(html.read_text().replace("</body>", script + "</body>"))
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000",
+             "--force-device-scale-factor=1", "--hide-scrollbars"]
+    dom = subprocess.run([chromium(), *flags, "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'data-boxes="([^"]*)"', dom.stdout)
+    assert found, "the layout probe did not run"
+    shot = tmp_path / "shot.png"
+    done = subprocess.run([chromium(), *flags, f"--screenshot={shot}", probe.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    return json.loads(unescape(found.group(1))), shot.read_bytes()
+
+
+def _pixels(png: bytes, box: list[float]) -> list[tuple[int, int, int]]:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    left, top, width, height = (round(v) for v in box)
+    return list(image.crop((left, top, left + width, top + height)).get_flattened_data())
+
+
+def test_a_known_regression_is_boxed_at_the_top_and_drawn_in_its_history(regressed, tmp_path):
+    store, run_id = regressed
+    stage_id = "fanin.q1.c100"
+    tonight = {c["metric"]: c for c in store.stages(run_id)[0]["comparisons"]}
+    assert tonight["delivered_rate"]["verdict"] == "regression"  # the known regression
+    html = tmp_path / "report.html"
+    html.write_text(render_stored(store, run_id))
+    page = html.read_text()
+    # the box at the top names it: baseline -> tonight, change, nights of evidence
+    box = page[page.index('id="attention"'):page.index("<h2>History</h2>")]
+    assert 'class="regression"' in box and "delivered_rate" in box and "sparkline" in box
+    assert f"{tonight['delivered_rate']['change_pct']:.3f}"[:4] in box
+    chart_id = f"history-{stage_id}-delivered_rate"
+    chart = page[page.index(f'id="{chart_id}"'):]
+    chart = chart[:chart.index("</svg>")]
+    assert chart.count('class="flag ') == 2  # suspected, then regression
+    assert 'class="band"' in chart and 'class="change-point"' in chart
+    assert page.index('id="attention"') < page.index(f'id="{chart_id}"') < page.index('id="score-card"')
+    assert 'id="latency-fanin.q1.c100"' in page and "status <b class=\"status-ok\">ok</b>" in page
+
+    boxes, png = _boxes_and_screenshot(html, tmp_path, ["attention", chart_id])
+    for name, (_left, top, width, height) in boxes.items():
+        assert width > 100 and height > 100 and 0 <= top and top + height <= 2000, (name, boxes)
+    red, band = (214, 39, 40), (230, 230, 230)
+    attention = _pixels(png, boxes["attention"])
+    assert attention.count(red) > 2 * boxes["attention"][2]  # its red border, drawn
+    drawn = _pixels(png, boxes[chart_id])
+    assert drawn.count(band) > 200 and drawn.count(red) > 20  # the noise band, the red nights
+
+
+def test_a_quiet_night_says_nothing_needs_a_human(regressed, tmp_path):
+    store, run_id = regressed
+    stages = store.stages(run_id)
+    for c in stages[0]["comparisons"]:
+        c["verdict"] = "unchanged"
+    page = render(store.run(run_id), stages, [])
+    box = page[page.index('id="attention"'):page.index("<h2>History</h2>")]
+    assert "Nothing tonight" in box and 'id="regressions"' not in box

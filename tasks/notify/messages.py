@@ -20,6 +20,10 @@ MAX_ROWS = 10
 _SECTION_LIMIT = 2900
 
 
+# The metrics whose earlier nights a message lists beside tonight's: capacity and cost
+EARLIER_NIGHTS = ("max_rate", "broker_cpu_s_per_10k", "broker_rss_per_1k_conn")
+
+
 @dataclass(frozen=True)
 class Row:
     """One alert's evidence: the verdict behind it and the stage it is about."""
@@ -38,7 +42,7 @@ class Row:
     nights: int
     fingerprint: str | None
     run_id: str  # the run the evidence comes from
-    history: tuple[float, ...] = ()  # earlier nights' values, oldest first (capacity, cost)
+    history: tuple[float, ...] = ()  # earlier nights' values, oldest first (EARLIER_NIGHTS)
     mde_pct: float | None = None  # the smallest step the metric shows within two nights
 
 

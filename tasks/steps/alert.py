@@ -35,6 +35,7 @@ from sql.alerts import alert_key
 from .. import rundir
 from ..metrics import FLAGGED
 from ..notify.messages import (
+    EARLIER_NIGHTS,
     Links,
     Row,
     blind_spots,
@@ -46,7 +47,7 @@ from ..notify.messages import (
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
-from ..views.report import History
+from ..views.history import Histories
 from . import Call
 from .load_metrics import stage_failures
 from .report import stored_histories
@@ -65,13 +66,16 @@ class Delivery:
 Evidence = dict[tuple[str, str], Row]  # (alert key, metric) -> the verdict as a row
 
 
-def evidence_of(stages: list[dict], run_id: str, histories: History | None = None) -> Evidence:
+def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = None) -> Evidence:
     """Every comparison of a run as a Row, keyed like the alert it belongs to; `histories`
-    gives capacity and cost rows their earlier nights."""
+    (stage id -> earlier nights, oldest first) gives capacity and cost rows their earlier
+    values."""
     out = {}
     for stage in stages:
+        earlier = (histories or {}).get(stage["stage_id"], [])
         for c in stage.get("comparisons", []):
-            nights = (histories or {}).get(stage["stage_id"], {}).get(c["metric"], [])[:-1]
+            nights = [e["metrics"].get(c["metric"]) for e in earlier] \
+                if c["metric"] in EARLIER_NIGHTS else []
             key = (alert_key(stage["stage_key"], c["detail"]), c["metric"])
             out[key] = Row(alert_id=0, status=c["verdict"], verdict=c["verdict"],
                            scenario=stage["scenario"], stage_id=stage["stage_id"],
@@ -80,7 +84,7 @@ def evidence_of(stages: list[dict], run_id: str, histories: History | None = Non
                            change_pct=c["change_pct"], confidence=c["confidence"],
                            nights=int(c["detail"].get("nights") or 1),
                            fingerprint=stage.get("fingerprint_hash"), run_id=run_id,
-                           history=tuple(v for _, v in nights if v is not None),
+                           history=tuple(v for v in nights if v is not None),
                            mde_pct=c["detail"].get("mde_pct"))
     return out
 

@@ -106,17 +106,23 @@ def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
     return changed
 
 
-def run(ctx: RunContext, call: Call, policy: Policy = Policy()) -> dict[str, Any]:
-    store = ctx.store()
-    run = store.run(ctx.run_id)
-    release = release_stages(store, run, ctx.plan)
+def compare_stored(store: Store, run_id: str, plan: dict,
+                   policy: Policy = Policy()) -> dict[str, Any]:
+    """Judge a stored run's stages and record the verdicts and alerts: {"verdicts": rows,
+    "changed_alerts": alert ids, "release_baseline": (label, run id) or None}."""
+    release = release_stages(store, store.run(run_id), plan)
     # a search probe's rate depends on the night: its search is compared, not the probes
-    stages = [s for s in store.stages(ctx.run_id) if not (s["params"] or {}).get("probe_of")]
+    stages = [s for s in store.stages(run_id) if not (s["params"] or {}).get("probe_of")]
     keys = {s["stage_id"]: s["stage_key"] for s in stages}
-    inputs = {s["stage_id"]: stage_inputs(store, ctx.run_id, s, policy, release) for s in stages}
-    verdicts = judge_run(stages, inputs, policy, ctx.run_id)
-    rows = [v.to_dict() for v in verdicts]
-    changed = record_verdicts(store, ctx.run_id, rows, keys)
-    ctx.write_json(rundir.VERDICTS, {"verdicts": rows, "changed_alerts": changed,
-                                   "release_baseline": release[:2] if release else None})
-    return {**Counter(v.verdict for v in verdicts), "changed_alerts": len(changed)}
+    inputs = {s["stage_id"]: stage_inputs(store, run_id, s, policy, release) for s in stages}
+    rows = [v.to_dict() for v in judge_run(stages, inputs, policy, run_id)]
+    changed = record_verdicts(store, run_id, rows, keys)
+    return {"verdicts": rows, "changed_alerts": changed,
+            "release_baseline": release[:2] if release else None}
+
+
+def run(ctx: RunContext, call: Call, policy: Policy = Policy()) -> dict[str, Any]:
+    judged = compare_stored(ctx.store(), ctx.run_id, ctx.plan, policy)
+    ctx.write_json(rundir.VERDICTS, judged)
+    return {**Counter(v["verdict"] for v in judged["verdicts"]),
+            "changed_alerts": len(judged["changed_alerts"])}

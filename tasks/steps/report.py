@@ -1,5 +1,6 @@
 """Step report: the run's HTML report, rendered from the results store
-(`tasks.views.report` draws it) and written into the run folder."""
+(`tasks.views.report` draws it) and written into the run folder. Teardown writes it again
+once the run's status is final (`write_report`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from sql import Store
 from .. import rundir
 from ..run_context import RunContext
 from ..settings import load_settings
-from ..views.report import HISTORY_METRICS, History, render
+from ..views.history import Histories
+from ..views.report import render
 from . import Call
 
 
@@ -25,19 +27,13 @@ def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
     return [{**files.get(h["host"], {}), **h} for h in store.fingerprints(run_id)]
 
 
-def stored_histories(store: Store, run_id: str, stages: list[dict], nights: int = 14) -> History:
-    """stage -> metric -> (run, value) of its comparable earlier nights and tonight, for the
-    capacity and cost metrics the stage measured."""
-    out: History = {}
-    for stage in stages:
-        metrics = [m for m in HISTORY_METRICS if stage["metrics"].get(m) is not None]
-        if not metrics:
-            continue
-        earlier = store.history(stage["stage_key"], stage["fingerprint_hash"],
-                                before_run=run_id, limit=nights)[::-1]
-        out[stage["stage_id"]] = {m: [(n["run_id"], n["metrics"].get(m)) for n in earlier]
-                                  + [(run_id, stage["metrics"][m])] for m in metrics}
-    return out
+def stored_histories(store: Store, run_id: str, stages: list[dict],
+                     nights: int = 30) -> Histories:
+    """stage id -> its comparable earlier nights (same stage key and fingerprint), oldest
+    first, each with its metrics and verdicts, for the stages that were judged."""
+    return {stage["stage_id"]: store.history(stage["stage_key"], stage["fingerprint_hash"],
+                                             before_run=run_id, limit=nights)[::-1]
+            for stage in stages if stage.get("comparisons")}
 
 
 def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str:
@@ -51,10 +47,15 @@ def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str
                   stored_histories(store, run_id, stages))
 
 
-def run(ctx: RunContext, call: Call) -> str:
+def write_report(ctx: RunContext) -> str:
+    """Render the run's report from the store into its run folder; returns its path."""
     path = ctx.run_dir / rundir.REPORT
     path.write_text(render_stored(ctx.store(), ctx.run_id, ctx.run_dir))
     return str(path)
+
+
+def run(ctx: RunContext, call: Call) -> str:
+    return write_report(ctx)
 
 
 def rerender(run_id: str, out: Path | None = None) -> str:

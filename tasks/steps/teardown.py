@@ -5,7 +5,8 @@ The status comes from the steps that finished (`tasks.steps.STEPS`, each marked 
 folder when it finished): a run in which any step before teardown did not finish, for
 every host where it runs per host, or in which a driver process or the broker died
 mid-stage, or whose teardown could not stop or restore something, is `failed`; one whose
-stages were all invalid is `invalid`. Neither ever feeds a baseline.
+stages were all invalid is `invalid`. Neither ever feeds a baseline. A report the report
+step wrote is written again with the final status.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..run_context import RunContext
 from . import STEPS, Call
 from .broker import stop_broker
 from .load_metrics import stage_failures
+from .report import write_report
 from .tune import restore_run_tuning
 
 T = TypeVar("T")
@@ -91,6 +93,11 @@ def run(ctx: RunContext, call: Call) -> dict:
     if warning:
         call.say(f"teardown: warning: {warning}")
     status, stored = _close(ctx, call, problems, warning)
+    if stored and (ctx.run_dir / rundir.REPORT).exists():  # its header said "running"
+        late: list[str] = []
+        _guarded(late, "report not rewritten with the final status", lambda: write_report(ctx))
+        for line in late:
+            call.say(f"teardown: {line}")
     return {"status": status, "stored": stored, "warning": warning,
             "drivers_stopped": stopped, "broker": broker, "tuning_restored": restored,
             "problems": problems}

@@ -1,11 +1,16 @@
 """The run report: one self-contained HTML page (inline SVG, no network needed).
 
-`render` is pure (run, stages, hosts in; HTML out) and escapes every text; the report step
-(`tasks.steps.report`) reads the store and writes the file. The page
-follows the seed reports: delivered rate against clients per QoS with the target line
-(IBM's figures), latency percentiles per stage, each stage's per-second throughput with
-the measure window shaded, a MessageSight-style score card, verdicts against the
-baseline, invalid stages with their reasons, and every host's fingerprint and tuning.
+`render` is pure (run, stages, hosts, histories in; HTML out) and escapes every text; the
+report step (`tasks.steps.report`) reads the store and writes the file, and teardown writes
+it again once the run's status is final. History first, as the morning needs it: what needs
+a human (regressions and suspicions, with baseline -> tonight, nights of evidence, where the
+shift began and a trend), then every judged metric night by night with its baseline and
+noise band (`tasks.views.history`). Then tonight: delivered rate against clients per QoS
+with the target line (IBM's figures), a MessageSight-style score card, capacity and broker
+cost, every verdict with the smallest step it can show, invalid stages, each stage's
+latency percentile curve on a log-percentile axis (from the summed buckets stored with the
+run), its delivered rate, p99 and broker CPU per second, and every host's fingerprint and
+tuning. Latency is shown in ms, memory in MiB, ratios in % (`tasks.views.units`).
 """
 
 from __future__ import annotations
@@ -13,50 +18,50 @@ from __future__ import annotations
 from collections import defaultdict
 from html import escape
 
-from ..metrics import VERDICTS
-from .charts import line_chart, time_series
+from ..driver.histogram import percentile
+from ..metrics import BROKER_CPU_SERIES, TAIL_KINDS, VERDICTS, bucket_series, p99_per_s_series
+from .charts import PALETTE, line_chart, percentile_x, time_series
+from .history import Histories, attention, history_section
 from .tables import verdict_note
+from .units import show, unit_of
 
-SCORE_CARD = (("delivered_rate", "delivered msg/s"), ("target_rate", "target msg/s"),
-              ("e2e_latency_avg", "avg"), ("e2e_latency_p50", "p50"), ("e2e_latency_p95", "p95"),
-              ("e2e_latency_p99", "p99"), ("e2e_latency_p99_no_stall", "p99 without stall seconds"),
+SCORE_CARD = (("delivered_rate", "delivered"), ("target_rate", "target"),
+              ("e2e_latency_avg", "e2e avg"), ("e2e_latency_p50", "p50"),
+              ("e2e_latency_p95", "p95"), ("e2e_latency_p99", "p99"),
+              ("e2e_latency_p99_no_stall", "p99 without stall seconds"),
               ("e2e_latency_p99_typical", "p99 of a typical second"),
               ("e2e_stall_seconds", "stall seconds"), ("e2e_stall_longest", "longest stall"),
               ("e2e_latency_stddev", "stddev"), ("lost", "lost"),
-              ("errors", "errors"), ("broker_cpu_avg", "broker CPU % avg"),
-              ("broker_cpu_max", "max"), ("broker_rss_max", "broker RSS MiB max"))
+              ("errors", "errors"), ("broker_cpu_avg", "broker CPU avg"),
+              ("broker_cpu_max", "max"), ("broker_rss_max", "broker RSS max"))
 # What the broker spent (from its processes, its own metrics or its host: see the stage's
 # problems), and a search stage's capacity
-COST = (("max_rate", "capacity msg/s"), ("broker_cpu_s_per_10k", "broker CPU-s / 10K msgs"),
-        ("broker_rss_per_1k_conn", "RSS / 1K conns MiB"), ("broker_rss_avg", "RSS MiB avg"),
-        ("broker_cpu_user_avg", "user %"), ("broker_cpu_sys_avg", "sys %"),
+COST = (("max_rate", "capacity"), ("broker_cpu_s_per_10k", "broker CPU / 10K msgs"),
+        ("broker_rss_per_1k_conn", "RSS / 1K conns"), ("broker_rss_avg", "RSS avg"),
+        ("broker_cpu_user_avg", "user"), ("broker_cpu_sys_avg", "sys"),
         ("broker_threads_max", "threads"), ("broker_open_files_max", "open files"),
-        ("broker_ctx_switches_per_s", "ctx switches/s"), ("broker_connections_max", "connections"),
-        ("broker_backlog_max", "backlog (its own)"), ("host_cpu_avg", "host CPU %"),
-        ("host_net_rx_avg", "host rx B/s"), ("host_net_tx_avg", "host tx B/s"))
-MIB_METRICS = ("broker_rss_avg", "broker_rss_max", "broker_rss_per_1k_conn", "host_mem_used_max")
-# Drawn night by night where a stage measured them (`histories` of `render`)
-HISTORY_METRICS = ("max_rate", "broker_cpu_s_per_10k", "broker_rss_per_1k_conn")
-History = dict[str, dict[str, list[tuple[str, float | None]]]]  # stage -> metric -> (run, value)
+        ("broker_ctx_switches_per_s", "ctx switches"), ("broker_connections_max", "connections"),
+        ("broker_backlog_max", "backlog (its own)"), ("host_cpu_avg", "host CPU"),
+        ("host_net_rx_avg", "host rx"), ("host_net_tx_avg", "host tx"))
 PERCENTILES = ("p50", "p95", "p99", "p99_9", "max")
+# where the percentile curve is read (with enough samples: p99.99 needs 10,000)
+CURVE_PERCENTILES = (0, 10, 25, 50, 75, 90, 95, 98, 99, 99.5, 99.8, 99.9, 99.95, 99.98, 99.99,
+                     99.995, 99.999)
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
 text-align:right;font-size:13px}th{background:#f3f3f3}td.l,th.l{text-align:left}
 .invalid{color:#b00}.regression{background:#fdd}.suspected{background:#fec}
 .improvement{background:#dfd}.charts{display:flex;flex-wrap:wrap;gap:16px}
-figure{margin:0}figcaption{font-size:12px;color:#555}"""
+figure{margin:0}figcaption{font-size:12px;color:#555;max-width:360px}
+.attention{border:2px solid #d62728;border-radius:6px;padding:0 1em;margin:1em 0}
+.attention.quiet{border-color:#2ca02c}.status-failed,.status-invalid{color:#b00}
+figure.regression,figure.suspected{background:none;outline:2px solid #fbb}
+details{margin:.3em 0 1em}summary{cursor:pointer;color:#555}"""
 
 
-def fmt(value, name: str = "") -> str:
-    if value is None:
-        return "–"
-    if name in MIB_METRICS:
-        value = value / 2**20
-    if isinstance(value, float) and value.is_integer():
-        return f"{int(value):,}"
-    if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
-    return escape(str(value))
+def _head(name: str, label: str) -> str:
+    unit = unit_of(name)
+    return f"<th>{escape(label)}" + (f" ({escape(unit)})" if unit else "") + "</th>"
 
 
 def _ordered(stages: list[dict]) -> list[dict]:
@@ -89,42 +94,99 @@ def rate_charts(stages: list[dict]) -> str:
     return f'<div class="charts">{"".join(figures)}</div>'
 
 
+def latency_curve(buckets: dict[int, int]) -> list[tuple[float, float]]:
+    """(log-percentile x, ms) points of summed buckets, up to the percentile their count
+    can resolve, and the max one step beyond it."""
+    total = sum(buckets.values())
+    if not total:
+        return []
+    shown = [p for p in CURVE_PERCENTILES if total * (1 - p / 100) >= 1]
+    points = [(percentile_x(p), percentile(buckets, p) / 1000) for p in shown]
+    top = percentile_x(min(99.999, 100 - 100 / (10 * total)))  # max: a little further right
+    return [*points, (max(top, points[-1][0] + 0.3), percentile(buckets, 100) / 1000)]
+
+
+def latency_curves(stages: list[dict]) -> str:
+    """Per stage, each tail kind's latency against percentile on a log-percentile axis."""
+    figures = []
+    for stage in stages:
+        lines = {}
+        for kind in TAIL_KINDS:
+            index, counts = (stage["series"].get(name) or [] for name in bucket_series(kind))
+            curve = latency_curve(dict(zip(index, counts)))
+            if curve:
+                lines[kind] = curve
+        if lines:
+            sid = stage["stage_id"]
+            chart = line_chart(lines, x_label="percentile", y_label="ms", x_kind="percentile",
+                               y_kind="log", title=f"{sid}: latency by percentile", width=360,
+                               height=220, chart_id=f"latency-{sid}")
+            figures.append(f"<figure>{chart}<figcaption>{escape(sid)}: the measure window's "
+                           "latency by percentile (last point: the max)</figcaption></figure>")
+    if not figures:
+        return "<p>No stage stored its latency buckets.</p>"
+    return f'<div class="charts" id="latency-curves">{"".join(figures)}</div>'
+
+
 def latency_table(stages: list[dict]) -> str:
     head = "".join(f"<th>{kind} {p.replace('_', '.')}</th>"
                    for kind in ("e2e", "pub_ack") for p in PERCENTILES)
     rows = "".join(
         f'<tr><td class="l">{escape(s["stage_id"])}</td>'
-        + "".join(f'<td>{fmt(s["metrics"].get(f"{kind}_latency_{p}"))}</td>'
-                  for kind in ("e2e", "pub_ack") for p in PERCENTILES) + "</tr>"
+        + "".join(f'<td>{show(s["metrics"].get(name), name)}</td>'
+                  for kind in ("e2e", "pub_ack") for p in PERCENTILES
+                  for name in (f"{kind}_latency_{p}",)) + "</tr>"
         for s in stages)
-    return (f'<table id="latency"><tr><th class="l">stage (us)</th>{head}</tr>{rows}</table>')
+    return f'<table id="latency"><tr><th class="l">stage (ms)</th>{head}</tr>{rows}</table>'
 
 
-def throughput_charts(stages: list[dict]) -> str:
-    figures = []
+def per_second_charts(stages: list[dict]) -> str:
+    """Per stage: delivered per second over the whole stage (measure window shaded), and the
+    window's e2e p99 and broker CPU per second beside it."""
+    rows = []
     for stage in stages:
         series, params = stage["series"], stage["params"]
-        seconds = series.get("stage_seconds") or []
-        if not seconds:
+        whole = series.get("stage_seconds") or []
+        if not whole:
             continue
-        start = seconds[0] + params.get("warmup_s", 0)
-        chart = time_series(seconds, series.get("stage_delivered_per_s", []),
-                            window=(start, start + params.get("measure_s", 0)),
-                            title=f"{stage['stage_id']}: delivered per second")
-        figures.append(f"<figure>{chart}<figcaption>{escape(stage['stage_id'])} "
-                       f"(shaded: measure window)</figcaption></figure>")
-    return f'<div class="charts" id="throughput">{"".join(figures)}</div>'
+        start = whole[0] + params.get("warmup_s", 0)
+        window = (start, start + params.get("measure_s", 0))
+        sid = stage["stage_id"]
+        charts = [time_series(whole, series.get("stage_delivered_per_s", []), window=window,
+                              title=f"{sid}: delivered per second")]
+        seconds = series.get("seconds") or []
+        p99 = series.get(p99_per_s_series("e2e")) or []
+        if any(v is not None for v in p99):
+            charts.append(time_series(whole, _on(whole, seconds, [None if v is None else v / 1000
+                                                                 for v in p99]),
+                                      window=window, title=f"{sid}: e2e p99 per second",
+                                      y_label="p99 ms", color=PALETTE[1]))
+        cpu = series.get(BROKER_CPU_SERIES) or []
+        if any(v is not None for v in cpu):
+            charts.append(time_series(whole, _on(whole, seconds, cpu), window=window,
+                                      title=f"{sid}: broker CPU per second",
+                                      y_label="broker CPU %", color=PALETTE[2]))
+        rows.append(f'<figure><div class="charts">{"".join(charts)}</div><figcaption>'
+                    f"{escape(sid)}: delivered msg/s, e2e p99 and broker CPU per second "
+                    "(shaded: measure window)</figcaption></figure>")
+    return f'<div id="throughput">{"".join(rows)}</div>'
+
+
+def _on(whole: list[int], seconds: list[int], values: list) -> list:
+    """`values` of `seconds` placed on the whole stage's seconds (null elsewhere)."""
+    at = dict(zip(seconds, values))
+    return [at.get(s) for s in whole]
 
 
 def score_card(stages: list[dict]) -> str:
-    head = "".join(f"<th>{escape(label)}</th>" for _, label in SCORE_CARD)
+    head = "".join(_head(name, label) for name, label in SCORE_CARD)
     rows = "".join(
         f'<tr><td class="l">{escape(s["stage_id"])}</td>'
         f'<td class="l {escape(s["validity"] or "")}">{escape(s["validity"] or "")}</td>'
-        + "".join(f"<td>{fmt(s['metrics'].get(name), name)}</td>" for name, _ in SCORE_CARD)
+        + "".join(f"<td>{show(s['metrics'].get(name), name)}</td>" for name, _ in SCORE_CARD)
         + "</tr>" for s in stages)
     return (f'<table id="score-card"><tr><th class="l">stage</th><th class="l">validity</th>'
-            f"{head}</tr>{rows}</table><p>latency columns: end-to-end, microseconds</p>")
+            f"{head}</tr>{rows}</table>")
 
 
 def cost_table(stages: list[dict]) -> str:
@@ -132,36 +194,12 @@ def cost_table(stages: list[dict]) -> str:
     shown = [s for s in stages if any(s["metrics"].get(name) is not None for name, _ in COST)]
     if not shown:
         return "<p>No stage measured capacity or broker cost.</p>"
-    head = "".join(f"<th>{escape(label)}</th>" for _, label in COST)
+    head = "".join(_head(name, label) for name, label in COST)
     rows = "".join(
         f'<tr><td class="l">{escape(s["stage_id"])}</td>'
-        + "".join(f"<td>{fmt(s['metrics'].get(name), name)}</td>" for name, _ in COST)
+        + "".join(f"<td>{show(s['metrics'].get(name), name)}</td>" for name, _ in COST)
         + "</tr>" for s in shown)
     return f'<table id="cost"><tr><th class="l">stage</th>{head}</tr>{rows}</table>'
-
-
-def history_charts(stages: list[dict], histories: History) -> str:
-    """Per stage and capacity or cost metric: its value night by night (oldest first,
-    tonight last), tonight's verdict in the caption."""
-    figures = []
-    for stage in stages:
-        verdict_of = {c["metric"]: c["verdict"] for c in stage.get("comparisons", [])}
-        for metric, nights in histories.get(stage["stage_id"], {}).items():
-            points = [(i + 1, v) for i, (_, v) in enumerate(nights) if v is not None]
-            if not points:
-                continue
-            chart = line_chart({metric: points}, x_label="night (tonight last)", y_label=metric,
-                               title=f"{stage['stage_id']}: {metric} night by night",
-                               width=360, height=200,
-                               chart_id=f"history-{stage['stage_id']}-{metric}")
-            values = " · ".join(fmt(v, metric) for _, v in points)
-            figures.append(f"<figure>{chart}<figcaption>{escape(stage['stage_id'])} "
-                           f"{escape(metric)}: {values} "
-                           f"(tonight: {escape(verdict_of.get(metric, 'not judged'))})"
-                           f"</figcaption></figure>")
-    if not figures:
-        return "<p>No stage has a capacity or cost history yet.</p>"
-    return f'<div class="charts" id="history">{"".join(figures)}</div>'
 
 
 def verdicts(stages: list[dict]) -> str:
@@ -175,14 +213,16 @@ def verdicts(stages: list[dict]) -> str:
     rows = "".join(
         f'<tr class="{escape(c["verdict"])}"><td class="l">{escape(stage_id)}</td>'
         f'<td class="l">{escape(c["metric"])}</td><td class="l">{escape(c["verdict"])}</td>'
-        f'<td>{fmt(c["baseline_value"])}</td><td>{fmt(c["value"])}</td>'
-        f'<td>{fmt(c["change_pct"])}</td><td>{fmt((c.get("detail") or {}).get("mde_pct"))}</td>'
-        f'<td>{fmt(c["confidence"])}</td><td class="l">{escape(verdict_note(c))}</td></tr>'
+        f'<td>{show(c["baseline_value"], c["metric"])}</td><td>{show(c["value"], c["metric"])}</td>'
+        f'<td class="l">{escape(unit_of(c["metric"]))}</td><td>{show(c["change_pct"])}</td><td>{show((c.get("detail") or {}).get("mde_pct"))}</td>'
+        f'<td>{show(None if c["confidence"] is None else 100 * c["confidence"])}</td>'
+        f'<td class="l">{escape(verdict_note(c))}</td></tr>'
         for stage_id, c in found)
     return ('<table id="verdicts"><tr><th class="l">stage</th><th class="l">metric</th>'
-            '<th class="l">verdict</th><th>baseline</th><th>this run</th><th>change %</th>'
+            '<th class="l">verdict</th><th>baseline</th><th>this run</th><th class="l">unit</th>'
+            '<th>change %</th>'
             '<th title="the smallest step caught within two nights (90%) at this noise">'
-            f'MDE %</th><th>confidence</th><th class="l">note</th></tr>{rows}</table>')
+            f'MDE %</th><th>confidence %</th><th class="l">note</th></tr>{rows}</table>')
 
 
 def invalid_stages(stages: list[dict]) -> str:
@@ -194,17 +234,24 @@ def invalid_stages(stages: list[dict]) -> str:
         for s in bad) + "</ul>"
 
 
+def _host_cell(host: dict, column: str) -> str:
+    value = host.get(column)
+    if column == "memory_bytes" and isinstance(value, (int, float)):
+        return f"{value / 2**30:,.1f} GiB"
+    return show(value)
+
+
 def hosts_section(hosts: list[dict], tuning: list[dict]) -> str:
     columns = ("host", "roles", "cpu_model", "cpus", "memory_bytes", "kernel", "os", "python",
                "paho_mqtt", "clock_offset_s", "clock_trusted", "hash")
-    rows = "".join("<tr>" + "".join(f'<td class="l">{fmt(h.get(c))}</td>' for c in columns)
+    rows = "".join("<tr>" + "".join(f'<td class="l">{_host_cell(h, c)}</td>' for c in columns)
                    + "</tr>" for h in hosts)
     table = (f'<table id="hosts"><tr>{"".join(f"<th class=l>{c}</th>" for c in columns)}</tr>'
              f"{rows}</table>")
     entries = "".join(
         f'<tr><td class="l">{escape(t["host"])}</td><td class="l">{escape(e["kind"])}</td>'
-        f'<td class="l">{escape(e["key"])}</td><td class="l">{fmt(e["wanted"])}</td>'
-        f'<td class="l">{fmt(e["before"])}</td><td class="l">{fmt(e["after"])}</td>'
+        f'<td class="l">{escape(e["key"])}</td><td class="l">{show(e["wanted"])}</td>'
+        f'<td class="l">{show(e["before"])}</td><td class="l">{show(e["after"])}</td>'
         f'<td class="l">{"yes" if e["ok"] else "NO"}</td><td class="l">{escape(e["action"])}</td></tr>'
         for t in tuning for e in t.get("entries", []))
     tuning_table = ('<table id="tuning"><tr><th class="l">host</th><th class="l">kind</th>'
@@ -214,9 +261,19 @@ def hosts_section(hosts: list[dict], tuning: list[dict]) -> str:
     return table + "<h3>Tuning</h3>" + tuning_table
 
 
+def _status(run: dict) -> str:
+    status = escape(run["status"])
+    if run["status"] == "running":  # rendered before teardown; teardown renders it again
+        return f"status <b>{status}</b> (teardown has not closed it yet)"
+    return f'status <b class="status-{status}">{status}</b>' + (
+        f" ({escape(run['excluded_reason'])})" if run.get("excluded_reason") else "")
+
+
 def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] = (),
-           histories: History | None = None) -> str:
-    stages = _ordered(stages)
+           histories: Histories | None = None) -> str:
+    """The page. `histories`: stage id -> its comparable earlier nights (`Store.history`
+    entries, oldest first)."""
+    stages, histories = _ordered(stages), histories or {}
     title = f"perfpipe run {run['run_id']}"
     counts = defaultdict(int)
     for stage in stages:
@@ -227,15 +284,17 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f'<p>{escape(run["kind"])} · suite {escape(run["suite"])} · '
             f'{escape(run["broker_kind"])} {escape(str(run.get("broker_version")))} · '
-            f'status <b>{escape(run["status"])}</b>'
+            + _status(run)
             + (f' · release {escape(run["release_label"])}' if run.get("release_label") else "")
+            + (f' · warning: {escape(run["warning"])}' if run.get("warning") else "")
             + f"</p><p>verdicts: {escape(summary)}</p>"
+            + attention(stages, histories, run["status"])
+            + f"<h2>History</h2>{history_section(stages, histories)}"
             f"<h2>Delivered rate against clients</h2>{rate_charts(stages)}"
             f"<h2>Score card</h2>{score_card(stages)}"
             f"<h2>Capacity and broker cost</h2>{cost_table(stages)}"
-            f"{history_charts(stages, histories or {})}"
             f"<h2>Verdicts</h2>{verdicts(stages)}"
             f"<h2>Invalid stages</h2>{invalid_stages(stages)}"
-            f"<h2>Latency percentiles</h2>{latency_table(stages)}"
-            f"<h2>Throughput per second</h2>{throughput_charts(stages)}"
+            f"<h2>Latency by percentile</h2>{latency_curves(stages)}{latency_table(stages)}"
+            f"<h2>Per second</h2>{per_second_charts(stages)}"
             f"<h2>Hosts</h2>{hosts_section(hosts, list(tuning))}</body></html>")
