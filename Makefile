@@ -20,25 +20,36 @@ export AIRFLOW_CONN_SPARK_DEFAULT ?= {"conn_type": "spark", "host": "local[*]"}
 export PYSPARK_PYTHON ?= $(PY)
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: run test deps os-deps venv airflow-db lock lab-up lab-down clean help
+.PHONY: run airflow test lint deps os-deps venv airflow-db lock lab-up lab-down clean help
 
 help:
 	@echo "make run   - run the nightly DAG once (localhost, Mosquitto, Spark local, SQLite, Slack to file)"
-	@echo "make test  - run the test suite"
+	@echo "make airflow - Airflow's api-server, scheduler and dag-processor on make run's home (http://127.0.0.1:$(AIRFLOW_PORT)) until Ctrl-C"
+	@echo "make test  - lint (ruff), then run the test suite"
 	@echo "make deps  - only install OS packages, the venv and the Airflow metadata DB"
 	@echo "make lab-up / lab-down - SSH test hosts in network namespaces (infra/inventories/lab.yml)"
 
 run: deps
 	$(VENV)/bin/perfpipe nightly
 
+# The real scheduler on make run's Airflow home, until Ctrl-C: api-server (127.0.0.1 only),
+# scheduler (LocalExecutor) and dag-processor; it says where the admin password is.
+AIRFLOW_PORT ?= 8080
+airflow: deps
+	$(PY) -m tasks.airflow_glue.local_server --port $(AIRFLOW_PORT)
+
 # The tests' DAG runs (some fail on purpose) go to an Airflow home of their own, never
 # into the one `make run` and the UI use.
 TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 
-test: deps $(TEST_AIRFLOW_HOME)/.migrated
+test: lint deps $(TEST_AIRFLOW_HOME)/.migrated
 	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 deps: os-deps venv airflow-db
+
+# The venv's pinned ruff, with the rules in pyproject.toml's [tool.ruff].
+lint: venv
+	$(VENV)/bin/ruff check --quiet .
 
 lab-up: deps
 	$(PY) infra/lab/lab.py up
@@ -68,7 +79,8 @@ $(STATE)/.os-deps: Makefile
 	  fi
 	@touch $@
 
-# The venv: uv installs the exact pins of requirements.txt; the project itself is editable.
+# The venv: uv installs the exact pins of requirements.txt (the lock of pyproject.toml's
+# dependencies and dev extra); the project itself is editable.
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
@@ -85,9 +97,10 @@ $(STATE)/%/.migrated: $(VENV)/.installed
 	AIRFLOW_HOME=$(@D) $(VENV)/bin/airflow pools set perfpipe_lab 1 "lab hosts: one measurement at a time" >>$(@D)/migrate.log 2>&1
 	@touch $@
 
-# Regenerate the exact pins after editing requirements.in (needs the package registry).
+# Regenerate the lock after editing the dependencies in pyproject.toml (needs the package
+# registry): runtime and dev extra in one file; pins already there are kept where they fit.
 lock: venv
-	$(UV) pip compile requirements.in --python-version 3.11 -o requirements.txt
+	$(UV) pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.txt
 
 clean:
 	rm -rf $(STATE)
