@@ -84,7 +84,7 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
             limit: int) -> list[dict[str, Any]]:
     """One entry per comparable run (a run is assumed to have one stage per stage key):
-    its metrics, series, the metrics held out of baselines and its verdicts by metric."""
+    its metrics, the metrics held out of baselines and its verdicts by metric."""
     q = _comparable(stage_key, fingerprint_hash, before)
     start = reset_start(s, stage_key)
     if start is not None:
@@ -92,20 +92,25 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
     rows = s.execute(q.order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)).all()
     held = _held_out(s, stage_key, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
-                                      "metrics": {}, "series": {}, "verdicts": {},
+                                      "metrics": {}, "verdicts": {},
                                       "held_out": sorted(held.get((r.run_id, r.stage_id), ()))}
              for r in rows}
     run_ids = [r.run_id for r in rows]
-    for model, field, attr in ((Metric, "metrics", "value"), (Series, "series", "values")):
-        for row in s.scalars(select(model).where(model.run_id.in_(run_ids))):
-            entry = found.get((row.run_id, row.stage_id))
-            if entry is not None:
-                entry[field][row.name] = getattr(row, attr)
-    for c in s.scalars(select(Comparison).where(Comparison.run_id.in_(run_ids))):
-        entry = found.get((c.run_id, c.stage_id))
-        if entry is not None:  # what that night was judged, for the report's history
+    for m in s.scalars(_of_stage(Metric, stage_key, run_ids)):
+        if (entry := found.get((m.run_id, m.stage_id))) is not None:
+            entry["metrics"][m.name] = m.value
+    for c in s.scalars(_of_stage(Comparison, stage_key, run_ids)):
+        if (entry := found.get((c.run_id, c.stage_id))) is not None:
+            # what that night was judged, for the report's history
             entry["verdicts"][c.metric] = row_dict(c, skip=("id", "run_id", "stage_id"))
     return list(found.values())
+
+
+def _of_stage(model: type[Metric] | type[Comparison], stage_key: str, run_ids: list[str]) -> Any:
+    """`model`'s rows of these runs' stages of this stage key only (a run has many stages)."""
+    return (select(model).join(Stage, (Stage.run_id == model.run_id)
+                               & (Stage.stage_id == model.stage_id))
+            .where(Stage.stage_key == stage_key, model.run_id.in_(run_ids)))
 
 
 def last_fingerprint(s: Session, stage_key: str, *, before: datetime) -> str | None:
@@ -161,11 +166,7 @@ def full_history(s: Session, stage_key: str, fingerprint_hash: str | None, *,
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "kind": r.kind, "broker_version": r.broker_version,
                                       "metrics": {}} for r in rows}
-    metrics = select(Metric).join(Stage, (Stage.run_id == Metric.run_id)
-                                  & (Stage.stage_id == Metric.stage_id))
-    for m in s.scalars(metrics.where(Stage.stage_key == stage_key,
-                                     Metric.run_id.in_([r.run_id for r in rows]))):
-        entry = found.get((m.run_id, m.stage_id))
-        if entry is not None:
+    for m in s.scalars(_of_stage(Metric, stage_key, [r.run_id for r in rows])):
+        if (entry := found.get((m.run_id, m.stage_id))) is not None:
             entry["metrics"][m.name] = m.value
     return list(found.values())

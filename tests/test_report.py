@@ -214,7 +214,12 @@ def test_a_known_regression_is_boxed_at_the_top_and_drawn_in_its_history(regress
     chart = page[page.index(f'id="{chart_id}"'):]
     chart = chart[:chart.index("</svg>")]
     assert chart.count('class="flag ') == 2  # suspected, then regression
-    assert 'class="band"' in chart and 'class="change-point"' in chart
+    assert 'class="band"' in chart
+    # the change point's line sits between the last steady night and the first flagged one
+    steady = [float(x) for x in re.findall(r'class="night" cx="([\d.]+)"', chart)]
+    flagged = [float(x) for x in re.findall(r'class="flag [a-z]+" cx="([\d.]+)"', chart)]
+    (line,) = re.findall(r'class="change-point" x1="([\d.]+)"', chart)
+    assert len(steady) == NIGHTS - 2 and max(steady) < float(line) < min(flagged)
     assert page.index('id="attention"') < page.index(f'id="{chart_id}"') < page.index('id="score-card"')
     assert 'id="latency-fanin.q1.c100"' in page and "status <b class=\"status-ok\">ok</b>" in page
 

@@ -225,7 +225,7 @@ def test_history(store: Store) -> None:
     hist = store.history("fanin.q1", "fp1", before_run="tonight")
     assert [h["run_id"] for h in hist] == ["n9", "n8", "n2", "n1"]
     assert hist[0] == {"run_id": "n9", "started_at": T0 + timedelta(days=9),
-                       "metrics": {"delivered_rate": 9.0}, "series": {"delivered_rate": [9.0, 9.0]},
+                       "metrics": {"delivered_rate": 9.0},
                        "verdicts": {"delivered_rate": {k: v for k, v in judged.items()
                                                        if k != "stage_id"}},
                        "held_out": []}

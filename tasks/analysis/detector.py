@@ -97,6 +97,12 @@ class Policy:
     def effect(self, metric: str) -> float:
         return self.min_effect.get(metric, METRICS[metric].min_effect)
 
+    @property
+    def history_nights(self) -> int:
+        """How many earlier nights a stage is judged on (held-out ones and the change
+        point's search included): twice the baseline window."""
+        return 2 * self.window
+
 
 @dataclass(frozen=True)
 class Verdict:

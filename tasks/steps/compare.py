@@ -50,7 +50,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     """What the detector needs of one stage besides its own metrics: its comparable
     history, the previous verdicts, the pinned release stage and why a history is empty."""
     key, fp = stage["stage_key"], stage["fingerprint_hash"]
-    history = store.history(key, fp, before_run=run_id, limit=2 * policy.window)
+    history = store.history(key, fp, before_run=run_id, limit=policy.history_nights)
     new_history = None
     if not history:
         last = store.last_fingerprint(key, before_run=run_id)

@@ -10,6 +10,7 @@ from pathlib import Path
 from sql import Store
 
 from .. import rundir
+from ..analysis.detector import Policy
 from ..run_context import RunContext
 from ..settings import load_settings
 from ..views.history import Histories
@@ -28,9 +29,10 @@ def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
 
 
 def stored_histories(store: Store, run_id: str, stages: list[dict],
-                     nights: int = 30) -> Histories:
+                     nights: int = Policy().history_nights) -> Histories:
     """stage id -> its comparable earlier nights (same stage key and fingerprint), oldest
-    first, each with its metrics and verdicts, for the stages that were judged."""
+    first, each with its metrics and verdicts, for the stages that were judged: the nights
+    the compare step judged them on, so a change point it names is among them."""
     return {stage["stage_id"]: store.history(stage["stage_key"], stage["fingerprint_hash"],
                                              before_run=run_id, limit=nights)[::-1]
             for stage in stages if stage.get("comparisons")}

@@ -59,10 +59,13 @@ class Scale:
                        "log")
         lo = min([0.0, *values]) if zero else min(values, default=0.0)
         hi = max(values, default=1.0)
-        if kind == "linear" and hi > lo:
+        if hi <= lo:  # one value, or all equal: in the middle
+            pad = abs(hi) * 0.05 or 1.0
+            lo, hi = (lo if zero and lo == 0 else lo - pad), hi + pad
+        if kind == "linear":
             step = _nice_step((hi - lo) / 4)
             lo, hi = math.floor(lo / step) * step, math.ceil(hi / step) * step
-        return cls(lo, hi if hi > lo else lo + 1, kind)
+        return cls(lo, hi, kind)
 
     def fraction(self, value: float) -> float:
         if self.kind == "log":
@@ -76,7 +79,8 @@ class Scale:
                     if percentile_x(p) <= self.hi * 1.0001]
         if self.kind == "log":
             decades = range(round(math.log10(self.lo)), round(math.log10(self.hi)) + 1)
-            return [(m * 10 ** d, _fmt(m * 10 ** d)) for d in decades for m in (1, 2, 5)
+            steps = (1, 2, 5) if len(decades) <= 3 else (1,)  # a label per decade when many
+            return [(m * 10 ** d, _fmt(m * 10 ** d)) for d in decades for m in steps
                     if m * 10 ** d <= self.hi]
         step = _nice_step((self.hi - self.lo) / 4)
         count = round((self.hi - self.lo) / step)
@@ -202,7 +206,8 @@ def history_chart(nights: Sequence[Night], *, title: str, y_label: str,
     bands = [(x, scale(n.band[0]), scale(n.band[1])) for x, n in zip(xs, nights) if n.band]
     baselines = [(x, scale(n.baseline)) for x, n in zip(xs, nights) if n.baseline is not None]
     frame = Frame(width, height, Scale(0.5, len(nights) + 0.5),
-                  Scale.fit(values + [v for _, lo, hi in bands for v in (lo, hi)], zero=False))
+                  Scale.fit(values + [v for _, lo, hi in bands for v in (lo, hi)]
+                            + [v for _, v in baselines], zero=False))
     step = max(1, len(nights) // 6)
     ticks = [(x, nights[x - 1].label) for x in xs if (len(nights) - x) % step == 0]
     body = [frame.axes("night", y_label, ticks)]

@@ -52,10 +52,10 @@ def nights_of(metric: str, earlier: list[dict], stage: dict) -> tuple[list[Night
     if value is not None:
         nights.append(_night("tonight", value, tonight))
     shift = ((tonight or {}).get("detail") or {}).get("change_point") or {}
-    runs = [e["run_id"] for e in kept] + ["tonight"]
-    began = runs.index(shift["run_id"]) if shift.get("run_id") in runs else None
-    if shift and began is None and shift.get("nights_ago") is not None:
-        began = len(nights) - 1 - shift["nights_ago"]  # tonight itself, or a run not shown
+    runs = [e["run_id"] for e in kept] + [stage.get("run_id")]
+    # the run the detector named, if drawn (it may lie before the nights drawn: no line)
+    named = shift.get("run_id")
+    began = runs.index(named) if named and named in runs[:len(nights)] else None
     return nights, began
 
 
@@ -142,7 +142,8 @@ def history_section(stages: list[dict], histories: Histories) -> str:
         parts.append(f'<h3>{escape(stage["stage_id"])}</h3><div class="charts">{first}</div>{folded}')
     if not parts:
         return '<p id="history">No judged metric yet: the first night has no history.</p>'
-    return ('<div id="history"><p>Each point a night, tonight last; grey band: the baseline '
-            f'&plusmn;{BAND_SIGMAS} noise sigmas it was judged against (dashed: the baseline); '
+    return ('<div id="history"><p>Each point a night, tonight last; dashed: the baseline each '
+            f'night was judged against; grey band: its night-to-night noise (&plusmn;{BAND_SIGMAS} '
+            'sigmas), not the alarm threshold, which is wider; '
             'red and orange: nights judged a regression or suspected; a red dashed line: where '
             'the level shift began.</p>' + "".join(parts) + "</div>")
