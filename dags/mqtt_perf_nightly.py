@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
-from perfpipe_graph import dag_run_id, on_failure, pipeline
+from perfpipe_graph import dag_run_id, on_failure, pipeline, suite_param
 
 with DAG(
     dag_id="mqtt_perf_nightly",
@@ -22,7 +22,7 @@ with DAG(
     tags=["perfpipe", "mqtt", "nightly"],
     default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": on_failure},
     params={
-        "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
+        "suite": suite_param(),
         "inventory": Param(None, type=["null", "string"],
                            description="inventory YAML path; empty: PERFPIPE_INVENTORY or the local default"),
     },

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
-from perfpipe_graph import dag_run_id, on_failure, pipeline
+from perfpipe_graph import dag_run_id, on_failure, pipeline, suite_param
 
 with DAG(
     dag_id="mqtt_perf_release",
@@ -26,7 +26,7 @@ with DAG(
                                description="the release this run measures, e.g. 9.4.5"),
         "broker_version": Param(None, type=["null", "string"],
                                 description="version the broker must report; empty: not checked"),
-        "suite": Param("smoke", type="string", description="suite from scenarios/suites.yml"),
+        "suite": suite_param(),
         "inventory": Param(None, type=["null", "string"],
                            description="inventory YAML; empty: the default"),
         "baseline": Param("rolling", type="string",

@@ -2,7 +2,8 @@
 
 The tasks are the steps of `tasks.steps.STEPS` after plan (which each DAG makes with its
 own parameters), in that order; each task body is one call into `tasks.steps` (a step
-module is imported when the task runs, never at parse time). Per-host steps are mapped
+module is imported when the task runs, never at parse time). At parse time the DAGs read
+one file: the suites file, for the choices of their `suite` Param (`suite_param`). Per-host steps are mapped
 over the inventory's hosts. The stages run in one task, in plan order: the method ramps
 load up from below the peak, and mapped task instances carry no order guarantee. Steps
 that load the lab hosts or this machine hold the `perfpipe_lab` pool (and, but for the
@@ -17,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 
 from tasks.steps import STEPS, Step
 
@@ -121,3 +122,24 @@ def pipeline(perf_run):
 def dag_run_id() -> str:
     context = get_current_context()
     return f"{context['dag'].dag_id}/{context['run_id']}"
+
+
+def suite_param() -> Param:
+    """The `suite` Param: one of the suites the pipeline can run, as the suites file of its
+    scenarios dir (PERFPIPE_SCENARIOS_DIR) lists them when the DAG file is parsed; default
+    PERFPIPE_SUITE when it is one of them. A suites file that cannot be read leaves the
+    Param free text, and the plan task says what is wrong with the file."""
+    from tasks.catalog.scenarios import load_suites
+    from tasks.config_files import ConfigError
+    from tasks.settings import load_settings
+
+    settings = load_settings()
+    try:
+        names = sorted(load_suites(settings.scenarios_dir).suites)
+    except ConfigError:
+        names = []
+    about = "a suite of the scenarios dir (PERFPIPE_SCENARIOS_DIR), as its suites.yml lists them"
+    if not names:
+        return Param(settings.suite, type="string", description=about)
+    default = settings.suite if settings.suite in names else names[0]
+    return Param(default, type="string", enum=names, description=about)

@@ -9,11 +9,11 @@ from pathlib import Path
 from sql import StoreError, StoreUnavailable
 
 from .config_files import ConfigError
+from .export import FORMATS
 from .locks import LockBusy
 from .metrics import ALERT_ACTIONS, RUN_KINDS
 from .settings import load_settings
 from .steps import STEPS
-
 
 def epilog() -> str:
     width = max(len(step.name) for step in STEPS)
@@ -43,34 +43,10 @@ def exit_code(status: str, warning: str | None) -> int:
 
 
 def _nightly(args: argparse.Namespace) -> int:
-    import time
-
-    from .airflow_glue.dag_test import test_dag
-    from .manage import show_run
-    from .notify.failure import latest_message
-    from .rundir import FAILURES_DIR
-    from .steps.plan import check_plan, new_run_id
+    from .nightly import run_nightly
 
     settings = load_settings()
-    # a suite or inventory no run can use: one line before Airflow starts, not a task trace
-    check_plan(settings, args.suite or settings.suite, Path(settings.inventory))
-    conf = {"suite": args.suite or settings.suite}
-    started = time.time()
-    airflow_run_id, state = test_dag("mqtt_perf_nightly", conf)
-    failed_plan = latest_message(settings.state_dir / FAILURES_DIR, "plan", started)
-    if failed_plan is not None:  # no run was planned: say why, not what the store lacks
-        print(f"perfpipe: {failed_plan['text']} (Airflow run {airflow_run_id}: {state})",
-              file=sys.stderr)
-        return 1
-    store = settings.store()
-    run = store.run(new_run_id("nightly", f"mqtt_perf_nightly/{airflow_run_id}"))
-    if run is None:
-        print(f"Airflow run {airflow_run_id} ended {state} before perfpipe planned a run",
-              file=sys.stderr)
-        return 1
-    show_run(store, run["run_id"])
-    print(f"Airflow run {airflow_run_id}: {state}")
-    return exit_code(run["status"], run["warning"]) if state == "success" else 1
+    return run_nightly(settings, args.suite or settings.suite)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -110,6 +86,17 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_run
+
+    store = load_settings().store()
+    try:  # a StoreError or a ValueError is said in one line by `main`
+        store.migrate()
+        return export_run(store, args.run_id, args.format, args.out)
+    finally:
+        store.close()
+
+
 def _check_nightly(args: argparse.Namespace) -> int:
     from .notify.watchdog import check_nightly
 
@@ -124,6 +111,22 @@ def _step(args: argparse.Namespace) -> int:
     result = run_step(args.name, args.run_id, Call(host=args.host))
     print(result)
     return 0
+
+
+# Texts that several options share: one definition each.
+SUITE_HELP = ("a suite of the scenarios dir's suites.yml (PERFPIPE_SCENARIOS_DIR, default "
+              "scenarios/; default suite: PERFPIPE_SUITE, else smoke)")
+INVENTORY_HELP = ("inventory YAML: hosts and broker (default: PERFPIPE_INVENTORY, else "
+                  "infra/inventories/local.yml)")
+RUN_ID_HELP = "a run id, as runs print it (e.g. nightly-d8eca9c3)"
+
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+             func) -> argparse.ArgumentParser:
+    """A subcommand: `summary` in `perfpipe --help`, `description` in its own --help."""
+    command = sub.add_parser(name, help=summary, description=description)
+    command.set_defaults(func=func)
+    return command
 
 
 def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
@@ -141,67 +144,113 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
 
     from . import manage
 
-    baseline = sub.add_parser("baseline", help="pin a run as a release baseline, list them")
-    bsub = baseline.add_subparsers(dest="action", required=True)
-    promote = bsub.add_parser("promote", help="pin an ok run as the release baseline LABEL")
-    promote.add_argument("run_id")
+    baseline = sub.add_parser(
+        "baseline", help="pin a run as a release baseline, list them",
+        description="Release baselines: a release run triggered with baseline=LABEL is "
+        "compared with the run pinned as LABEL instead of the rolling history.")
+    bsub = baseline.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                   help="promote or list")
+    promote = _command(bsub, "promote", "pin an ok run as the release baseline LABEL",
+                       "Pin a run that ended ok as the release baseline LABEL (a run that "
+                       "did not end ok is refused).",
+                       handler(lambda st, a: manage.promote(st, a.run_id, a.label)))
+    promote.add_argument("run_id", help=RUN_ID_HELP)
     promote.add_argument("--label", required=True, help="release label, e.g. 9.4.5")
-    promote.set_defaults(func=handler(lambda st, a: manage.promote(st, a.run_id, a.label)))
-    blist = bsub.add_parser("list", help="the pinned release baselines")
-    blist.set_defaults(func=handler(lambda st, a: manage.list_baselines(st)))
-    alerts = sub.add_parser("alerts", help="list alerts; ack, accept, call a false positive, fixed")
-    asub = alerts.add_subparsers(dest="action", required=True)
-    alist = asub.add_parser("list", help="open alerts")
+    _command(bsub, "list", "the pinned release baselines",
+             "Print the pinned release baselines: label, run, when pinned.",
+             handler(lambda st, a: manage.list_baselines(st)))
+    alerts = sub.add_parser(
+        "alerts", help="list alerts; ack, accept, call a false positive, fixed",
+        description="Alerts: a regression confirmed by the comparison opens one, posted to "
+        "Slack once; what a person decides about it changes what later nights do.")
+    asub = alerts.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                 help=f"list, {', '.join(ALERT_ACTIONS)}")
+    alist = _command(asub, "list", "open alerts", "Print the open alerts (with --all, the "
+                     "closed ones too): id, status, stage, metric, change, runs, told Slack.",
+                     handler(lambda st, a: manage.list_alerts(st, include_closed=a.all)))
     alist.add_argument("--all", action="store_true", help="closed alerts too")
-    alist.set_defaults(func=handler(lambda st, a: manage.list_alerts(st, include_closed=a.all)))
     for action in ALERT_ACTIONS:
-        effect = manage.EFFECT[ALERT_ACTIONS[action]]
-        one = asub.add_parser(action, help=effect.format(key="the stage", run="the alert's first run"))
-        one.add_argument("alert_id", type=int)
-        one.set_defaults(func=handler(
+        effect = manage.EFFECT[ALERT_ACTIONS[action]].format(
+            key="the stage", run="the alert's first run")
+        one = _command(asub, action, effect, f"Mark an alert {effect}.", handler(
             lambda st, a, action=action: manage.set_status(st, a.alert_id, action)))
+        one.add_argument("alert_id", type=int,
+                         help="an alert id, as `perfpipe alerts list` shows it")
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="perfpipe", description=__doc__, epilog=epilog(),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = root.add_subparsers(dest="command", required=True)
-    nightly = sub.add_parser("nightly", help="run the nightly DAG once through Airflow (dag.test)")
-    nightly.add_argument("--suite", help="suite from scenarios/suites.yml (default: "
-                         "PERFPIPE_SUITE, else smoke)")
-    nightly.set_defaults(func=_nightly)
-    run = sub.add_parser("run", help="run the whole pipeline once, without Airflow")
-    run.add_argument("--suite", help="suite from scenarios/suites.yml (default: smoke)")
-    run.add_argument("--inventory", type=Path, help="inventory YAML (default: infra/inventories/local.yml)")
-    run.add_argument("--kind", default="manual", choices=RUN_KINDS)
-    run.set_defaults(func=_run)
-    tune = sub.add_parser("tune", help="check, apply or restore a tuning profile on the hosts")
-    tune.add_argument("--inventory", type=Path)
+    sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                              help="one of these (`perfpipe COMMAND --help` says more):")
+    nightly = _command(
+        sub, "nightly", "run the nightly DAG once through Airflow (dag.test)",
+        "Run the DAG mqtt_perf_nightly once in this process through Airflow's dag.test() "
+        "(what `make run` does). Prints a line per step as it ends, a summary and the Airflow "
+        "run's state; Airflow's own log lines go to dag_test/mqtt_perf_nightly/<UTC "
+        "time>.log in Airflow's log folder ($AIRFLOW_HOME/logs unless [logging] "
+        "base_log_folder says otherwise).", _nightly)
+    nightly.add_argument("--suite", help=SUITE_HELP)
+    run = _command(sub, "run", "run the whole pipeline once, without Airflow",
+                   "Run every step of the pipeline once in this process, without Airflow: "
+                   "plan, then the steps listed below, teardown whatever happens.", _run)
+    run.add_argument("--suite", help=SUITE_HELP)
+    run.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
+    run.add_argument("--kind", default="manual", choices=RUN_KINDS,
+                     help="what the run is stored as: a release run stays out of the rolling "
+                     "history and always posts a Slack summary (default: manual)")
+    tune = _command(sub, "tune", "check, apply or restore a tuning profile on the hosts",
+                    "Host tuning (infra/tuning/): check a profile's values on each host, "
+                    "apply them (recording what they were), or restore what was applied.",
+                    _tune)
+    tune.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
     tune.add_argument("--profile", help="infra/tuning/<name>.yml (default: the inventory's)")
     modes = tune.add_mutually_exclusive_group(required=True)
-    for mode in ("check", "apply", "restore"):
-        modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
+    for mode, text in (("check", "read each value back and report the drift; change nothing"),
+                       ("apply", "set the profile's values, read them back, record what "
+                        "they were in the state dir"),
+                       ("restore", "put back what --apply recorded")):
+        modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode,
+                           help=text)
     tune.add_argument("--host", action="append", help="only this host (repeatable)")
-    tune.set_defaults(func=_tune)
-    plan = sub.add_parser("plan", help="print the stage table of a suite")
-    plan.add_argument("--suite")
-    plan.set_defaults(func=_plan)
-    show = sub.add_parser("show", help="print a stored run's metrics and verdicts")
-    show.add_argument("run_id")
-    show.set_defaults(func=_show)
-    report = sub.add_parser("report", help="re-render a stored run's HTML report from the store")
-    report.add_argument("run_id")
+    plan = _command(sub, "plan", "print the stage table of a suite",
+                    "Print every stage a run of the suite would have, in run order, with "
+                    "its clients, rates, windows and expected message counts; runs nothing.",
+                    _plan)
+    plan.add_argument("--suite", help=SUITE_HELP)
+    show = _command(sub, "show", "print a stored run's metrics and verdicts",
+                    "Print a stored run's metrics per stage, every verdict and the paths of "
+                    "its report and Slack message (an unknown id lists the recent ones).",
+                    _show)
+    show.add_argument("run_id", help=RUN_ID_HELP)
+    report = _command(sub, "report", "re-render a stored run's HTML report from the store",
+                      "Write a stored run's HTML report again from the results store, and "
+                      "print its path.", _report)
+    report.add_argument("run_id", help=RUN_ID_HELP)
     report.add_argument("--out", type=Path, help="file to write (default: the run folder's report.html)")
-    report.set_defaults(func=_report)
-    check = sub.add_parser("check-nightly", help="exit 1 and alert when no nightly ran recently "
-                           "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)")
-    check.set_defaults(func=_check_nightly)
-    step = sub.add_parser("step", help="run one step of a run not yet closed by teardown "
-                          "(see the list below)")
-    step.add_argument("name")
-    step.add_argument("run_id")
+    export = _command(sub, "export", "write a stored run for other tools: Bencher, Apache Otava",
+                      "Write a stored run's valid stages for other tools: Bencher's metric "
+                      "format (BMF JSON), or a CSV per stage key and fingerprint with its "
+                      "comparable history and an otava.yaml for Apache Otava.", _export)
+    export.add_argument("run_id", help=RUN_ID_HELP)
+    export.add_argument("--format", required=True, choices=FORMATS,
+                        help="bencher: one BMF JSON file for `bencher run --adapter json`; "
+                        "otava: a CSV per stage key and fingerprint, and otava.yaml")
+    export.add_argument("--out", type=Path, required=True,
+                        help="bencher: the JSON file to write; otava: the folder to write into")
+    _command(sub, "check-nightly", "exit 1 and alert when no nightly ran recently "
+             "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)",
+             "What the watchdog DAG does: exit 1 and alert Slack when no nightly run "
+             "started within PERFPIPE_NIGHTLY_MAX_AGE_H hours (default 26), else exit 0.",
+             _check_nightly)
+    step = _command(sub, "step", "run one step of a run not yet closed by teardown "
+                    "(see the list below)",
+                    "Run one step of a run again, as its DAG task does; a run that "
+                    "teardown closed is refused (its results stay as they were).", _step)
+    step.add_argument("name", help="the step: one of the steps listed by "
+                      "`perfpipe --help`, but plan")
+    step.add_argument("run_id", help=RUN_ID_HELP)
     step.add_argument("--host", help="the host, for per-host steps (provision, tune)")
-    step.set_defaults(func=_step)
     _baseline_and_alert_commands(sub)
     return root
 

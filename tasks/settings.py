@@ -1,6 +1,8 @@
 """Where perfpipe keeps its state and which services it talks to, from PERFPIPE_* variables.
 
-Read when a step runs, never at import time (an Airflow DAG file imports this package).
+Read when a step runs, never at import time (an Airflow DAG file imports this package);
+the DAG files read them once at parse time for the `suite` Param's choices
+(`dags/perfpipe_graph.py`).
 """
 
 from __future__ import annotations

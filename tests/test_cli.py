@@ -1,13 +1,15 @@
 """`perfpipe nightly` when no run can be planned: one line saying why, never a trace or
-what the results store lacks."""
+what the results store lacks; and the help of every command."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from tasks.cli import main
+from tasks.cli import main, parser
+from tasks.views.summary import short_summary
 
 
 def test_a_suite_that_does_not_exist_is_one_line_before_airflow_starts(perfpipe_env: Path,
@@ -42,4 +44,83 @@ def test_a_plan_that_fails_under_airflow_is_said_in_one_line(perfpipe_env: Path,
     last = err.splitlines()[-1]
     assert last.startswith("perfpipe: perfpipe mqtt_perf_nightly: plan failed: database "
                            "postgresql+psycopg://u:***@127.0.0.1:1/db unreachable"), last
-    assert last.endswith(": failed)") and "secretpw" not in out + err
+    assert ": failed; Airflow's log: " in last and "secretpw" not in out + err
+    # the terminal: the plan's step line and the failure alert, none of Airflow's own lines
+    assert "[info" not in out + err and len((out + err).splitlines()) <= 4, out + err
+    assert any(line.startswith("plan ") and " failed " in line for line in out.splitlines())
+    log = Path(last.rsplit("Airflow's log: ", 1)[1].removesuffix(")")).read_text()
+    assert "[DAG TEST] starting task_id=plan" in log and "secretpw" not in log
+
+
+def undocumented(command: argparse.ArgumentParser, path: str = "perfpipe") -> list[str]:
+    """Every subcommand without a description or a help line, and every option or
+    positional argument without help, under `command`."""
+    missing = [] if command.description else [f"{path}: no description"]
+    for action in command._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        if not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"{path} {name}: no help")
+        if isinstance(action, argparse._SubParsersAction):
+            helped = {choice.dest: choice.help for choice in action._choices_actions}
+            for sub_name, sub in action.choices.items():
+                if not helped.get(sub_name):
+                    missing.append(f"{path} {sub_name}: no help line")
+                missing += undocumented(sub, f"{path} {sub_name}")
+    return missing
+
+
+def test_every_subcommand_and_option_has_help() -> None:
+    assert undocumented(parser()) == []
+    # the check itself: what it must catch
+    bare = parser()
+    sub = next(a for a in bare._actions if isinstance(a, argparse._SubParsersAction))
+    sub.add_parser("bare").add_argument("--flag")
+    sub.choices["show"].add_argument("extra")
+    assert sorted(undocumented(bare)) == ["perfpipe bare --flag: no help",
+                                          "perfpipe bare: no description",
+                                          "perfpipe bare: no help line",
+                                          "perfpipe show extra: no help"]
+
+
+def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_path: Path) -> None:
+    run = {"run_id": "nightly-x", "kind": "nightly", "suite": "smoke", "broker_kind": "mosquitto",
+           "broker_version": "2.0.11", "status": "ok", "artifact_dir": str(tmp_path)}
+    (tmp_path / "report.html").write_text("<html></html>")
+
+    def verdict(metric: str, name: str) -> dict:
+        return {"metric": metric, "verdict": name, "baseline_value": 100.0, "value": 90.0,
+                "change_pct": -10.0, "detail": {}}
+
+    stage = {"stage_id": "s.q0", "validity": "valid", "params": {"index": 0},
+             "metrics": {"delivered_rate": 90.0},
+             "comparisons": [verdict("delivered_rate", "regression"),
+                             *(verdict(f"m{i}", "learning") for i in range(30))]}
+    files = {"report": tmp_path / "report.html", "slack message": tmp_path / "slack_message.json"}
+    text = short_summary(run, [stage], files)
+    assert "verdicts: 1 regression, 30 learning (all of them: perfpipe show nightly-x)" in text
+    assert "delivered_rate  regression" in text and " m1 " not in text
+    assert f"report: {tmp_path / 'report.html'}" in text
+    assert "slack message: (not written" in text and len(text.splitlines()) < 15
+    failed = short_summary({**run, "status": "failed"}, [], files)
+    assert "no verdicts: the run ended before load_metrics" in failed
+
+
+def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,
+                                                                      tmp_path: Path) -> None:
+    """An Airflow home whose metadata DB was never migrated: dag.test() raises. One line
+    and exit 1; the trace goes to the Airflow log file that line names."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "nightly"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("perfpipe: Airflow could not run mqtt_perf_nightly: OperationalError: ")
+    log = Path(line.rsplit("the trace is in Airflow's log: ", 1)[1].removesuffix(")"))
+    assert log.is_relative_to(tmp_path / "airflow" / "logs")
+    assert "Traceback (most recent call last)" in log.read_text()

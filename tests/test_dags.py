@@ -16,8 +16,15 @@ DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 # Imported by the pipeline's steps; a DAG file must leave them to task run time.
 HEAVY = ("pyspark", "paho", "fabric", "slack_sdk", "scipy", "sql")
 # What DAG files may read at parse time: the step registry and the vocabulary, which import
-# only the standard library.
+# only the standard library,
 PARSE_TIME = {"tasks", "tasks.steps", "tasks.metrics"}
+# and the suites file, for the `suite` Param's choices: the settings (where the scenarios dir
+# is) and the catalog's loader (what a valid suites file is), so that the choices are the
+# suites the pipeline itself would accept. They use pydantic and PyYAML, which Airflow imports
+# itself before any DAG file runs, and pydantic-settings (about 50 ms more).
+SUITES_READER = {"tasks.settings", "tasks.config_files", "tasks.catalog",
+                 "tasks.catalog.scenarios", "tasks.driver", "tasks.driver.limits"}
+SUITES_READER_DEPS = {"pydantic_settings", "dotenv"}  # beyond what `import airflow.sdk` has
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +111,7 @@ def test_dag_files_do_no_heavy_imports_at_parse_time(path):
                          check=True)
     heavy, ours = json.loads(out.stdout.strip().splitlines()[-1])
     assert heavy == []
-    assert set(ours) <= PARSE_TIME, sorted(set(ours) - PARSE_TIME)
+    assert set(ours) <= PARSE_TIME | SUITES_READER, sorted(set(ours) - PARSE_TIME - SUITES_READER)
 
 
 def test_parse_time_modules_import_only_the_standard_library():
@@ -113,3 +120,47 @@ def test_parse_time_modules_import_only_the_standard_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
     assert set(out.stdout.split()) - set(sys.stdlib_module_names) == {"tasks"}
+
+
+def test_the_suites_reader_imports_only_what_airflow_has_loaded_already():
+    code = ("import sys, airflow.sdk; before = {m.split('.')[0] for m in sys.modules}; "
+            f"import {', '.join(sorted(SUITES_READER))}; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} - before)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    assert set(out.stdout.split()) - set(sys.stdlib_module_names) <= {"tasks"} | SUITES_READER_DEPS
+
+
+def _suites_file_keys(scenarios_dir: Path) -> list[str]:
+    import yaml
+
+    return sorted(yaml.safe_load((scenarios_dir / "suites.yml").read_text())["suites"])
+
+
+def test_suite_params_offer_the_suites_of_the_suites_file(dagbag):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from tasks.settings import load_settings
+
+    shipped = _suites_file_keys(load_settings().scenarios_dir)
+    assert {"smoke", "nightly", "release"} <= set(shipped)
+    for dag_id in ("mqtt_perf_nightly", "mqtt_perf_release"):
+        param = dagbag.get_dag(dag_id).params.get_param("suite")
+        assert param.schema["enum"] == shipped, dag_id  # a choice in the trigger form
+        assert param.value == "smoke" and param.resolve("release") == "release", dag_id
+        with pytest.raises(ParamValidationError):
+            param.resolve("bogus")
+
+
+def test_suite_params_follow_the_scenarios_dir(tiny_suite, monkeypatch):
+    """The tests' own scenarios dir (`tiny`): the DAGs offer its suites, as the plan reads them."""
+    from tasks.airflow_glue.dag_test import load_dag
+    from tasks.settings import load_settings
+
+    assert _suites_file_keys(load_settings().scenarios_dir) == ["tiny"]
+    for dag_id in ("mqtt_perf_nightly", "mqtt_perf_release"):
+        param = load_dag(dag_id).params.get_param("suite")
+        assert param.schema["enum"] == ["tiny"] and param.value == "tiny", dag_id
+    monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(tiny_suite / "nowhere"))
+    param = load_dag("mqtt_perf_nightly").params.get_param("suite")  # no suites file: free text
+    assert "enum" not in param.schema and param.value == "smoke"

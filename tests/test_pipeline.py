@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ pytestmark = pytest.mark.slow  # two nightly DAG runs (about 65 s) and a CLI run
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path):
+def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path, capfd):
     from tasks.airflow_glue.dag_test import test_dag
+    from tasks.cli import main
     from tasks.settings import load_settings
+    from tasks.steps import STEPS
     from tasks.steps.plan import new_run_id
 
     store = Store(load_settings().database_url())
@@ -33,10 +36,22 @@ def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: P
     manifest = json.loads((run_dir / "raw" / "MANIFEST.json").read_text())
     assert manifest["missing"] == [] and len(manifest["files"]) > 10
 
-    second_airflow, state = test_dag("mqtt_perf_nightly", {"suite": "tiny"})
-    assert state == "success"
-    second = new_run_id("nightly", f"mqtt_perf_nightly/{second_airflow}")
+    capfd.readouterr()
+    assert main(["nightly", "--suite", "tiny"]) == 0  # the second night as `make run` runs it
+    out, err = capfd.readouterr()
+    second = re.search(r"^plan +success .* run id: (\S+)$", out, re.M).group(1)
     assert second != first
+    # quiet: a line per step, the stages' progress, the summary; Airflow's own lines go to
+    # its log file, which the last line names
+    assert err == "" and len(out.splitlines()) <= 40, out + err
+    assert not re.search(r"^\d{4}-\d\d-\d\dT\S+ \[", out, re.M), out  # no Airflow log line
+    for step in STEPS:
+        assert re.search(rf"^{step.name}(@localhost)? +success +[\d.]+ s", out, re.M), step.name
+    assert "verdicts: " in out and f"report: {store.run(second)['artifact_dir']}" in out
+    last = out.splitlines()[-1]
+    assert re.match(r"Airflow run manual__\S+: success \(Airflow's log: .+\.log\)$", last), last
+    log = Path(last.split("Airflow's log: ")[1][:-1]).read_text()
+    assert "[DAG TEST] end task task_id=teardown" in log and log.count("[info") > 100
     stages = assert_plausible(store, second)
     verdicts = {c["metric"]: c for s in stages for c in s["comparisons"]}
     assert verdicts["delivered_rate"]["baseline_value"] is not None

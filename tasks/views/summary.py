@@ -1,29 +1,69 @@
 """What a person reads after a run: measured metrics, verdicts and where the files are.
-Pure: the run and its stages in, text out."""
+Pure: the run and its stages in, text out. `run_summary` lists every verdict (`perfpipe
+run`, `perfpipe show`); `short_summary` only those that need a look, the others counted
+(`perfpipe nightly`, which `make run` runs and whose output must stay short)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
+from ..metrics import VERDICTS
 from .tables import metrics_rows, table, verdict_rows
+
+# Verdicts the short summary lists one by one: regression, suspected, improvement
+NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
+NOT_JUDGED = ("no_baseline", "invalid")
+NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
+               "compared (the next run compares against this one)")
+
+
+def _header(run: dict) -> list[str]:
+    return [f"\nrun {run['run_id']} ({run['kind']}, suite {run['suite']}, {run['broker_kind']} "
+            f"{run.get('broker_version')}): {run['status']}"] + (
+        [f"warning: {run['warning']}"] if run.get("warning") else [])
+
+
+def _files(files: dict[str, Path]) -> list[str]:
+    return [f"{label}: {path if path.exists() else '(not written: the run failed before it)'}"
+            for label, path in files.items()]
+
+
+def _ordered(stages: list[dict]) -> list[dict]:
+    return sorted(stages, key=lambda s: s["params"].get("index", 0))
 
 
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
-    stages = sorted(stages, key=lambda s: s["params"].get("index", 0))
-    lines = [f"\nrun id: {run['run_id']}  ({run['kind']}, suite {run['suite']}, "
-             f"{run['broker_kind']} {run.get('broker_version')}): {run['status']}"
-             + (f"\nwarning: {run['warning']}" if run.get("warning") else ""),
+    stages = _ordered(stages)
+    lines = [*_header(run),
              "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages))]
     verdicts = verdict_rows(stages)
-    judged = [v for v in verdicts if v["verdict"] not in ("no_baseline", "invalid")]
-    if judged:
+    if any(v["verdict"] not in NOT_JUDGED for v in verdicts):
         lines.append("\nverdicts against earlier runs of the same stage and fingerprint:\n"
                      + table(verdicts))
     else:
-        lines.append("\nno baseline yet: no earlier valid run of these stages on this "
-                     "fingerprint, so nothing was compared (the next run compares against "
-                     "this one)")
-    for label, path in files.items():
-        lines.append(f"{label}: {path if path.exists() else '(not written: the run failed before it)'}")
-    return "\n".join(lines)
+        lines.append(f"\nno baseline yet: {NO_BASELINE}")
+    return "\n".join(lines + _files(files))
+
+
+def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
+    """The run, its stages' metrics, the verdicts that need a look (the others counted,
+    with the command that lists them all) and where the report and Slack message are."""
+    stages = _ordered(stages)
+    lines = _header(run)
+    verdicts = verdict_rows(stages)
+    counts = Counter(v["verdict"] for v in verdicts)
+    if stages:
+        lines.append(table(metrics_rows(stages)))
+    if not verdicts:
+        lines.append(f"no verdicts: the run ended before {'compare' if stages else 'load_metrics'}")
+    elif set(counts) <= set(NOT_JUDGED):
+        lines.append(f"verdicts: none, {NO_BASELINE}")
+    else:
+        said = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+        lines.append(f"verdicts: {said} (all of them: perfpipe show {run['run_id']})")
+        notable = [v for v in verdicts if v["verdict"] in NOTABLE]
+        if notable:
+            lines.append(table(notable))
+    return "\n".join(lines + _files(files))
