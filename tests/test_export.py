@@ -23,10 +23,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
 from sql import Store
-from tasks.analysis.detector import Policy
 from tasks.export import export_run
 from tasks.metrics import FLAGGED, METRICS
-from tasks.steps.compare import judge_run, record_verdicts, stage_inputs
+from tasks.steps.compare import compare_stored
 from tasks.views import export as views
 from tests import test_store
 from tests.pg import create_database
@@ -70,11 +69,7 @@ def night(store: Store, day: float, run_id: str = "", *, fp: str = "fp1", extra:
                                params=params, fingerprint_hash=fp)
             store.record_results(run_id, stage_id, metrics={"delivered_rate": 5.0}, series={},
                                  validity=validity, reason=None if validity == "valid" else "x")
-    stages = [s for s in store.stages(run_id) if not s["params"].get("probe_of")]
-    policy = Policy()
-    inputs = {s["stage_id"]: stage_inputs(store, run_id, s, policy, None) for s in stages}
-    verdicts = [v.to_dict() for v in judge_run(stages, inputs, policy, run_id)]
-    record_verdicts(store, run_id, verdicts, {s["stage_id"]: s["stage_key"] for s in stages})
+    compare_stored(store, run_id, {})
     store.finish_run(run_id, status)
     return run_id
 
@@ -113,6 +108,25 @@ def last_stage(store: Store, run_id: str) -> dict:
 
 
 # -- Bencher -------------------------------------------------------------------------------
+def test_perfpipe_export_writes_both_formats_and_names_a_bad_run_in_one_line(
+        perfpipe_env: Path, tmp_path: Path, capsys) -> None:
+    from tasks.cli import main
+    from tasks.settings import load_settings
+
+    store = Store(load_settings().database_url())
+    store.migrate()
+    last = history(store)
+    bmf = tmp_path / "bmf.json"
+    assert main(["export", last, "--format", "bencher", "--out", str(bmf)]) == 0
+    assert KEY in json.loads(bmf.read_text())
+    assert main(["export", last, "--format", "otava", "--out", str(tmp_path / "otava")]) == 0
+    assert (tmp_path / "otava" / "otava.yaml").exists()
+    capsys.readouterr()
+    assert main(["export", "nope", "--format", "bencher", "--out", str(bmf)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("perfpipe: no run 'nope'") and len(err.splitlines()) == 1
+
+
 def test_bencher_export_holds_the_stored_metrics_in_bencher_units(sqlite_store, tmp_path):
     run_id = history(sqlite_store)
     out = tmp_path / "out" / "bmf.json"
