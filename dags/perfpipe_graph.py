@@ -91,7 +91,7 @@ def _spark_task(step: Step, perf_run):
     return SparkSubmitOperator(
         task_id=step.name, doc_md=f"{step.doc} (connection spark_default).",
         application=job["application"], application_args=job["application_args"],
-        conn_id="spark_default", conf={"spark.ui.enabled": "false"},
+        conn_id="spark_default", conf=job["conf"],
         driver_memory="1g", name="perfpipe-aggregate", verbose=False,
         post_execute=_marked_finished, **_options(step))
 

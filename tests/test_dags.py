@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.steps import STEPS
+from tasks.steps.aggregate import SUBMIT_CONF, spark_job
 
 REPO = Path(__file__).resolve().parent.parent
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
@@ -77,6 +78,12 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.get_task("provision").retries > 0 and dag.get_task("collect").retries > 0
     assert dag.get_task("alert").retries > 0  # a retried alert updates, never reposts
     assert dag.get_task("aggregate").task_type == "SparkSubmitOperator"
+    # spark-submit as the CLI runs it (the C1 JIT only: a short job starts sooner), its
+    # conf handed over by the spark_job task (step modules are not imported at parse time)
+    conf = dag.get_task("aggregate").conf
+    assert (conf.operator.task_id, conf.key) == ("spark_job", "conf")
+    assert spark_job("r-1")["conf"] == SUBMIT_CONF
+    assert "-XX:TieredStopAtLevel=1" in SUBMIT_CONF["spark.driver.extraJavaOptions"]
 
 
 def test_the_scheduled_dags_run_once_deployed(dagbag):

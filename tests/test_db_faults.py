@@ -67,7 +67,7 @@ def test_a_database_down_before_the_run_fails_in_one_line_and_leaves_no_run_fold
     assert not runs.exists() or not any(runs.iterdir())  # no folder without a run
 
 
-@pytest.mark.slow  # about 45 s
+@pytest.mark.slow  # about 35 s
 def test_a_database_outage_mid_run_is_waited_out_and_nothing_is_stored_twice(
         pg: Server, tiny_suite: Path, tmp_path: Path, monkeypatch, caplog, spark_connect):
     """Two outages in one run: a short one when the metrics are about to be loaded (waited
@@ -78,7 +78,7 @@ def test_a_database_outage_mid_run_is_waited_out_and_nothing_is_stored_twice(
     from tasks.settings import load_settings
     from tasks.steps import run_step
 
-    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", "10")
+    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", "6")  # twice the short outage
     (tmp_path / "inventory.yml").write_text(INVENTORY)
     caplog.set_level(logging.WARNING, logger="sql.store")
     lines: list[str] = []

@@ -123,8 +123,8 @@ def test_perfpipe_export_writes_both_formats_and_names_a_bad_run_in_one_line(
     assert (tmp_path / "otava" / "otava.yaml").exists()
     capsys.readouterr()
     assert main(["export", "nope", "--format", "bencher", "--out", str(bmf)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("perfpipe: no run 'nope'") and len(err.splitlines()) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("perfpipe")]
+    assert len(said) == 1 and said[0].startswith("perfpipe: no run 'nope'; recent: ['n14'")
 
 
 def test_bencher_export_holds_the_stored_metrics_in_bencher_units(sqlite_store, tmp_path):

@@ -39,9 +39,15 @@ def job_arguments(run_dir: Path) -> list[str]:
     return ["--run-dir", str(run_dir), "--out", str(Path(run_dir) / rundir.METRICS_DIR)]
 
 
+# spark-submit's settings, the CLI's and the DAG's: no UI, and the C1 JIT only (a short job
+# starts about 10 s sooner; spark-submit reads the driver's JVM options before starting it)
+SUBMIT_CONF = {"spark.ui.enabled": "false",
+               "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+
+
 def spark_job(run_id: str) -> dict:
-    """What the DAG's SparkSubmitOperator runs: the application and its arguments."""
-    return {"application": str(SPARK_JOB),
+    """What the DAG's SparkSubmitOperator runs: the application, its arguments and conf."""
+    return {"application": str(SPARK_JOB), "conf": dict(SUBMIT_CONF),
             "application_args": job_arguments(load_settings().run_dir(run_id))}
 
 
@@ -52,10 +58,9 @@ def submit(run_dir: Path, master: str) -> str:
     if master.startswith("sc://"):
         argv = [sys.executable, str(SPARK_JOB), "--master", master, *job_arguments(run_dir)]
     else:
-        argv = [spark_submit_binary(), "--master", master, "--conf", "spark.ui.enabled=false",
-                # the C1 JIT only: a short job starts about 10 s sooner
-                "--driver-java-options", "-XX:TieredStopAtLevel=1",
-                str(SPARK_JOB), *job_arguments(run_dir)]
+        conf = [arg for key, value in SUBMIT_CONF.items() for arg in ("--conf", f"{key}={value}")]
+        argv = [spark_submit_binary(), "--master", master, *conf, str(SPARK_JOB),
+                *job_arguments(run_dir)]
     env = child_env(PYTHONPATH=str(REPO_ROOT), PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
