@@ -58,10 +58,9 @@ def run_nightly(settings: Settings, suite: str) -> int:
     if state != "success":
         print(f"perfpipe: {steps.failure or 'the run did not succeed'} ({where})",
               file=sys.stderr)
-        return 1
     from .cli import exit_code
 
-    return exit_code(run["status"], run["warning"])
+    return exit_code(run["status"], run["warning"], airflow_state=state)
 
 
 def nightly_run_id(airflow_run_id: str) -> str:

@@ -131,6 +131,11 @@ def test_release_dag_runs_under_the_real_scheduler_through_the_rest_api(airflow_
     token = api(url, "POST", "/auth/token",
                 {"username": "admin", "password": password})["access_token"]
     assert airflow_server.passwords_file.stat().st_mode & 0o077 == 0
+    # a second `make airflow` on the same home is refused: two schedulers on one SQLite DB
+    from tasks.airflow_glue.local_server import Server, start
+
+    with pytest.raises(RuntimeError, match="already runs on the home"):
+        start(Server(airflow_server.home, free_port()))
 
     def parsed():
         dags = api(url, "GET", f"/api/v2/dags?dag_id_pattern={DAG_ID}", token=token)["dags"]

@@ -124,3 +124,14 @@ def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_e
     log = Path(line.rsplit("the trace is in Airflow's log: ", 1)[1].removesuffix(")"))
     assert log.is_relative_to(tmp_path / "airflow" / "logs")
     assert "Traceback (most recent call last)" in log.read_text()
+
+
+def test_exit_codes_of_a_run_and_of_a_nightly_dag_run() -> None:
+    from tasks.cli import exit_code
+
+    assert [exit_code("ok", None), exit_code("ok", "Slack not told"), exit_code("failed", None),
+            exit_code("invalid", None)] == [0, 5, 1, 1]
+    # under Airflow: Slack not told fails the alert task on purpose; still the CLI's 5
+    assert exit_code("ok", "Slack not told", airflow_state="failed") == 5
+    assert exit_code("ok", None, airflow_state="failed") == 1
+    assert exit_code("failed", None, airflow_state="failed") == 1

@@ -165,9 +165,17 @@ def test_suite_params_follow_the_scenarios_dir(tiny_suite, monkeypatch):
     from tasks.settings import load_settings
 
     assert _suites_file_keys(load_settings().scenarios_dir) == ["tiny"]
+    # PERFPIPE_SUITE (default smoke) names no suite there: free text, so the plan task says
+    # so instead of the nightly quietly running another suite
+    param = load_dag("mqtt_perf_nightly").params.get_param("suite")
+    assert "enum" not in param.schema and param.value == "smoke"
+    monkeypatch.setenv("PERFPIPE_SUITE", "tiny")
     for dag_id in ("mqtt_perf_nightly", "mqtt_perf_release"):
         param = load_dag(dag_id).params.get_param("suite")
         assert param.schema["enum"] == ["tiny"] and param.value == "tiny", dag_id
+    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", "abc")  # a bad setting: the DAG still parses
+    assert "enum" not in load_dag("mqtt_perf_nightly").params.get_param("suite").schema
+    monkeypatch.delenv("PERFPIPE_DB_RETRY_S")
     monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(tiny_suite / "nowhere"))
     param = load_dag("mqtt_perf_nightly").params.get_param("suite")  # no suites file: free text
-    assert "enum" not in param.schema and param.value == "smoke"
+    assert "enum" not in param.schema and param.value == "tiny"

@@ -32,7 +32,7 @@ from tests.pg import create_database
 from tests.test_store import T0
 
 # the results store's fixtures: a real PostgreSQL server, a database on it or a SQLite file
-pg_server, db_url = test_store.pg_server, test_store.db_url
+pg_server, db_url, store = test_store.pg_server, test_store.db_url, test_store.store
 REPO = Path(__file__).resolve().parent.parent
 GRAFANA = REPO / "infra" / "grafana"
 KEY, STAGE = "mosquitto|fanin.q1", "fanin.q1"
@@ -85,14 +85,6 @@ def history(store: Store) -> str:
         if day == 7:
             night(store, day + 0.5, "other-host", fp="fp2")
     return f"n{NIGHTS:02d}"
-
-
-@pytest.fixture
-def results(db_url: str):
-    s = Store(db_url)
-    s.migrate()
-    yield s
-    s.close()
 
 
 @pytest.fixture
@@ -227,8 +219,7 @@ def rows(url: str, sql: str, **params) -> list[dict]:
         engine.dispose()
 
 
-def test_views_show_history_alerts_and_runs(results: Store, db_url: str):
-    store = results
+def test_views_show_history_alerts_and_runs(store: Store, db_url: str):
     run_id = history(store)
     stage = last_stage(store, run_id)
     got = {r["metric"]: r for r in rows(db_url, "SELECT * FROM v_metric_history WHERE "

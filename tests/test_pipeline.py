@@ -96,5 +96,5 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
     # were stored, so the latency curve and the p99 and CPU per second are drawn
     assert '<b class="status-ok">ok</b>' in report and "status <b>running</b>" not in report
     assert report.count('<svg id="latency-') == len(stages)
-    assert report.count("e2e p99 per second") == len(stages)
-    assert report.count("broker CPU per second") == len(stages)
+    assert report.count(": e2e p99 per second</title>") == len(stages)  # a chart each
+    assert report.count(": broker CPU per second</title>") == len(stages)

@@ -17,6 +17,7 @@ own, so a group kill would miss them).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import secrets
@@ -34,6 +35,9 @@ from ..driver.procfs import all_stats, descendants
 from .dag_test import DAGS_DIR
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
+# The scheduler's log server would listen on every interface (port 8793); the api-server
+# reads task logs from this home's files, so it is not needed on one machine
+ARGS = {"scheduler": ("--skip-serve-logs",)}
 USER = "admin"
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
 DEFAULT_PORT = 8080
@@ -103,6 +107,7 @@ class Running:
 
     server: Server
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    lock: object = None  # the home's lock file, released at stop
 
     def exited(self) -> dict[str, int]:
         """Components that ended, with their exit codes."""
@@ -121,22 +126,44 @@ class Running:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for pid in tree & set(all_stats()):
+        # what was below them when stopping began, and whatever started since in their
+        # sessions (each component leads one; a task process only changes its group)
+        now = all_stats()
+        leaders = {p.pid for p in self.processes.values()}
+        late = {pid for pid, stat in now.items() if stat.session in leaders}
+        for pid in (tree & set(now)) | late:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         for process in self.processes.values():
             process.wait()
+        if self.lock is not None:
+            self.lock.close()
 
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        # as the api-server binds it: a port in TIME_WAIT after a stop is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
             return False
     return True
+
+
+def _one_server_per_home(server: Server):
+    """A lock on the home held while the components run: a second scheduler on the same
+    SQLite metadata DB would fight the first."""
+    handle = open(server.home / "local_server.lock", "w")  # noqa: SIM115 (held until stop)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(f"Airflow already runs on the home {server.home} (make airflow "
+                           "in another terminal?): stop it first") from None
+    return handle
 
 
 def start(server: Server, environ: Mapping[str, str] | None = None) -> Running:
@@ -147,13 +174,14 @@ def start(server: Server, environ: Mapping[str, str] | None = None) -> Running:
                            "(make airflow AIRFLOW_PORT=...)")
     server.log("api-server").parent.mkdir(parents=True, exist_ok=True)
     ensure_password(server)
-    running = Running(server)
+    running = Running(server, lock=_one_server_per_home(server))
     try:
         for component in COMPONENTS:
             with open(server.log(component), "ab") as log:
                 running.processes[component] = subprocess.Popen(
-                    [sys.executable, "-m", "airflow", component], env=env, stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                    [sys.executable, "-m", "airflow", component, *ARGS.get(component, ())],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True)
     except BaseException:
         running.stop(0)
         raise
