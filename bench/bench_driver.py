@@ -74,11 +74,14 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+from tasks.driver.limits import MAX_RATE  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FEED_RATE = 150_000  # deliveries/s into the subscribing process
 PAYLOAD = 256
 SUBSCRIBE = ("sub-q0-c1", "sub-q0-c100", "sub-q0-c1000")
+JS_NODELAY = False  # --js-nodelay
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -325,15 +328,17 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
     if role == "pub":
         column = "acked" if qos else "published"
         if tool_name == "perfpipe":
-            # flat out: an open-loop rate far above what the broker accepts
-            rate = (fixed or 3_000_000) / clients
+            # flat out: an open-loop rate far above what the broker accepts (at most the
+            # driver's own per-publisher limit)
+            rate = fixed / clients if fixed else min(3_000_000 / clients, MAX_RATE)
             tool = Perfpipe(workdir, driver_spec(scenario, port, pubs=clients, qos=qos,
                                                  rate=rate, timing=timing))
         else:
             tool = MqttJs({"port": port, "mode": "pub", "clients": clients, "qos": qos,
                            "payload": PAYLOAD, "topic": "bench/p", "inflight": 1000,
                            "prefix": f"js-{scenario}",
-                           "rate": fixed / clients if fixed else 0})
+                           "rate": fixed / clients if fixed else 0,
+                           "nodelay": JS_NODELAY})
     else:
         column = "received"
         # 10 feeding publishers; the broker fans each message out to every subscriber
@@ -463,7 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory checks")
+    parser.add_argument("--js-nodelay", action="store_true",
+                        help="MQTT.js publishers with TCP_NODELAY, as perfpipe's (Node leaves "
+                        "Nagle on, which batches small publishes by waiting for ACKs)")
     args = parser.parse_args(argv)
+    global JS_NODELAY
+    JS_NODELAY = args.js_nodelay
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
     scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",

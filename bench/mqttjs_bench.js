@@ -40,6 +40,10 @@ function connectAll(done) {
       c.on('error', () => { errors++; });
       c.once('connect', () => {
         pending--;
+        // Node leaves Nagle on: with it a small publish waits for the ACK of the last one
+        // and leaves in one segment with the next (up to ~40 ms later); --js-nodelay turns
+        // it off, as perfpipe does (its latencies must not include that wait)
+        if (cfg.nodelay) c.stream.setNoDelay(true);
         const finish = () => { ready++; if (ready === cfg.clients) done(); else openMore(); };
         if (cfg.mode === 'sub') {
           c.subscribe(cfg.topic, { qos: cfg.qos }, finish);
