@@ -82,6 +82,7 @@ FEED_RATE = 150_000  # deliveries/s into the subscribing process
 PAYLOAD = 256
 SUBSCRIBE = ("sub-q0-c1", "sub-q0-c100", "sub-q0-c1000")
 JS_NODELAY = False  # --js-nodelay
+PP_TICK_US = 0  # --pp-tick-us
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -331,8 +332,9 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             # flat out: an open-loop rate far above what the broker accepts (at most the
             # driver's own per-publisher limit)
             rate = fixed / clients if fixed else min(3_000_000 / clients, MAX_RATE)
-            tool = Perfpipe(workdir, driver_spec(scenario, port, pubs=clients, qos=qos,
-                                                 rate=rate, timing=timing))
+            spec = driver_spec(scenario, port, pubs=clients, qos=qos, rate=rate, timing=timing)
+            spec["tick_us"] = PP_TICK_US
+            tool = Perfpipe(workdir, spec)
         else:
             tool = MqttJs({"port": port, "mode": "pub", "clients": clients, "qos": qos,
                            "payload": PAYLOAD, "topic": "bench/p", "inflight": 1000,
@@ -471,9 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--js-nodelay", action="store_true",
                         help="MQTT.js publishers with TCP_NODELAY, as perfpipe's (Node leaves "
                         "Nagle on, which batches small publishes by waiting for ACKs)")
+    parser.add_argument("--pp-tick-us", type=int, default=0,
+                        help="perfpipe publishers wake at most every N us (the driver's "
+                        "tick_us; default 0: each message at its intended time)")
     args = parser.parse_args(argv)
-    global JS_NODELAY
-    JS_NODELAY = args.js_nodelay
+    global JS_NODELAY, PP_TICK_US
+    JS_NODELAY, PP_TICK_US = args.js_nodelay, args.pp_tick_us
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
     scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",
