@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from sql import StoreError, StoreUnavailable
+from sql import Store, StoreError, StoreUnavailable
 
 from .config_files import ConfigError
-from .export import FORMATS
+from .export import FORMATS, export_run
 from .locks import LockBusy
 from .metrics import ALERT_ACTIONS, RUN_KINDS
 from .settings import load_settings
 from .steps import STEPS
+
 
 def epilog() -> str:
     width = max(len(step.name) for step in STEPS)
@@ -90,15 +92,21 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from .export import export_run
+def _with_store(call: Callable[[Store, argparse.Namespace], int]
+                ) -> Callable[[argparse.Namespace], int]:
+    """A command that works on the results store: migrated first, closed after (a
+    StoreError or a ValueError is said in one line by `main`)."""
+    def run(args: argparse.Namespace) -> int:
+        store = load_settings().store()
+        try:
+            store.migrate()
+            return call(store, args)
+        finally:
+            store.close()
+    return run
 
-    store = load_settings().store()
-    try:  # a StoreError or a ValueError is said in one line by `main`
-        store.migrate()
-        return export_run(store, args.run_id, args.format, args.out)
-    finally:
-        store.close()
+
+_export = _with_store(lambda store, args: export_run(store, args.run_id, args.format, args.out))
 
 
 def _check_nightly(args: argparse.Namespace) -> int:
@@ -136,17 +144,9 @@ def _command(sub: argparse._SubParsersAction, name: str, summary: str, descripti
 def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
     """`perfpipe baseline promote|list` and `perfpipe alerts list|ack|accept|false-positive|fixed`."""
 
-    def handler(call):
-        def run(args: argparse.Namespace) -> int:
-            store = load_settings().store()
-            try:  # a StoreError is said in one line by `main`
-                store.migrate()
-                return call(store, args)
-            finally:
-                store.close()
-        return run
-
     from . import manage
+
+    handler = _with_store
 
     baseline = sub.add_parser(
         "baseline", help="pin a run as a release baseline, list them",

@@ -26,13 +26,13 @@ the reading and writing).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from ..metrics import METRICS
+from .history import noise_band
 
 # perfpipe metric -> (Bencher's built-in measure, factor from perfpipe's unit to Bencher's)
 BENCHER_BUILTINS: dict[str, tuple[str, float]] = {
@@ -64,11 +64,7 @@ def noise_spread(value: float, comparison: dict | None) -> tuple[float, float] |
     as the comparison measured it; None while the noise is not known."""
     if comparison is None or comparison["verdict"] in _NOISE_UNKNOWN:
         return None
-    noise_pct = (comparison.get("detail") or {}).get("noise_pct")
-    if noise_pct is None:
-        return None
-    sigma = noise_pct / 100
-    return value * math.exp(-sigma), value * math.exp(sigma)
+    return noise_band(value, comparison.get("detail") or {})
 
 
 def bencher_bmf(stages: Iterable[dict]) -> dict[str, dict[str, dict[str, float]]]:

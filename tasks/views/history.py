@@ -26,17 +26,21 @@ def _label(when: datetime | None, dated: bool) -> str:
     return when.strftime("%m-%d" if dated else "%m-%d %H:%M")
 
 
-def _band(baseline: float | None, detail: dict) -> tuple[float, float] | None:
-    sigma = (detail.get("noise_pct") or 0) / 100
-    if baseline is None or not sigma:
+def noise_band(centre: float | None, detail: dict,
+               sigmas: float = 1.0) -> tuple[float, float] | None:
+    """(low, high): `centre` times exp(-/+ sigmas x sigma), sigma the night-to-night noise
+    (log scale) a comparison measured (its detail's `noise_pct`); None when it measured
+    none."""
+    if centre is None or detail.get("noise_pct") is None:
         return None
-    return baseline * math.exp(-BAND_SIGMAS * sigma), baseline * math.exp(BAND_SIGMAS * sigma)
+    sigma = detail["noise_pct"] / 100
+    return centre * math.exp(-sigmas * sigma), centre * math.exp(sigmas * sigma)
 
 
 def _night(label: str, value: float, comparison: dict | None) -> Night:
     c = comparison or {}
     return Night(label, value, c.get("verdict"), c.get("baseline_value"),
-                 _band(c.get("baseline_value"), c.get("detail") or {}))
+                 noise_band(c.get("baseline_value"), c.get("detail") or {}, BAND_SIGMAS))
 
 
 def nights_of(metric: str, earlier: list[dict], stage: dict) -> tuple[list[Night], int | None]:

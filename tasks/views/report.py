@@ -22,7 +22,7 @@ from ..driver.histogram import percentile
 from ..metrics import BROKER_CPU_SERIES, TAIL_KINDS, VERDICTS, bucket_series, p99_per_s_series
 from .charts import PALETTE, line_chart, percentile_x, time_series
 from .history import Histories, attention, history_section
-from .tables import verdict_note
+from .tables import in_run_order, verdict_note
 from .units import show, unit_of
 
 SCORE_CARD = (("delivered_rate", "delivered"), ("target_rate", "target"),
@@ -62,10 +62,6 @@ details{margin:.3em 0 1em}summary{cursor:pointer;color:#555}"""
 def _head(name: str, label: str) -> str:
     unit = unit_of(name)
     return f"<th>{escape(label)}" + (f" ({escape(unit)})" if unit else "") + "</th>"
-
-
-def _ordered(stages: list[dict]) -> list[dict]:
-    return sorted(stages, key=lambda s: s["params"].get("index", 0))
 
 
 def _publishers(stage: dict) -> int:
@@ -273,7 +269,7 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
            histories: Histories | None = None) -> str:
     """The page. `histories`: stage id -> its comparable earlier nights (`Store.history`
     entries, oldest first)."""
-    stages, histories = _ordered(stages), histories or {}
+    stages, histories = in_run_order(stages), histories or {}
     title = f"perfpipe run {run['run_id']}"
     counts = defaultdict(int)
     for stage in stages:

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..metrics import VERDICTS
-from .tables import metrics_rows, table, verdict_rows
+from .tables import in_run_order, metrics_rows, table, verdict_rows
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
@@ -29,13 +29,9 @@ def _files(files: dict[str, Path]) -> list[str]:
             for label, path in files.items()]
 
 
-def _ordered(stages: list[dict]) -> list[dict]:
-    return sorted(stages, key=lambda s: s["params"].get("index", 0))
-
-
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
-    stages = _ordered(stages)
+    stages = in_run_order(stages)
     lines = [*_header(run),
              "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages))]
     verdicts = verdict_rows(stages)
@@ -50,7 +46,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
 def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """The run, its stages' metrics, the verdicts that need a look (the others counted,
     with the command that lists them all) and where the report and Slack message are."""
-    stages = _ordered(stages)
+    stages = in_run_order(stages)
     lines = _header(run)
     verdicts = verdict_rows(stages)
     counts = Counter(v["verdict"] for v in verdicts)

@@ -29,6 +29,11 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
     return "\n".join([line, "  ".join("-" * w for w in widths), *body])
 
 
+def in_run_order(stages: list[dict]) -> list[dict]:
+    """Stored stages in the order the run ran them (their plan index)."""
+    return sorted(stages, key=lambda s: s["params"].get("index", 0))
+
+
 def metrics_rows(stages: list[dict]) -> list[dict]:
     return [{
         "stage": s["stage_id"], "validity": s["validity"],
