@@ -123,6 +123,23 @@ def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     assert progress["phase"] in ("publish", "drain") and progress["clients"] == 21
 
 
+def test_a_tick_sends_late_by_at_most_the_tick_and_latency_still_counts_from_intended(
+        broker, tmp_path):
+    """tick_us 20 ms: every message still goes (open loop), up to 20 ms late, and the
+    lateness is in pub_delay and in e2e latency, which is measured from the intended time."""
+    out = tmp_path / "out"
+    code, summary = run_to_end(spec(broker.port, publishers=100, measure=3, tick_us=20_000), out)
+    assert code == 0
+    totals = summary["totals"]
+    assert totals["published"] == pytest.approx(100 * 50 * 4, rel=0.02)  # warm-up + window
+    assert totals["received"] == totals["published"] and totals["lost"] == 0
+    kinds = histograms(out)
+    delay_p50 = percentile(kinds["pub_delay"], 50)
+    assert 5_000 < delay_p50 < 15_000  # spread over the 20 ms between wake-ups
+    assert percentile(kinds["pub_delay"], 99) < 25_000
+    assert percentile(kinds["e2e"], 50) > 0.8 * delay_p50  # the wait counts as latency
+
+
 @pytest.mark.parametrize("qos", [1, 2])
 def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, qos):
     out = tmp_path / "out"
@@ -303,6 +320,22 @@ def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
         # nothing read: prompt reads; messages queued for an hour: capped, not 28 s
         assert reader.hold_s == pytest.approx(hold_s, rel=0.05)
     assert reader.held_passes == 2
+
+
+def test_a_read_hold_pauses_after_every_pass_that_read_messages(tmp_path):
+    """read_hold_us: a floor under the hold, after passes that read messages, never idle
+    ones; the backlog rule still wins when it asks for more."""
+    reader = fast_path_reader(tmp_path)
+    reader.min_hold_s = 0.0005
+    for late_us, hold_s in (((20_000,), 0.0005), ((), 0.0),
+                            ((900_000,), 0.9 * MAX_RELATIVE_ERROR)):
+        if late_us:
+            buf = publishes([time.time_ns() // 1000 - late for late in late_us])
+            reader.tick()
+            reader.parse(FastPathConn(), buf, len(buf))
+        reader.end_pass()
+        assert reader.hold_s == pytest.approx(hold_s, rel=0.05)
+    assert reader.held_passes == 2 and reader.hold_max_s == pytest.approx(0.9 / 128, rel=0.05)
 
 
 def test_a_backlog_is_read_in_held_passes_within_the_bucket_error_then_promptly(

@@ -97,6 +97,8 @@ connection:
   connect_rate: 900
   max_pending_connects: 32
   max_inflight: 20
+  tick_us: 2000
+  read_hold_us: 500
 publishers:
   - {group: pub, count: 6, topic: "s/{group}/{i}", aggregate_rate: {0: 60, 1: 30}}
 subscribers:
@@ -140,7 +142,8 @@ def test_connection_settings_flow_from_yaml_to_the_driver_spec(tmp_path, monkeyp
         "password_env": "PERFPIPE_TEST_MQTT_PASSWORD"}
     assert doc["connect_rate"] == pytest.approx(300.0)  # 900/s over 3 processes
     assert (doc["clean_session"], doc["keepalive_s"], doc["max_inflight"],
-            doc["max_pending_connects"]) == (False, 300, 20, 32)
+            doc["max_pending_connects"], doc["tick_us"], doc["read_hold_us"]
+            ) == (False, 300, 20, 32, 2000, 500)
     specs = [parse_spec(d) for d in docs]
     assert specs[0].broker.password == "s3cret" and specs[0].broker.tls
     assert "s3cret" not in json.dumps(specs[0].echo())
@@ -190,6 +193,8 @@ def test_a_password_reference_resolves_on_the_driver_host_only(tmp_path, monkeyp
     ("  password_file: /run/secrets/mqtt\n", "connection", "username"),
     ("  tls: {key_file: k.pem}\n", "connection.tls", "needs cert_file"),
     ("  max_inflight: 0\n", "connection.max_inflight", "greater than or equal to 1"),
+    ("  tick_us: 2000000\n", "connection.tick_us", "at most 1,000,000 us"),
+    ("  read_hold_us: 50000\n", "connection.read_hold_us", "at most 20,000 us"),
 ])
 def test_bad_connection_settings_name_the_file_the_field_and_the_fix(tmp_path, patch, field,
                                                                       fix):

@@ -192,7 +192,8 @@ def expected_delivery_rate(plans: list[ProcessPlan]) -> float:
     return total
 
 
-PASSED_THROUGH = ("clean_session", "keepalive_s", "max_inflight", "max_pending_connects")
+PASSED_THROUGH = ("clean_session", "keepalive_s", "max_inflight", "max_pending_connects",
+                  "tick_us", "read_hold_us")
 
 
 def process_spec(stage: Stage, plan: ProcessPlan, *, run_id: str, broker: dict) -> dict:

@@ -296,6 +296,18 @@ class ConnectionSettings(BaseModel):
                                              "awaiting CONNACK")
     max_inflight: StrictInt | None = Field(None, ge=1, le=65535, description="per publisher: "
                                      "unacknowledged QoS 1/2 publishes")
+    tick_us: Annotated[StrictInt, _within(limits.TICK_US)] | None = Field(
+        None, ge=0, description="publishers of a driver process wake at most every N us and "
+        "send what is due then (default 0: each message at its intended time). Many clients "
+        "at low rates each cost less CPU per message, in the driver and in the broker it "
+        "wakes, and each message leaves up to N us late: pub_delay shows by how much, and "
+        "latency is still measured from the intended time")
+    read_hold_us: Annotated[StrictInt, _within(limits.READ_HOLD_US)] | None = Field(
+        None, ge=0, description="subscribers of a driver process pause N us after each pass "
+        "that read messages (default 0: read as soon as bytes arrive). Each read takes more "
+        "messages: less CPU per message in the driver and far less in the broker (it sends "
+        "fewer, larger TCP segments), but receive times are up to N us late and the broker's "
+        "deliveries wait for the reads; for capacity stages, not latency ones")
 
     @model_validator(mode="before")
     @classmethod

@@ -45,7 +45,7 @@ class Engine:
         self.out_dir = Path(out_dir)
         self.acct = Accounting(RawWriter(self.out_dir), run_tag(spec.run_id, spec.stage_id))
         self.sessions = Sessions(spec, self.acct)
-        self.sessions.reader = Reader(self.sessions, self.acct)
+        self.sessions.reader = Reader(self.sessions, self.acct, spec.read_hold_us / 1e6)
         self.status = "ok"
         self.windows: dict[str, int] = {}
         self.stop_requested = False
@@ -120,14 +120,17 @@ class Engine:
                               end_ns, spec.max_inflight)
         self.scheduler = scheduler
         tick_ns = spec.tick_us * 1000
+        next_run = 0  # with a tick, sends wait for it even when reads wake the loop sooner
         while not self.stop_requested:
             now = time.time_ns()
             if now >= end_ns:
                 break
-            scheduler.run(now)
+            if now >= next_run:
+                scheduler.run(now)
+                next_run = now + tick_ns
             due = scheduler.next_due()
-            if due is not None and tick_ns:
-                due = max(due, now + tick_ns)
+            if due is not None and due < next_run:
+                due = next_run
             if due is None:
                 sessions.poll(min(0.01, (end_ns - now) / 1e9))
             else:

@@ -52,6 +52,7 @@ from .accounting import (
     Track,
     sequence,
 )
+from . import limits
 from .histogram import MAX_RELATIVE_ERROR
 from .output import DELAY_OVERRUN_US
 from .paho_glue import paho_handle
@@ -60,7 +61,7 @@ from .wire import HEADER, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, Template, ac
 
 RECV_BYTES = 1 << 20
 HOLD_FROM_US = 50_000  # below this latency reads are never held
-HOLD_MAX_S = 0.02  # messages queued for hours must not stall keepalive and the stage's clock
+HOLD_MAX_S = limits.READ_HOLD_US.limit / 1e6  # a hold never stalls keepalive and the clock
 _NOTHING_READ = 1 << 62
 OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a process
 OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
@@ -73,9 +74,10 @@ assert PUBLISH == 0x30 and MAX_VALUE_US == (1 << 40) - 1  # inlined as literals 
 class Reader:
     """Reads and parses everything arriving on sockets the fast path owns."""
 
-    def __init__(self, sessions: Sessions, acct: Accounting) -> None:
+    def __init__(self, sessions: Sessions, acct: Accounting, min_hold_s: float = 0.0) -> None:
         self.sessions = sessions
         self.acct = acct
+        self.min_hold_s = min_hold_s  # ProcessSpec.read_hold_us: every pass that read messages
         self.buf = bytearray(RECV_BYTES)
         self.view = memoryview(self.buf)
         self.second = -1
@@ -295,15 +297,19 @@ class Reader:
         return i
 
     def end_pass(self) -> None:
-        """After an epoll pass: hold the next one only if even its freshest message was late."""
+        """After an epoll pass: hold the next one only if even its freshest message was late,
+        or by `min_hold_s` after any pass that read messages (a spec's ``read_hold_us``)."""
         freshest, self.freshest_us = self.freshest_us, _NOTHING_READ
-        if HOLD_FROM_US <= freshest < _NOTHING_READ:
-            self.hold_s = min(freshest * MAX_RELATIVE_ERROR / 1e6, HOLD_MAX_S)
+        hold = 0.0
+        if freshest < _NOTHING_READ:
+            if freshest >= HOLD_FROM_US:
+                hold = min(freshest * MAX_RELATIVE_ERROR / 1e6, HOLD_MAX_S)
+            hold = max(hold, self.min_hold_s)
+        self.hold_s = hold
+        if hold:
             self.held_passes += 1
-            if self.hold_s > self.hold_max_s:
-                self.hold_max_s = self.hold_s
-        else:
-            self.hold_s = 0.0
+            if hold > self.hold_max_s:
+                self.hold_max_s = hold
 
 
 class Scheduler:
@@ -345,7 +351,14 @@ class Scheduler:
         return self.heap[0][0] if self.heap else None
 
     def run(self, now: int) -> None:
-        """Encode and send every message due by `now` (each client at most once)."""
+        """Encode and send every message due by `now` (each client at most once).
+
+        Every due client is filled first and the sockets are written afterwards, back to
+        back: a write that finds the broker asleep pays to wake it (on loopback, in this
+        process's system time), and writes spaced by encoding work let it fall asleep
+        between them. With a tick (`ProcessSpec.tick_us`) that cut the broker's context
+        switches per message from 0.20 to 0.07 at 1000 publishers x 50 msgs/s.
+        """
         heap = self.heap
         later = []
         second = now // 1_000_000_000
@@ -353,18 +366,25 @@ class Scheduler:
             self.second = second
             self.row = self.acct.row(second)
             self.delays = self.acct.hist(second, "pub_delay")
+        filled = []
+        published = 0
         pop, fill, flush = heapq.heappop, self.fill, self.sessions.flush
         while heap and heap[0][0] <= now:
             _due, index, conn = pop(heap)
             conn.scheduled = False
             if conn.state == DEAD or conn.parked:
                 continue
-            if fill(conn, now):
-                flush(conn)  # may wake (and so schedule) it again
-            if conn.state == DEAD or conn.parked or conn.scheduled or conn.seq >= conn.total:
+            n = fill(conn, now)
+            if n:
+                published += n
+                filled.append(conn)
+            if conn.state == DEAD or conn.parked or conn.seq >= conn.total:
                 continue
             conn.scheduled = True
             later.append((conn.first + int(conn.seq * conn.interval), index, conn))
+        for conn in filled:  # back to back, after the encoding work
+            flush(conn)
+        self.row[C_PUBLISHED] += published
         for item in later:
             heapq.heappush(heap, item)
 
@@ -394,7 +414,8 @@ class Scheduler:
         return room
 
     def fill(self, conn: Conn, now: int) -> int:
-        """Append the messages of `conn` due by `now`; returns how many."""
+        """Append the messages of `conn` due by `now`; returns how many (`run` counts them
+        as published)."""
         if conn.tmpl.__class__ is list:
             return self.fill_cycle(conn, now)
         out = conn.out
@@ -456,9 +477,8 @@ class Scheduler:
                     delays[(b << 6) + (v >> b) if b < 34 else -1] += 1
             conn.next_pid = pid
         conn.seq = seq + n
-        row = self.row
-        row[C_PUBLISHED] += n
-        row[C_DELAY_OVERRUNS] += overruns
+        if overruns:
+            self.row[C_DELAY_OVERRUNS] += overruns
         return n
 
 
@@ -514,9 +534,8 @@ class Scheduler:
         if inflight is not None:
             conn.next_pid = pid
         conn.seq = seq + n
-        row = self.row
-        row[C_PUBLISHED] += n
-        row[C_DELAY_OVERRUNS] += overruns
+        if overruns:
+            self.row[C_DELAY_OVERRUNS] += overruns
         return n
 
 

@@ -46,6 +46,10 @@ TIMEOUT_SECONDS = Bound(3_600, "s", "a driver silent for an hour is not coming b
 CONNECT_RATE = Bound(100_000, "connections/s", "far above any broker's published accept "
                      "rate; pacing beyond it is no pacing")
 PENDING_CONNECTS = Bound(65_535, "CONNECTs", "no listen backlog is deeper")
+READ_HOLD_US = Bound(20_000, "us", "a longer pause between reads would stall keepalives "
+                     "and the stage's clock")
+TICK_US = Bound(1_000_000, "us", "a send held back longer than a second is no longer the "
+                "schedule's message but the next one's")
 TOPIC_BYTES = 65_535  # MQTT's limit on a topic's UTF-8 length
 
 

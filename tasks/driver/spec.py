@@ -94,6 +94,7 @@ class ProcessSpec:
     aggregate_rate: float | None = None  # msgs/s of the whole process, if given
     sndbuf_bytes: int | None = None  # publisher sockets' SO_SNDBUF; None: auto, 0: kernel's
     tick_us: int = 0  # 0: send each message at its intended time; N: wake at most every N us
+    read_hold_us: int = 0  # 0: read as soon as bytes arrive; N: pause N us after each read pass
 
     def echo(self) -> dict[str, Any]:
         """The spec as recorded in the summary: everything but secrets."""
@@ -262,6 +263,7 @@ def parse_spec(doc: dict) -> ProcessSpec:
         aggregate_rate=aggregate_rate,
         sndbuf_bytes=_get(doc, "sndbuf_bytes", "", int, None),
         tick_us=_get(doc, "tick_us", "", int, 0),
+        read_hold_us=_get(doc, "read_hold_us", "", int, 0),
     )
     _require(spec.measure_s > 0, "measure_s", f"must be > 0 seconds, got {spec.measure_s}")
     for name in ("warmup_s", "measure_s", "drain_s"):
@@ -275,7 +277,10 @@ def parse_spec(doc: dict) -> ProcessSpec:
              f"must be 1..65535 (MQTT packet ids), got {spec.max_inflight}")
     _require(spec.sndbuf_bytes is None or spec.sndbuf_bytes >= 0, "sndbuf_bytes",
              "must be >= 0 (0: the kernel's autotuning)")
-    _require(0 <= spec.tick_us <= 1_000_000, "tick_us", "must be 0..1000000 microseconds")
+    _require(spec.tick_us >= 0, "tick_us", "must be >= 0 microseconds (0: on time)")
+    _require_ok(limits.TICK_US.problem(spec.tick_us), "tick_us")
+    _require(spec.read_hold_us >= 0, "read_hold_us", "must be >= 0 microseconds (0: prompt)")
+    _require_ok(limits.READ_HOLD_US.problem(spec.read_hold_us), "read_hold_us")
     _require(spec.max_pending_connects > 0, "max_pending_connects", "must be > 0")
     _require(0 <= spec.keepalive_s <= 65535, "keepalive_s", "must be 0..65535 seconds")
     for name in ("connect_timeout_s", "start_timeout_s"):
