@@ -17,10 +17,18 @@ Scenarios (256-byte payloads):
   pub-q0-c1000-r50k, pub-q0-c10000-r50k  1000 (10,000) publishers at a fixed 50K msgs/s
               in total (50 and 5 per client: the shape of IBM's tests, many clients at a
               low rate each), both tools: one message per send, so per-message system
-              calls dominate; bar 1.2x MQTT.js (issue #18)
+              calls dominate; bar 1.2x MQTT.js (issue #18). MQTT.js publishes what is due
+              on a 2 ms timer (`JS_TICK_US`), and perfpipe gets the same as its tick_us:
+              each tool's send lateness is printed. Beside them, each message at its
+              intended time (tick_us 0, the driver's default): perfpipe, and the floor,
+              bench/floor_sender.py, a CPython loop of select() and send() and nothing
+              else, the most any Python sender can do at that precision
   pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
   sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
-              publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s)
+              publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s).
+              Beside them, perfpipe reading in passes `READ_HOLD_US` apart (read_hold_us:
+              fewer, larger reads, receive times up to that late), with the e2e p50 and the
+              hold the bucket error would allow at it
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
 ``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
 kernel buffers of 1000 sockets hold seconds of traffic. Only the $SYS updates inside the
@@ -75,6 +83,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
+from tasks.driver.histogram import MAX_RELATIVE_ERROR, percentile  # noqa: E402
 from tasks.driver.limits import MAX_RATE  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -82,7 +91,18 @@ FEED_RATE = 150_000  # deliveries/s into the subscribing process
 PAYLOAD = 256
 SUBSCRIBE = ("sub-q0-c1", "sub-q0-c100", "sub-q0-c1000")
 JS_NODELAY = False  # --js-nodelay
-PP_TICK_US = 0  # --pp-tick-us
+PP_TICK_US: int | None = None  # --pp-tick-us
+# MQTT.js's rated clients publish what is due on a timer of this period (a Node load tool's
+# way); perfpipe gets the same as its tick_us on the fixed-rate rows: like for like, the
+# same send granularity (each tool's lateness is printed)
+JS_TICK_US = 2000
+# Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
+# rows: perfpipe sending each message at its intended time (tick_us 0, the driver's default)
+# and the floor (bench/floor_sender.py) doing the same; subscribe rows: perfpipe reading
+# in passes READ_HOLD_US apart (receive times up to that late; the driver's default is 0)
+ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
+READ_HOLD_US = 1000
+HELD = (f"perfpipe@read_hold_us={READ_HOLD_US}",)
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -247,7 +267,8 @@ class Perfpipe:
     def start(self, windows: dict) -> None:
         (self.out / "start.json").write_text(json.dumps({"start_at": windows["start"]}))
 
-    def result(self, windows: dict, column: str) -> tuple[int, int]:
+    def result(self, windows: dict, column: str) -> tuple[int, int, dict | None]:
+        """(count in the window, errors, send lateness p50/p90/p99 in us or None)."""
         self.process.wait(60)
         self.log.close()
         window = range(windows["measure_start"], windows["measure_end"])
@@ -255,7 +276,19 @@ class Perfpipe:
             rows = list(csv.DictReader(handle))
         count = sum(int(r[column]) for r in rows if int(r["second"]) in window)
         errors = sum(int(r["errors"]) for r in rows)
-        return count, errors
+        delays: dict[int, int] = {}
+        e2e: dict[int, int] = {}
+        with open(self.out / "histograms.csv") as handle:
+            for r in csv.DictReader(handle):
+                kind = {"pub_delay": delays, "e2e": e2e}.get(r["kind"])
+                if kind is not None and int(r["second"]) in window:
+                    bucket = int(r["bucket"])
+                    kind[bucket] = kind.get(bucket, 0) + int(r["count"])
+        late = {f"p{q}": percentile(delays, q) for q in (50, 90, 99)} if delays else None
+        summary = json.loads((self.out / "summary.json").read_text())
+        self.hold_max_ms = summary["read_hold"]["max_ms"]
+        self.e2e_p50_us = percentile(e2e, 50) if e2e else None
+        return count, errors, late
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -267,10 +300,10 @@ class MqttJs:
     """One Node process running bench/mqttjs_bench.js."""
 
     name = "mqtt.js"
+    command = ["node", str(BENCH / "mqttjs_bench.js")]
 
     def __init__(self, config: dict) -> None:
-        self.process = subprocess.Popen(["node", str(BENCH / "mqttjs_bench.js"),
-                                         json.dumps(config)], cwd=BENCH, text=True,
+        self.process = subprocess.Popen([*self.command, json.dumps(config)], cwd=BENCH, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL)
         self.pid = self.process.pid
@@ -288,16 +321,23 @@ class MqttJs:
         self.process.stdin.write(json.dumps(windows) + "\n")
         self.process.stdin.flush()
 
-    def result(self, windows: dict, column: str) -> tuple[int, int]:
+    def result(self, windows: dict, column: str) -> tuple[int, int, dict | None]:
         line = self.process.stdout.readline()
         self.process.wait(30)
         doc = json.loads(line)
-        return int(doc["count"]), int(doc["errors"])
+        return int(doc["count"]), int(doc["errors"]), doc.get("late_us")
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5)
+
+
+class Floor(MqttJs):
+    """bench/floor_sender.py: the least a CPython sender can spend (same protocol)."""
+
+    name = "floor"
+    command = [sys.executable, str(BENCH / "floor_sender.py")]
 
 
 # ---- scenarios -------------------------------------------------------------------------
@@ -317,10 +357,21 @@ def driver_spec(stage: str, port: int, *, pubs: int = 0, subs: int = 0, qos: int
     }
 
 
+def tick_for(scenario: str) -> int:
+    """perfpipe's tick_us on a row: --pp-tick-us if given, else MQTT.js's timer on the
+    fixed-rate rows and 0 (each message at its intended time) elsewhere."""
+    if PP_TICK_US is not None:
+        return PP_TICK_US
+    return JS_TICK_US if scenario in FIXED_RATE else 0
+
+
 def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCounter,
              workdir: Path, timing: dict) -> dict:
     role, q, c, *rated = scenario.split("-")
     fixed = int(rated[0][1:-1]) * 1000 if rated else 0  # "r50k": 50,000 msgs/s in total
+    tool_name, _, setting = tool_name.partition("@")  # "perfpipe@tick_us=0"
+    overrides = {setting.split("=")[0]: int(setting.split("=")[1])} if setting else {}
+    tick_us = overrides.get("tick_us", tick_for(scenario))
     qos, clients = int(q[1:]), int(c[1:])
     port, broker_pid = broker.port, broker.pid
     broker.settle()
@@ -333,14 +384,17 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             # driver's own per-publisher limit)
             rate = fixed / clients if fixed else min(3_000_000 / clients, MAX_RATE)
             spec = driver_spec(scenario, port, pubs=clients, qos=qos, rate=rate, timing=timing)
-            spec["tick_us"] = PP_TICK_US
+            spec["tick_us"] = tick_us
             tool = Perfpipe(workdir, spec)
+        elif tool_name == "floor":
+            tool = Floor({"port": port, "clients": clients, "rate": fixed / clients,
+                          "tick_us": tick_us, "payload": PAYLOAD, "prefix": f"floor-{scenario}"})
         else:
             tool = MqttJs({"port": port, "mode": "pub", "clients": clients, "qos": qos,
                            "payload": PAYLOAD, "topic": "bench/p", "inflight": 1000,
                            "prefix": f"js-{scenario}",
                            "rate": fixed / clients if fixed else 0,
-                           "nodelay": JS_NODELAY})
+                           "tick_ms": JS_TICK_US / 1000, "nodelay": JS_NODELAY})
     else:
         column = "received"
         # 10 feeding publishers; the broker fans each message out to every subscriber
@@ -349,8 +403,8 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         feed["tick_us"] = 1000  # batches: the feeder must not be what limits the rate
         feeder = Perfpipe(workdir, feed)
         if tool_name == "perfpipe":
-            tool = Perfpipe(workdir, driver_spec(scenario, port, subs=clients, qos=qos,
-                                                 timing=timing))
+            tool = Perfpipe(workdir, {**driver_spec(scenario, port, subs=clients, qos=qos,
+                                                    timing=timing), **overrides})
         else:
             tool = MqttJs({"port": port, "mode": "sub", "clients": clients, "qos": qos,
                            "topic": "bench/s", "prefix": f"js-{scenario}"})
@@ -373,7 +427,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
         sleep_until(windows["measure_end"])
         t1, tool1, broker1 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
-        count, errors = tool.result(windows, column)
+        count, errors, late = tool.result(windows, column)
         if feeder:
             feeder.result(windows, "published")
     finally:
@@ -391,7 +445,9 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
     return {"rate": rate, "cpu_pct": 100 * cpu_share, "sys_pct": 100 * sys_share,
             "tool_count_rate": count / (t1 - t0), "bracketing_rate": bracketing,
             "per_cpu_s": rate / cpu_share if cpu_share > 0 else float("inf"),
-            "broker_pct": 100 * broker_share, "errors": errors,
+            "broker_pct": 100 * broker_share, "errors": errors, "late_us": late,
+            "hold_max_ms": getattr(tool, "hold_max_ms", None),
+            "e2e_p50_us": getattr(tool, "e2e_p50_us", None),
             # broker CPU-seconds per 10,000 messages it took or delivered
             "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf")}
 
@@ -456,6 +512,60 @@ def connect_check(port: int, workdir: Path, clients: int) -> dict:
 
 
 # ---- report ------------------------------------------------------------------------------
+def tools_for(scenario: str) -> list[str]:
+    extra = ON_TIME if scenario in FIXED_RATE else HELD if scenario in SUBSCRIBE else ()
+    return ["perfpipe", "mqtt.js", *extra]
+
+
+def print_precise(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
+    """A fixed-rate row's send lateness, and its bound when each message leaves on time."""
+    med = lambda tool: statistics.median(r["per_cpu_s"] for r in rows[tool])  # noqa: E731
+    ratio = lambda a, b: statistics.median(  # noqa: E731
+        x["per_cpu_s"] / max(y["per_cpu_s"], 1e-9) for x, y in zip(rows[a], rows[b]))
+    print(f"{scenario} (median of {reps}), send lateness p50/p99: perfpipe at tick_us "
+          f"{tick_for(scenario)} {late_text(median_late(rows['perfpipe']))}, MQTT.js "
+          f"{late_text(median_late(rows['mqtt.js']))}")
+    pp0, floor0 = ON_TIME
+    print(f"  each message at its intended time (tick_us 0): perfpipe "
+          f"{fmt(med(pp0))} msgs/CPU-s ({late_text(median_late(rows[pp0]))}), "
+          f"the floor {fmt(med(floor0))} (select and send only, bench/floor_sender.py): "
+          f"floor over MQTT.js {ratio(floor0, 'mqtt.js'):.2f}, perfpipe over the floor "
+          f"{ratio(pp0, floor0):.2f}, over MQTT.js {ratio(pp0, 'mqtt.js'):.2f}")
+
+
+def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
+    """A subscribe row's receive-time cost: how late perfpipe's reads were, what the
+    histogram's bucket error allows at the row's latency, and the same row read in held
+    passes (what reading as late as MQTT.js does buys)."""
+    (held,) = HELD
+    med = lambda tool, key: statistics.median(r[key] for r in rows[tool])  # noqa: E731
+    ratio = lambda a, b, key: statistics.median(  # noqa: E731
+        x[key] / max(y[key], 1e-12) for x, y in zip(rows[a], rows[b]))
+    p50 = med("perfpipe", "e2e_p50_us")
+    print(f"{scenario} (median of {reps}): perfpipe's e2e p50 {p50 / 1000:.2f} ms, its longest "
+          f"read hold {med('perfpipe', 'hold_max_ms'):.2f} ms (the bucket error at that p50 "
+          f"allows {p50 * MAX_RELATIVE_ERROR / 1000:.3f} ms)")
+    print(f"  reading in passes {READ_HOLD_US} us apart (read_hold_us, receive times up to "
+          f"that late): {fmt(med(held, 'per_cpu_s'))} msgs/CPU-s, over MQTT.js "
+          f"{ratio(held, 'mqtt.js', 'per_cpu_s'):.2f}; broker per message over MQTT.js's "
+          f"{ratio(held, 'mqtt.js', 'broker_per_10k'):.2f}; e2e p50 "
+          f"{med(held, 'e2e_p50_us') / 1000:.2f} ms")
+
+
+def late_text(late: dict | None) -> str:
+    if not late:
+        return "-"
+    return f"{late['p50'] / 1000:.2f}/{late['p99'] / 1000:.2f} ms"
+
+
+def median_late(rows: list[dict]) -> dict | None:
+    """The per-repetition send lateness percentiles' medians (None if a tool gave none)."""
+    lates = [r["late_us"] for r in rows if r["late_us"]]
+    if not lates:
+        return None
+    return {key: statistics.median(late[key] for late in lates) for key in lates[0]}
+
+
 def fmt(value: float) -> str:
     if value >= 1e6:
         return f"{value / 1e6:.2f}M"
@@ -473,9 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--js-nodelay", action="store_true",
                         help="MQTT.js publishers with TCP_NODELAY, as perfpipe's (Node leaves "
                         "Nagle on, which batches small publishes by waiting for ACKs)")
-    parser.add_argument("--pp-tick-us", type=int, default=0,
+    parser.add_argument("--pp-tick-us", type=int, default=None,
                         help="perfpipe publishers wake at most every N us (the driver's "
-                        "tick_us; default 0: each message at its intended time)")
+                        f"tick_us; default: MQTT.js's timer, {JS_TICK_US} us, on the "
+                        "fixed-rate rows, 0 (each message at its intended time) elsewhere)")
     args = parser.parse_args(argv)
     global JS_NODELAY, PP_TICK_US
     JS_NODELAY, PP_TICK_US = args.js_nodelay, args.pp_tick_us
@@ -491,13 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="perfpipe-bench-"))
     broker = Broker(workdir)
     sys_counter = SysCounter(broker.port)
-    results: dict[str, dict[str, list[dict]]] = {s: {"perfpipe": [], "mqtt.js": []}
+    results: dict[str, dict[str, list[dict]]] = {s: {t: [] for t in tools_for(s)}
                                                  for s in scenarios}
     ok = True
     try:
         for rep in range(args.reps):
             for scenario in scenarios:
-                order = ["perfpipe", "mqtt.js"] if rep % 2 == 0 else ["mqtt.js", "perfpipe"]
+                order = tools_for(scenario)[::1 if rep % 2 == 0 else -1]
                 for tool in order:
                     for attempt in range(3):  # a disturbed run (nothing counted, errors) again
                         figure = run_once(tool, scenario, broker, sys_counter, workdir, timing)
@@ -511,7 +622,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{fmt(figure['per_cpu_s']):>7} msgs/CPU-s  "
                           f"broker {figure['broker_pct']:5.1f}% "
                           f"({figure['broker_per_10k']:.3f} CPU-s/10K)  errors {figure['errors']}  "
-                          f"(tool counted {fmt(figure['tool_count_rate'])}/s"
+                          + (f"send late p50/p99 {late_text(figure['late_us'])}  "
+                             if figure["late_us"] else "")
+                          + (f"e2e p50 {figure['e2e_p50_us'] / 1000:.2f} ms, longest read hold "
+                             f"{figure['hold_max_ms']:.2f} ms  " if figure["e2e_p50_us"] else "")
+                          + f"(tool counted {fmt(figure['tool_count_rate'])}/s"
                           + (f"; $SYS from the update before the window to the one after: "
                              f"{fmt(figure['bracketing_rate'])}/s, "
                              f"{100 * (figure['bracketing_rate'] / figure['rate'] - 1):+.1f}%"
@@ -546,6 +661,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ratio:5.2f} | {bar:4.1f} | {'yes' if passed else 'NO ':<4} | "
                   f"{broker_ratio:16.2f} | {'-' if broker_bar is None else f'{broker_bar:4.1f}':>4} | "
                   f"{'info' if broker_bar is None else 'yes' if broker_ok else 'NO'}")
+        for scenario in scenarios:
+            if scenario in FIXED_RATE:
+                print_precise(scenario, results[scenario], args.reps)
+            elif scenario in SUBSCRIBE:
+                print_held(scenario, results[scenario], args.reps)
         if not args.no_memory:
             print()
             broker.settle()

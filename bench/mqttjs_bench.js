@@ -98,14 +98,21 @@ function pump1(c) {
 // every client's message falls due on the same tick, and at 5 msgs/s x 10,000 clients the
 // broker gets bursts of 10,000 messages five times a second, which it serves far more
 // cheaply per message than a steady load (and which no real fleet of clients sends).
-const TICK = 2;
+const TICK = cfg.tick_ms || 2; // ms; bench_driver.py passes JS_TICK_US
 const GOLDEN = 0.6180339887498949;
+
+// Send lateness (how long after its due time each message went out), in 10 us buckets,
+// for the messages sent inside the measure window: the bench prints it beside perfpipe's
+// pub_delay, so the two tools are compared at the send precision each delivers.
+const LATE_BUCKET_US = 10;
+const late = new Uint32Array(100001); // up to 1 s
+const clock = () => performance.timeOrigin + performance.now(); // ms, sub-ms resolution
 
 function startRated(startMs) {
   for (const c of clients) { c.phase = (c.index * GOLDEN) % 1; }
   const timer = setInterval(() => {
     if (!running) { clearInterval(timer); return; }
-    const elapsed = (Date.now() - startMs) / 1000;
+    const elapsed = (clock() - startMs) / 1000;
     let n = 0;
     for (const c of clients) {
       const due = Math.floor(elapsed * cfg.rate + c.phase);
@@ -113,16 +120,35 @@ function startRated(startMs) {
         c.publish(c.topic, payload, QOS0);
         c.sent++;
         n++;
+        if (counting) {  // message c.sent was due at (c.sent - phase) / rate
+          const us = (elapsed - (c.sent - c.phase) / cfg.rate) * 1e6;
+          late[Math.min(late.length - 1, Math.max(0, Math.floor(us / LATE_BUCKET_US)))]++;
+        }
       }
     }
     if (counting) count += n;
   }, TICK);
 }
 
+function lateness() {
+  let total = 0;
+  for (const v of late) total += v;
+  if (!total) return null;
+  const at = (q) => {
+    let acc = 0;
+    for (let i = 0; i < late.length; i++) {
+      acc += late[i];
+      if (acc >= q * total) return (i + 0.5) * LATE_BUCKET_US;
+    }
+    return null;
+  };
+  return { p50: at(0.5), p90: at(0.9), p99: at(0.99) };
+}
+
 function startPublishing() {
   if (cfg.rate) {
     for (const c of clients) { c.topic = `${cfg.topic}/${c.index}`; c.sent = 0; }
-    startRated(Date.now());
+    startRated(clock());
     return;
   }
   for (const c of clients) {
@@ -163,7 +189,7 @@ connectAll(() => {
     }
     setTimeout(() => {
       running = false;
-      process.stdout.write(JSON.stringify({ count, errors }) + '\n');
+      process.stdout.write(JSON.stringify({ count, errors, late_us: lateness() }) + '\n');
       for (const c of clients) c.end(true);
       rl.close();
       setTimeout(() => process.exit(0), 200);

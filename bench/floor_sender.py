@@ -1,0 +1,110 @@
+"""The least CPU a CPython process can spend on bench_driver's fixed-rate rows: a bound.
+
+    python bench/floor_sender.py '{"port": 1883, "clients": 1000, "rate": 50, "tick_us": 0}'
+
+N raw MQTT 3.1.1 clients (TCP_NODELAY, like the driver), each publishing one pre-encoded
+QoS 0 PUBLISH (256-byte payload) at ``rate`` msgs/s on the driver's golden-ratio phases;
+the loop does nothing but a heap of due times, ``select()`` until the next one and one
+``send`` per message: no timestamps, no sequence numbers, no histograms, no keepalive.
+No CPython sender that sends each message at its intended time can spend less, so its
+msgs per CPU-second is the ceiling for perfpipe's driver (which is Python: it ships to
+driver hosts with the standard library and paho only). With ``tick_us`` it wakes at most
+that often, as the driver's ``tick_us``.
+
+Protocol as bench/mqttjs_bench.js: prints READY once every client has its CONNACK, reads
+one JSON line of windows (Unix seconds: start, measure_start, measure_end, end) from
+stdin, publishes from start to measure_end, prints {"count": sent in the measure window,
+"errors": 0} and exits. Traffic goes only to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import select
+import socket
+import struct
+import sys
+import time
+
+GOLDEN = 0.6180339887498949
+
+
+def connect_packet(client_id: str) -> bytes:
+    name = client_id.encode()
+    variable = b"\x00\x04MQTT\x04\x02\x00\x3c"  # MQTT 3.1.1, clean session, keepalive 60 s
+    body = variable + struct.pack("!H", len(name)) + name
+    return bytes([0x10, len(body)]) + body
+
+
+def publish_packet(topic: str, payload_bytes: int) -> bytes:
+    name = topic.encode()
+    body = struct.pack("!H", len(name)) + name + bytes(payload_bytes)
+    length, encoded = len(body), bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        encoded.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes([0x30]) + bytes(encoded) + body
+
+
+def connect_all(port: int, clients: int, prefix: str) -> list[socket.socket]:
+    socks = []
+    for i in range(clients):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(connect_packet(f"{prefix}-{i}"))
+        if sock.recv(4)[:1] != b"\x20":
+            sys.exit(f"client {i}: no CONNACK")
+        sock.setblocking(False)
+        socks.append(sock)
+    return socks
+
+
+def publish(socks: list[socket.socket], packet: bytes, rate: float, tick_us: int,
+            windows: dict) -> int:
+    interval = 1e9 / rate
+    start = int(windows["start"] * 1e9)
+    end = int(windows["measure_end"] * 1e9)
+    counted = range(int(windows["measure_start"] * 1e9), end)
+    heap = [(start + int(interval * ((i * GOLDEN) % 1.0)), i) for i in range(len(socks))]
+    heapq.heapify(heap)
+    tick_ns = tick_us * 1000
+    count = 0
+    while time.time_ns() < start:
+        time.sleep(min(0.01, max(0.0, (start - time.time_ns()) / 1e9)))
+    while True:
+        now = time.time_ns()
+        if now >= end:
+            return count
+        while heap[0][0] <= now:
+            due, i = heapq.heappop(heap)
+            try:
+                socks[i].send(packet)
+            except BlockingIOError:
+                pass  # a full socket: the message is dropped, not counted
+            else:
+                count += due in counted
+            heapq.heappush(heap, (due + int(interval), i))
+        wait = max(heap[0][0], now + tick_ns) - time.time_ns()
+        if wait > 0:
+            select.select((), (), (), wait / 1e9)
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    socks = connect_all(config["port"], config["clients"], config.get("prefix", "floor"))
+    packet = publish_packet(config.get("topic", "bench/floor"), config.get("payload", 256))
+    print("READY", flush=True)
+    windows = json.loads(sys.stdin.readline())
+    count = publish(socks, packet, config["rate"], config.get("tick_us", 0), windows)
+    print(json.dumps({"count": count, "errors": 0}), flush=True)
+    deadline = windows.get("end", 0)
+    while time.time() < deadline:
+        time.sleep(0.05)
+    for sock in socks:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()
