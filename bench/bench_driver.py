@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"broker {figure['broker_pct']:5.1f}% "
                           f"({figure['broker_per_10k']:.3f} CPU-s/10K)  errors {figure['errors']}  "
                           + (f"send late p50/p99 {late_text(figure['late_us'])}  "
-                             if figure["late_us"] else "")
+                             if figure["late_us"] and scenario in FIXED_RATE else "")
                           + (f"e2e p50 {figure['e2e_p50_us'] / 1000:.2f} ms, longest read hold "
                              f"{figure['hold_max_ms']:.2f} ms  " if figure["e2e_p50_us"] else "")
                           + f"(tool counted {fmt(figure['tool_count_rate'])}/s"
