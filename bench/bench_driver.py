@@ -26,7 +26,7 @@ Scenarios (256-byte payloads):
   pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
   sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
               publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s).
-              Beside them, perfpipe reading in passes `READ_HOLD_US` apart (read_hold_us:
+              Beside them, perfpipe reading in passes `HELD_READ_US` apart (read_hold_us:
               fewer, larger reads, receive times up to that late), with the e2e p50 and the
               hold the bucket error would allow at it
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
@@ -99,10 +99,10 @@ JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
 # rows: perfpipe sending each message at its intended time (tick_us 0, the driver's default)
 # and the floor (bench/floor_sender.py) doing the same; subscribe rows: perfpipe reading
-# in passes READ_HOLD_US apart (receive times up to that late; the driver's default is 0)
+# in passes HELD_READ_US apart (receive times up to that late; the driver's default is 0)
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
-READ_HOLD_US = 1000
-HELD = (f"perfpipe@read_hold_us={READ_HOLD_US}",)
+HELD_READ_US = 1000
+HELD = (f"perfpipe@read_hold_us={HELD_READ_US}",)
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -313,7 +313,7 @@ class MqttJs:
         if not self._ready:
             line = self.process.stdout.readline()  # blocks until READY (bounded by caller)
             if not line:
-                raise RuntimeError("mqtt.js exited before it was ready")
+                raise RuntimeError(f"{self.name} exited before it was ready")
             self._ready = line.strip() == "READY"
         return self._ready
 
@@ -384,9 +384,10 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             # driver's own per-publisher limit)
             rate = fixed / clients if fixed else min(3_000_000 / clients, MAX_RATE)
             spec = driver_spec(scenario, port, pubs=clients, qos=qos, rate=rate, timing=timing)
-            spec["tick_us"] = tick_us
-            tool = Perfpipe(workdir, spec)
+            tool = Perfpipe(workdir, {**spec, "tick_us": tick_us, **overrides})
         elif tool_name == "floor":
+            if set(overrides) - {"tick_us"}:
+                raise ValueError(f"{tool_name}: only tick_us can be set, not {overrides}")
             tool = Floor({"port": port, "clients": clients, "rate": fixed / clients,
                           "tick_us": tick_us, "payload": PAYLOAD, "prefix": f"floor-{scenario}"})
         else:
@@ -528,7 +529,8 @@ def print_precise(scenario: str, rows: dict[str, list[dict]], reps: int) -> None
     pp0, floor0 = ON_TIME
     print(f"  each message at its intended time (tick_us 0): perfpipe "
           f"{fmt(med(pp0))} msgs/CPU-s ({late_text(median_late(rows[pp0]))}), "
-          f"the floor {fmt(med(floor0))} (select and send only, bench/floor_sender.py): "
+          f"the floor {fmt(med(floor0))} ({late_text(median_late(rows[floor0]))}; select and "
+          f"send only, bench/floor_sender.py): "
           f"floor over MQTT.js {ratio(floor0, 'mqtt.js'):.2f}, perfpipe over the floor "
           f"{ratio(pp0, floor0):.2f}, over MQTT.js {ratio(pp0, 'mqtt.js'):.2f}")
 
@@ -538,14 +540,15 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
     histogram's bucket error allows at the row's latency, and the same row read in held
     passes (what reading as late as MQTT.js does buys)."""
     (held,) = HELD
-    med = lambda tool, key: statistics.median(r[key] for r in rows[tool])  # noqa: E731
+    med = lambda tool, key: statistics.median(  # noqa: E731
+        [r[key] for r in rows[tool] if r[key] is not None] or [float("nan")])
     ratio = lambda a, b, key: statistics.median(  # noqa: E731
         x[key] / max(y[key], 1e-12) for x, y in zip(rows[a], rows[b]))
     p50 = med("perfpipe", "e2e_p50_us")
     print(f"{scenario} (median of {reps}): perfpipe's e2e p50 {p50 / 1000:.2f} ms, its longest "
           f"read hold {med('perfpipe', 'hold_max_ms'):.2f} ms (the bucket error at that p50 "
           f"allows {p50 * MAX_RELATIVE_ERROR / 1000:.3f} ms)")
-    print(f"  reading in passes {READ_HOLD_US} us apart (read_hold_us, receive times up to "
+    print(f"  reading in passes {HELD_READ_US} us apart (read_hold_us, receive times up to "
           f"that late): {fmt(med(held, 'per_cpu_s'))} msgs/CPU-s, over MQTT.js "
           f"{ratio(held, 'mqtt.js', 'per_cpu_s'):.2f}; broker per message over MQTT.js's "
           f"{ratio(held, 'mqtt.js', 'broker_per_10k'):.2f}; e2e p50 "
@@ -635,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"median of {args.reps}; window {timing['measure_s']} s after "
               f"{timing['warmup_s']} s warm-up; payload {PAYLOAD} B; Mosquitto on loopback")
-        header = (f"{'scenario':<17} | {'perfpipe msgs/s':>15} | {'pp CPU%':>7} | "
+        header = (f"{'scenario':<31} | {'perfpipe msgs/s':>15} | {'pp CPU%':>7} | "
                   f"{'pp msgs/CPU-s':>13} | {'broker% (pp)':>12} | {'MQTT.js msgs/s':>14} | "
                   f"{'js CPU%':>7} | {'js msgs/CPU-s':>13} | {'broker% (js)':>12} | "
                   f"{'ratio':>5} | {'bar':>4} | ok   | {'broker/msg pp:js':>16} | {'bar':>4} | ok")
@@ -654,7 +657,9 @@ def main(argv: list[str] | None = None) -> int:
             broker_bar = BROKER_BARS.get(scenario)
             broker_ok = broker_bar is None or broker_ratio <= broker_bar
             ok &= passed and broker_ok
-            print(f"{scenario:<17} | {fmt(med(pp, 'rate')):>15} | {med(pp, 'cpu_pct'):7.1f} | "
+            tick = tick_for(scenario)  # the perfpipe column's setting, where not the default
+            label = f"{scenario}@tick_us={tick}" if tick else scenario
+            print(f"{label:<31} | {fmt(med(pp, 'rate')):>15} | {med(pp, 'cpu_pct'):7.1f} | "
                   f"{fmt(med(pp, 'per_cpu_s')):>13} | {med(pp, 'broker_pct'):12.1f} | "
                   f"{fmt(med(js, 'rate')):>14} | {med(js, 'cpu_pct'):7.1f} | "
                   f"{fmt(med(js, 'per_cpu_s')):>13} | {med(js, 'broker_pct'):12.1f} | "

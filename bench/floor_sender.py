@@ -8,13 +8,14 @@ the loop does nothing but a heap of due times, ``select()`` until the next one a
 ``send`` per message: no timestamps, no sequence numbers, no histograms, no keepalive.
 No CPython sender that sends each message at its intended time can spend less, so its
 msgs per CPU-second is the ceiling for perfpipe's driver (which is Python: it ships to
-driver hosts with the standard library and paho only). With ``tick_us`` it wakes at most
-that often, as the driver's ``tick_us``.
+driver hosts with the standard library and paho only). It measures its own send lateness
+(10 us buckets), so the bench can show it kept to the schedule. With ``tick_us`` it wakes
+at most that often, as the driver's ``tick_us``.
 
 Protocol as bench/mqttjs_bench.js: prints READY once every client has its CONNACK, reads
 one JSON line of windows (Unix seconds: start, measure_start, measure_end, end) from
 stdin, publishes from start to measure_end, prints {"count": sent in the measure window,
-"errors": 0} and exits. Traffic goes only to 127.0.0.1.
+"errors": 0, "late_us": {p50, p90, p99}} and exits. Traffic goes only to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ import socket
 import struct
 import sys
 import time
+from pathlib import Path
 
-GOLDEN = 0.6180339887498949
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tasks.driver.fastpath import phase  # noqa: E402
+from tasks.driver.wire import remaining_length  # noqa: E402
+
+LATE_BUCKET_US = 10
 
 
 def connect_packet(client_id: str) -> bytes:
@@ -40,12 +46,7 @@ def connect_packet(client_id: str) -> bytes:
 def publish_packet(topic: str, payload_bytes: int) -> bytes:
     name = topic.encode()
     body = struct.pack("!H", len(name)) + name + bytes(payload_bytes)
-    length, encoded = len(body), bytearray()
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        encoded.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes([0x30]) + bytes(encoded) + body
+    return bytes([0x30]) + remaining_length(len(body)) + body
 
 
 def connect_all(port: int, clients: int, prefix: str) -> list[socket.socket]:
@@ -62,33 +63,55 @@ def connect_all(port: int, clients: int, prefix: str) -> list[socket.socket]:
 
 
 def publish(socks: list[socket.socket], packet: bytes, rate: float, tick_us: int,
-            windows: dict) -> int:
+            windows: dict) -> tuple[int, list[int]]:
+    """Sends until the window ends; (messages due in the measure window, their lateness
+    in LATE_BUCKET_US buckets)."""
     interval = 1e9 / rate
     start = int(windows["start"] * 1e9)
     end = int(windows["measure_end"] * 1e9)
     counted = range(int(windows["measure_start"] * 1e9), end)
-    heap = [(start + int(interval * ((i * GOLDEN) % 1.0)), i) for i in range(len(socks))]
+    heap = [(start + int(interval * phase(i + 1)), i) for i in range(len(socks))]
     heapq.heapify(heap)
     tick_ns = tick_us * 1000
+    late = [0] * 100_001  # up to 1 s
     count = 0
     while time.time_ns() < start:
         time.sleep(min(0.01, max(0.0, (start - time.time_ns()) / 1e9)))
     while True:
         now = time.time_ns()
         if now >= end:
-            return count
+            return count, late
         while heap[0][0] <= now:
             due, i = heapq.heappop(heap)
+            sock = socks[i]
             try:
-                socks[i].send(packet)
+                sent = sock.send(packet)
             except BlockingIOError:
-                pass  # a full socket: the message is dropped, not counted
-            else:
-                count += due in counted
+                sent = 0
+            if sent < len(packet):  # rare: finish the packet, or the stream breaks
+                sock.setblocking(True)
+                sock.sendall(packet[sent:])
+                sock.setblocking(False)
+            if due in counted:
+                count += 1
+                late[min((now - due) // (LATE_BUCKET_US * 1000), 100_000)] += 1
             heapq.heappush(heap, (due + int(interval), i))
         wait = max(heap[0][0], now + tick_ns) - time.time_ns()
         if wait > 0:
             select.select((), (), (), wait / 1e9)
+
+
+def percentiles(late: list[int]) -> dict | None:
+    total = sum(late)
+    if not total:
+        return None
+    out, seen = {}, 0
+    for index, n in enumerate(late):
+        seen += n
+        for q in (50, 90, 99):
+            if f"p{q}" not in out and seen >= q / 100 * total:
+                out[f"p{q}"] = (index + 0.5) * LATE_BUCKET_US
+    return out
 
 
 def main() -> None:
@@ -97,8 +120,8 @@ def main() -> None:
     packet = publish_packet(config.get("topic", "bench/floor"), config.get("payload", 256))
     print("READY", flush=True)
     windows = json.loads(sys.stdin.readline())
-    count = publish(socks, packet, config["rate"], config.get("tick_us", 0), windows)
-    print(json.dumps({"count": count, "errors": 0}), flush=True)
+    count, late = publish(socks, packet, config["rate"], config.get("tick_us", 0), windows)
+    print(json.dumps({"count": count, "errors": 0, "late_us": percentiles(late)}), flush=True)
     deadline = windows.get("end", 0)
     while time.time() < deadline:
         time.sleep(0.05)

@@ -300,14 +300,15 @@ class ConnectionSettings(BaseModel):
         None, ge=0, description="publishers of a driver process wake at most every N us and "
         "send what is due then (default 0: each message at its intended time). Many clients "
         "at low rates each cost less CPU per message, in the driver and in the broker it "
-        "wakes, and each message leaves up to N us late: pub_delay shows by how much, and "
-        "latency is still measured from the intended time")
+        "wakes, and each message leaves about N us late (plus the wake-up's own lag): "
+        "pub_delay shows by how much, and latency is still measured from the intended time")
     read_hold_us: Annotated[StrictInt, _within(limits.READ_HOLD_US)] | None = Field(
-        None, ge=0, description="subscribers of a driver process pause N us after each pass "
-        "that read messages (default 0: read as soon as bytes arrive). Each read takes more "
-        "messages: less CPU per message in the driver and far less in the broker (it sends "
-        "fewer, larger TCP segments), but receive times are up to N us late and the broker's "
-        "deliveries wait for the reads; for capacity stages, not latency ones")
+        None, ge=0, description="a driver process reads its sockets in passes at least N us "
+        "apart (start to start) once a pass read messages (default 0: as soon as bytes "
+        "arrive). Each read takes more messages: less CPU per message in the driver and far "
+        "less in the broker (it sends fewer, larger TCP segments), but receive times (and "
+        "publishers' acks) are up to N us late and the broker's deliveries wait for the "
+        "reads; for capacity stages, not latency ones")
 
     @model_validator(mode="before")
     @classmethod

@@ -18,11 +18,17 @@ than `HOLD_MAX_S`, so a receive time is late by at most what the bucket's midpoi
 already is. A backlogged reader that reads each socket as soon as one message arrives pays
 a system call and a TCP ACK per message, and with 1000 sockets that cost is taken from the
 broker it is measuring; holding lets each read take several messages (`Reader.hold_s`,
-counted in ``summary.json``).
+counted in ``summary.json``). A spec's ``read_hold_us`` puts a floor under every hold
+after a pass that read messages (passes at least that far apart, start to start, for the
+whole process's loop: acks wait too): receive times up to that late, for capacity stages.
 
 Rate control is open-loop: message k of a publisher is *intended* at
 ``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
 measured from that time and the lag of the actual send is recorded as ``pub_delay``.
+With a spec's ``tick_us`` the loop runs the schedule at most once per tick, so messages
+leave about that late, plus the wake-up's own lag. ``pub_delay`` and a QoS 1/2 message's
+ack timer start when the tick's run begins; its writes follow the encoding of every due
+client (about 2 us each), which that figure does not include.
 A publisher whose output buffer is full, whose paho session has a packet to write
 (keepalive) or whose in-flight window is full is parked until `Scheduler.wake`; its
 messages are then sent late, and the lateness shows in ``pub_delay``/``delay_overruns``.
@@ -329,7 +335,7 @@ class Scheduler:
         for conn in publishers:
             spec = conn.spec
             conn.interval = 1e9 / spec.rate
-            conn.first = start_ns + int(conn.interval * ((spec.publisher_index * _GOLDEN) % 1.0))
+            conn.first = start_ns + int(conn.interval * phase(spec.publisher_index))
             conn.total = _messages_before(conn.first, conn.interval, end_ns)
             if spec.topic_cycle:  # one template (and stream index) per topic: `fill_cycle`
                 conn.tmpl = [Template(topic, spec.qos, spec.payload_bytes, acct.tag,
@@ -537,6 +543,13 @@ class Scheduler:
         if overruns:
             self.row[C_DELAY_OVERRUNS] += overruns
         return n
+
+
+def phase(publisher_index: int) -> float:
+    """Where in its interval (0..1) a publisher's first message falls: golden-ratio
+    spacing, so any number of publishers spread evenly over the interval, as a fleet of
+    independent clients does, instead of all sending on the same tick."""
+    return (publisher_index * _GOLDEN) % 1.0
 
 
 def stream_last_seqs(spec, seq: int) -> dict[str, int]:

@@ -64,11 +64,12 @@ measured; at the end both are rewritten whole, with any late event, before
                               wall-clock length; cpu_s / wall_s near 1.0 means the driver
                               process, not the broker, was the bottleneck; null when the
                               stage never started publishing
-                  read_hold   {held_passes, max_ms}: epoll passes a backlogged reader held
-                              back (`fastpath.Reader.end_pass`: only when even the freshest
-                              message read was 50 ms late, each for at most 1/128 of that
-                              latency and at most 20 ms) and the longest hold; 0 and 0.0
-                              when never backlogged
+                  read_hold   {held_passes, max_ms}: epoll passes held back
+                              (`fastpath.Reader.end_pass`: a backlogged reader, only when
+                              even the freshest message read was 50 ms late, each for at
+                              most 1/128 of that latency and at most 20 ms; with the spec's
+                              read_hold_us, every pass that read messages, at least that
+                              long) and the longest hold; 0 and 0.0 when none was held
 
 Broker-side samples (`tasks.driver.sampler`) go to ``raw/<stage_id>/<host>/sampler/``, one
 row per second:

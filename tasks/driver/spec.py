@@ -94,7 +94,7 @@ class ProcessSpec:
     aggregate_rate: float | None = None  # msgs/s of the whole process, if given
     sndbuf_bytes: int | None = None  # publisher sockets' SO_SNDBUF; None: auto, 0: kernel's
     tick_us: int = 0  # 0: send each message at its intended time; N: wake at most every N us
-    read_hold_us: int = 0  # 0: read as soon as bytes arrive; N: pause N us after each read pass
+    read_hold_us: int = 0  # 0: read as soon as bytes arrive; N: read passes >= N us apart
 
     def echo(self) -> dict[str, Any]:
         """The spec as recorded in the summary: everything but secrets."""
