@@ -300,7 +300,7 @@ class ConnectionSettings(BaseModel):
         None, ge=0, description="publishers of a driver process wake at most every N us and "
         "send what is due then (default 0: each message at its intended time). Many clients "
         "at low rates each cost less CPU per message, in the driver and in the broker it "
-        "wakes, and each message leaves about N us late (plus the wake-up's own lag): "
+        "wakes, and a message leaves up to about N us late (plus the wake-up's own lag): "
         "pub_delay shows by how much, and latency is still measured from the intended time")
     read_hold_us: Annotated[StrictInt, _within(limits.READ_HOLD_US)] | None = Field(
         None, ge=0, description="a driver process reads its sockets in passes at least N us "
