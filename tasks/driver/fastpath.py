@@ -26,9 +26,10 @@ Rate control is open-loop: message k of a publisher is *intended* at
 ``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
 measured from that time and the lag of the actual send is recorded as ``pub_delay``.
 With a spec's ``tick_us`` the loop runs the schedule at most once per tick, so a message
-leaves up to about a tick late (half a tick at the median), plus the wake-up's own lag. ``pub_delay`` and a QoS 1/2 message's
-ack timer start when the tick's run begins; its writes follow the encoding of every due
-client (about 2 us each), which that figure does not include.
+leaves up to about a tick late (half a tick at the median), plus the wake-up's own lag.
+``pub_delay`` and a QoS 1/2 message's ack timer start when the tick's run begins; its
+writes follow the encoding of every due client (about 2 us each), which that figure does
+not include.
 A publisher whose output buffer is full, whose paho session has a packet to write
 (keepalive) or whose in-flight window is full is parked until `Scheduler.wake`; its
 messages are then sent late, and the lateness shows in ``pub_delay``/``delay_overruns``.
