@@ -267,8 +267,9 @@ class Perfpipe:
     def start(self, windows: dict) -> None:
         (self.out / "start.json").write_text(json.dumps({"start_at": windows["start"]}))
 
-    def result(self, windows: dict, column: str) -> tuple[int, int, dict | None]:
-        """(count in the window, errors, send lateness p50/p90/p99 in us or None)."""
+    def result(self, windows: dict, column: str) -> dict:
+        """`column` counted in the measure window, errors, send lateness p50/p90/p99 (us),
+        the e2e p50 (us) and the longest read hold (ms); None where nothing was measured."""
         self.process.wait(60)
         self.log.close()
         window = range(windows["measure_start"], windows["measure_end"])
@@ -286,9 +287,9 @@ class Perfpipe:
                     kind[bucket] = kind.get(bucket, 0) + int(r["count"])
         late = {f"p{q}": percentile(delays, q) for q in (50, 90, 99)} if delays else None
         summary = json.loads((self.out / "summary.json").read_text())
-        self.hold_max_ms = summary["read_hold"]["max_ms"]
-        self.e2e_p50_us = percentile(e2e, 50) if e2e else None
-        return count, errors, late
+        return {"count": count, "errors": errors, "late_us": late,
+                "e2e_p50_us": percentile(e2e, 50) if e2e else None,
+                "hold_max_ms": summary["read_hold"]["max_ms"]}
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -321,11 +322,13 @@ class MqttJs:
         self.process.stdin.write(json.dumps(windows) + "\n")
         self.process.stdin.flush()
 
-    def result(self, windows: dict, column: str) -> tuple[int, int, dict | None]:
+    def result(self, windows: dict, column: str) -> dict:
+        """As `Perfpipe.result`, from the JSON line the process prints."""
         line = self.process.stdout.readline()
         self.process.wait(30)
         doc = json.loads(line)
-        return int(doc["count"]), int(doc["errors"]), doc.get("late_us")
+        return {"count": int(doc["count"]), "errors": int(doc["errors"]),
+                "late_us": doc.get("late_us"), "e2e_p50_us": None, "hold_max_ms": None}
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -428,7 +431,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
         sleep_until(windows["measure_end"])
         t1, tool1, broker1 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
-        count, errors, late = tool.result(windows, column)
+        measured = tool.result(windows, column)
         if feeder:
             feeder.result(windows, "published")
     finally:
@@ -439,16 +442,16 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         rate = sys_counter.rate(windows["measure_start"], windows["measure_end"])
         bracketing = sys_counter.bracketing_rate(windows["measure_start"], windows["measure_end"])
     else:
-        rate = count / timing["measure_s"]
+        rate = measured["count"] / timing["measure_s"]
     cpu_share = (sum(tool1) - sum(tool0)) / TICKS / (t1 - t0)
     sys_share = (tool1[1] - tool0[1]) / TICKS / (t1 - t0)
     broker_share = (broker1 - broker0) / TICKS / (t1 - t0)
     return {"rate": rate, "cpu_pct": 100 * cpu_share, "sys_pct": 100 * sys_share,
-            "tool_count_rate": count / (t1 - t0), "bracketing_rate": bracketing,
+            "tool_count_rate": measured["count"] / (t1 - t0), "bracketing_rate": bracketing,
             "per_cpu_s": rate / cpu_share if cpu_share > 0 else float("inf"),
-            "broker_pct": 100 * broker_share, "errors": errors, "late_us": late,
-            "hold_max_ms": getattr(tool, "hold_max_ms", None),
-            "e2e_p50_us": getattr(tool, "e2e_p50_us", None),
+            "broker_pct": 100 * broker_share, "errors": measured["errors"],
+            "late_us": measured["late_us"], "hold_max_ms": measured["hold_max_ms"],
+            "e2e_p50_us": measured["e2e_p50_us"],
             # broker CPU-seconds per 10,000 messages it took or delivered
             "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf")}
 
