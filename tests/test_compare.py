@@ -2,6 +2,7 @@
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -10,7 +11,9 @@ from tasks.analysis.detector import (
     Policy,
     compare_stage,
     judged_metrics,
+    noise_sigma,
     pooled_noise,
+    t_scale,
 )
 
 RATE = "delivered_rate"
@@ -136,6 +139,25 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     assert pooled.detail["mde_pct"] < own.detail["mde_pct"]
     noisy = verdict({RATE: 1000.0}, history(0.2, 20), peers=peers)
     assert noisy.detail["noise_stages"] == 1  # a 10x noisier stage keeps its own noise
+
+
+def test_the_noise_estimate_is_the_t_likelihood_scale_tighter_than_the_mad():
+    """On heavy-tailed (t3) nights both estimate the same robust sigma, and the t scale
+    varies less from history to history: the d.o.f. the detector credits it with."""
+    rng = random.Random(11)
+
+    def t3() -> float:  # a Student t with 3 d.o.f.
+        return rng.gauss(0, 1) / math.sqrt(sum(rng.gauss(0, 1) ** 2 for _ in range(3)) / 3)
+
+    histories = [[0.02 * t3() for _ in range(20)] for _ in range(1500)]
+    by_t = [math.log(t_scale(tuple(h), 3.0)) for h in histories]
+    by_mad = [math.log(noise_sigma(h)) for h in histories]
+    robust = 0.02 * 1.4826 * 0.7648923  # the robust sigma of 0.02 x t3
+    for logs in (by_t, by_mad):
+        assert math.exp(sorted(logs)[len(logs) // 2]) == pytest.approx(robust, rel=0.08)
+    worth = [1 / (2 * statistics.pvariance(logs)) / 19 for logs in (by_t, by_mad)]
+    assert worth[0] == pytest.approx(0.49, abs=0.06) and worth[1] == pytest.approx(0.30, abs=0.04)
+    assert t_scale((5.0, 5.0, 5.0, 6.0), 3.0) == 0.0  # most nights equal: no scale to fit
 
 
 def test_held_out_values_never_feed_the_baseline():

@@ -8,10 +8,12 @@ better-direction and a minimum practical effect) of a valid stage:
   last accepted change, without the values the store holds out (flagged nights that no
   human accepted or called a false positive and no next night cleared). Release: the
   pinned release run's value, with the noise still measured on the rolling history.
-- **Noise.** Changes are log ratios. A history's noise sigma is 1.4826 x MAD of its
-  nights' logs (`noise_sigma`), worth 0.3 (n - 1) degrees of freedom (measured on Student
-  t noise with 3 d.o.f.). Twenty nights pin a sigma down to about +-30%, and that costs a
-  detector much of its power (`bench/bench_detector.py`). So the noise is pooled over the
+- **Noise.** Changes are log ratios. A history's noise sigma is the Student t maximum-
+  likelihood scale of its nights' logs (`t_scale`, in the units of the robust sigma,
+  1.4826 x MAD, that `bench/measure_noise.py` measures), worth 0.49 (n - 1) degrees of
+  freedom on t3 noise against the MAD's 0.30 (`bench/bench_detector.py` measures both).
+  Twenty nights still pin a sigma down only to about +-23%, and that costs a detector
+  much of its power. So the noise is pooled over the
   other stages of the run that share this stage's fingerprint and are past learning
   (`pooled_noise`), weighted by their degrees of freedom, with this stage's own, unless
   this stage is noisier than they are (a one-sided F test at `Policy.pool_level`): a stage
@@ -74,7 +76,7 @@ from ..metrics import FLAGGED, METRICS
 from .changepoint import change_points
 
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
-MAD_EFFICIENCY = 0.3  # a MAD sigma from n nights is worth 0.3 (n-1) d.o.f. on t3 noise (0.37 on normal)
+T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
 MDE_POWER = 0.9  # the minimum detectable effect is caught within two nights this often
 
 
@@ -163,15 +165,43 @@ def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
     return logs[:policy.window]
 
 
-def _noise_of(logs: list[float]) -> Noise:
+def _noise_of(logs: list[float], policy: Policy) -> Noise:
     """The noise of one history's logs (at least one) and its degrees of freedom."""
-    return Noise(noise_sigma(logs), max(1.0, MAD_EFFICIENCY * (len(logs) - 1)))
+    return Noise(t_scale(tuple(logs), policy.tail_dof),
+                 max(1.0, T_EFFICIENCY * (len(logs) - 1)))
+
+
+@lru_cache(maxsize=8192)
+def t_scale(logs: tuple[float, ...], tail: float) -> float:
+    """The nights' noise as the Student t (`tail` d.o.f.) maximum-likelihood scale of their
+    logs about their median, in robust-sigma units (x the t's own robust sigma, so it
+    estimates what `noise_sigma` does on that law). On t3 noise it is worth 0.49 (n - 1)
+    degrees of freedom against the MAD's 0.30, and every threshold that allows for the
+    estimate is that much narrower (`bench/bench_detector.py` prints both). Solved by
+    Newton's method on the likelihood equation in the squared scale, from the MAD's; 0
+    where the MAD is 0 (most nights equal: the likelihood has no maximum)."""
+    mad_sigma = noise_sigma(list(logs))
+    if mad_sigma <= 0:
+        return 0.0
+    centre = statistics.median(logs)
+    squares = [(v - centre) ** 2 for v in logs]
+    q = (mad_sigma / _t_robust(tail)) ** 2  # the squared scale
+    for _ in range(100):
+        # mean((tail + 1) r^2 / (tail q + r^2)) = 1: decreasing and convex in q
+        terms = [(tail + 1) * r2 / (tail * q + r2) for r2 in squares]
+        excess = sum(terms) / len(terms) - 1
+        slope = -sum(t * tail / (tail * q + r2) for t, r2 in zip(terms, squares)) / len(terms)
+        step = excess / slope
+        q = q - step if q - step > 0 else q / 2
+        if abs(step) <= 1e-10 * q:
+            break
+    return math.sqrt(q) * _t_robust(tail)
 
 
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
     """The noise of `metric` pooled over other stages' histories: their variances weighted
     by their degrees of freedom. Only histories past learning count."""
-    own = [_noise_of(logs) for h in histories
+    own = [_noise_of(logs, policy) for h in histories
            if len(logs := _logs(metric, h, policy)) >= policy.min_history]
     if not own:
         return None
@@ -212,7 +242,7 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
         centre, factor = statistics.median(logs), math.sqrt(1 + math.pi / (2 * n))
     else:
         return None
-    own = _noise_of(logs) if n else Noise(0.0, 1.0)
+    own = _noise_of(logs, policy) if n else Noise(0.0, 1.0)
     noise = _pooled(own, peers, policy) if n >= policy.min_history else own
     mid = statistics.median(logs) if n else centre
     spread = max((abs(v - mid) for v in logs), default=0.0)
