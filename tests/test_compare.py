@@ -73,6 +73,18 @@ def test_a_6pct_drop_is_suspected_then_confirmed_by_the_next_night():
     assert second.baseline_value == pytest.approx(first.baseline_value)
 
 
+def test_one_wild_night_is_confirmed_at_once_only_beyond_what_heavy_tails_give():
+    """16 sigmas in one night comes once in about 5,800 nights of t3 noise: suspected, not
+    a regression at once (a fixed 10 sigmas confirmed it, at 7e-4 a night: 1.5 false
+    alarms per 100 series of a metric whose noise sat at a tenth of the 15% step)."""
+    history = nights(steady(20, cv=0.0125, seed=3))
+    v = verdict({RATE: 840.0}, history)  # -16%
+    assert v.verdict == "suspected" and -v.change_pct >= 15
+    assert 14 <= math.log(1000 / 840) / (v.detail["noise_pct"] / 100) <= 18
+    quiet = nights(steady(20, cv=0.002, seed=3))
+    assert verdict({RATE: 840.0}, quiet).verdict == "regression"  # 80 sigmas: at once
+
+
 def test_a_suspicion_the_next_night_does_not_repeat_is_cleared():
     history = nights(steady())
     first = verdict({RATE: 940.0}, history)
@@ -189,7 +201,7 @@ def test_aa_noise_stays_quiet_over_many_nights():
 
 
 def test_a_release_run_is_compared_with_the_pinned_release():
-    history = nights(steady(cv=0.005))
+    history = nights(steady(cv=0.002))
     release = {"label": "9.4.5", "run_id": "rel", "metrics": {RATE: 1200.0}}
     v = verdict({RATE: 1000.0}, history, release=release)
     assert v.baseline_value == pytest.approx(1200.0)

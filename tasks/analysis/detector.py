@@ -37,8 +37,10 @@ better-direction and a minimum practical effect) of a valid stage:
   two nights' changes does far worse). The bench prints both, and the rule with the level
   and noise known, so what estimating them costs is visible apart from the rule's own gap. A bad night is a `regression` at once when the step is
   plausibly large (the change minus its one-sided 95% margin still reaches `large_step`)
-  on a metric whose noise is known from `large_history` nights and small (`large_sigmas`
-  sigmas fit in the large step). An `improvement` needs the same evidence in the better
+  on a metric whose noise is known from `large_history` nights, and the night alone is
+  beyond what no change gives with probability `large_level` (a tenth of the pair's
+  budget: on t3 noise a 10-sigma night comes once in 1,500, so a fixed number of sigmas
+  would not do). An `improvement` needs the same evidence in the better
   direction: two nights in a row.
 - **Learning.** Until the stage has `min_history` baseline nights of its own, the verdict
   is `learning` ("learning: N of M nights"). Only what is beyond doubt is flagged then: a
@@ -89,7 +91,7 @@ class Policy:
     pool_level: float = 0.25  # one-sided F test: this stage no noisier than its peers
     effect_floor: float = 0.3  # never flag a change below this fraction of the min effect
     large_step: float = 0.15  # confirmed at once when plausibly at least this large ...
-    large_sigmas: float = 10.0  # ... on a metric whose noise is at most 1/10 of that step
+    large_level: float = 4e-5  # ... and one night alone this unlikely under no change
     large_history: int = 10  # ... measured over at least this many nights
     doubt_spread: float = 5.0  # learning: flagged beyond this x the history's widest swing
     doubt_nights: int = 5  # ... shown by at least this many nights
@@ -337,8 +339,9 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
         if prior:
             return "regression", prior + 1
         step = math.log1p(policy.large_step)
+        single = null_quantile(policy.large_level, round(base.noise.dof, 1), policy.tail_dof)
         large = (base.nights >= policy.large_history
-                 and policy.large_sigmas * base.pred_sd <= step
+                 and change >= single * base.pred_sd
                  and change - _Z95 * base.pred_sd >= step)
         return ("regression" if large else "suspected"), 1
     last = before.get("detail", {}).get("score")
