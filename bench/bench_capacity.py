@@ -66,7 +66,7 @@ stages:
 
 
 def robust_sigma(values: list[float]) -> float:
-    """1.4826 x MAD of the logs: the detector's own noise estimate."""
+    """1.4826 x MAD of the logs: the robust sigma, the unit the detector's noise is in."""
     return noise_sigma([math.log(v) for v in values if v])
 
 

@@ -39,8 +39,9 @@ better-direction and a minimum practical effect) of a valid stage:
   plausibly large (the change minus its one-sided 95% margin still reaches `large_step`)
   on a metric whose noise is known from `large_history` nights, and the night alone is
   beyond what no change gives with probability `large_level` (a tenth of the pair's
-  budget: on t3 noise a 10-sigma night comes once in 1,500, so a fixed number of sigmas
-  would not do). An `improvement` needs the same evidence in the better
+  budget: on t3 noise a 10-sigma night comes once in 1,400, so a fixed number of sigmas
+  would not do; the threshold is 27 sigmas of tonight's change with the noise known, more
+  with fewer nights to know it). An `improvement` needs the same evidence in the better
   direction: two nights in a row.
 - **Learning.** Until the stage has `min_history` baseline nights of its own, the verdict
   is `learning` ("learning: N of M nights"). Only what is beyond doubt is flagged then: a
@@ -79,6 +80,7 @@ from .changepoint import change_points
 
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
 T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
+T_SCALE_CAP = 1.5  # t_scale never exceeds this x the MAD's sigma (wild nights)
 MDE_POWER = 0.9  # the minimum detectable effect is caught within two nights this often
 
 
@@ -151,8 +153,7 @@ def judged_metrics(policy: Policy) -> list[str]:
 
 def noise_sigma(logs: list[float]) -> float:
     """1.4826 x MAD: the robust sigma, as `bench/measure_noise.py` measures the machine's
-    noise. A short history's MAD is often far too small; the degrees of freedom it carries
-    (and the pooling) are what allow for that."""
+    noise; the unit and the cap of the detector's own estimate, `t_scale`."""
     centre = statistics.median(logs)
     return 1.4826 * statistics.median(abs(v - centre) for v in logs)
 
@@ -177,11 +178,16 @@ def _noise_of(logs: list[float], policy: Policy) -> Noise:
 def t_scale(logs: tuple[float, ...], tail: float) -> float:
     """The nights' noise as the Student t (`tail` d.o.f.) maximum-likelihood scale of their
     logs about their median, in robust-sigma units (x the t's own robust sigma, so it
-    estimates what `noise_sigma` does on that law). On t3 noise it is worth 0.49 (n - 1)
-    degrees of freedom against the MAD's 0.30, and every threshold that allows for the
-    estimate is that much narrower (`bench/bench_detector.py` prints both). Solved by
-    Newton's method on the likelihood equation in the squared scale, from the MAD's; 0
-    where the MAD is 0 (most nights equal: the likelihood has no maximum)."""
+    estimates what `noise_sigma` does on that law). On t3 noise it is worth about 0.49
+    (n - 1) degrees of freedom against the MAD's 0.30, and every threshold that allows for
+    the estimate is that much narrower (`bench/bench_detector.py` prints both).
+
+    The t likelihood gives way when more than 1 night in `tail` + 1 is wild (the MAD holds
+    to half): two nights at +110% in 8 made it 4 times the MAD. So it is capped at
+    `T_SCALE_CAP` x the MAD's sigma, which t3 noise alone almost never reaches (the d.o.f.
+    above are measured with the cap). Solved by Newton's method on the likelihood
+    equation in the squared scale, from the MAD's. 0 where the MAD is 0, as before: most
+    nights equal, the change is judged against the effect floor alone."""
     mad_sigma = noise_sigma(list(logs))
     if mad_sigma <= 0:
         return 0.0
@@ -195,9 +201,9 @@ def t_scale(logs: tuple[float, ...], tail: float) -> float:
         slope = -sum(t * tail / (tail * q + r2) for t, r2 in zip(terms, squares)) / len(terms)
         step = excess / slope
         q = q - step if q - step > 0 else q / 2
-        if abs(step) <= 1e-10 * q:
+        if abs(step) <= 1e-10 * q or abs(excess) < 1e-12:
             break
-    return math.sqrt(q) * _t_robust(tail)
+    return min(math.sqrt(q) * _t_robust(tail), T_SCALE_CAP * mad_sigma)
 
 
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
