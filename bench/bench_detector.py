@@ -144,12 +144,16 @@ def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metri
     return stages
 
 
+POLICY = Policy()  # the detector's policy in this run (--pool-level changes it)
+
+
 def perfpipe(stages: list[Stage], nights: int,
-             policy: Policy = Policy()) -> list[list[dict[str, Verdict]]]:
+             policy: Policy | None = None) -> list[list[dict[str, Verdict]]]:
     """Verdicts per stage and night by the pipeline's detector and the store's rules, in
     memory: the noise pooled over the other stages as the compare step pools it; a flagged
     value held out of the baseline; when a night clears a suspicion, every night of that
     suspicion (its alert's span) rejoins the baseline."""
+    policy = policy or POLICY
     histories: list[list[dict]] = [[] for _ in stages]
     previous: list[dict[str, dict]] = [{} for _ in stages]
     suspicion: list[dict[str, list[dict]]] = [{} for _ in stages]
@@ -528,7 +532,13 @@ def main() -> int:
     ap.add_argument("--cell", metavar="METRIC:NOISE:STEP",
                     help="only one sensitivity cell, e.g. delivered_rate:0.015:0.05 (--series "
                          "series): recall within two nights, perfpipe / noise known / bound")
+    ap.add_argument("--pool-level", type=float, default=Policy().pool_level,
+                    help="the detector's pool_level (the F test that keeps a noisier stage "
+                         "from its peers' noise): to measure the trade between recall and the "
+                         "mixed suite's false alarms")
     args = ap.parse_args()
+    global POLICY
+    POLICY = Policy(pool_level=args.pool_level)
     noise, doc = load_noise(args.noise)
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)
@@ -544,7 +554,8 @@ def main() -> int:
               f"{fmt_pct(recall_bound(float(sd), delta, rng)[1]).strip()}")
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
-          f"seed {args.seed}, load average {os.getloadavg()[0]:.2f}")
+          f"seed {args.seed}, pool_level {POLICY.pool_level:g}, load average "
+          f"{os.getloadavg()[0]:.2f}")
     print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "
           f"{doc['machine']['cpus']} shared CPUs, {doc['runs_date']}")
     print("night-to-night robust sigma of log values: " + ", ".join(
