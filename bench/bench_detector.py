@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
 REPO = Path(__file__).resolve().parent.parent
@@ -392,10 +392,8 @@ def step_name(metric: str, size: float) -> str:
 def interval(count: int, n: int) -> tuple[float, float]:
     """The exact (Clopper-Pearson) 95% interval of a rate seen `count` times in `n` (an
     alarm count above `n` is read as `n`)."""
-    count = min(count, n)
-    low = float(beta.ppf(0.025, count, n - count + 1)) if count else 0.0
-    high = float(beta.ppf(0.975, count + 1, n - count)) if count < n else 1.0
-    return low, high
+    ci = binomtest(min(count, n), n).proportion_ci(method="exact", confidence_level=0.95)
+    return float(ci.low), float(ci.high)
 
 
 def fmt_pct(x: float | None) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tasks.driver.fastpath import phase  # noqa: E402
+from tasks.driver.histogram import bucket_of, percentile  # noqa: E402
 from tasks.driver.wire import remaining_length  # noqa: E402
 
 LATE_BUCKET_US = 10
@@ -102,16 +103,16 @@ def publish(socks: list[socket.socket], packet: bytes, rate: float, tick_us: int
 
 
 def percentiles(late: list[int]) -> dict | None:
-    total = sum(late)
-    if not total:
-        return None
-    out, seen = {}, 0
+    """p50/p90/p99 of the lateness, read as the driver reads its own (`histogram`): each
+    10 us bucket's midpoint put in the driver's buckets, here, after the loop."""
+    counts: dict[int, int] = {}
     for index, n in enumerate(late):
-        seen += n
-        for q in (50, 90, 99):
-            if f"p{q}" not in out and seen >= q / 100 * total:
-                out[f"p{q}"] = (index + 0.5) * LATE_BUCKET_US
-    return out
+        if n:
+            bucket = bucket_of(int((index + 0.5) * LATE_BUCKET_US))
+            counts[bucket] = counts.get(bucket, 0) + n
+    if not counts:
+        return None
+    return {f"p{q}": percentile(counts, q) for q in (50, 90, 99)}
 
 
 def main() -> None:
