@@ -54,7 +54,7 @@ name: slow_capacity
 source: "perfpipe's slowdown test: fan-in capacity through a throttled delivery path"
 qos: [0]
 publishers:
-  - {{group: pub, count: {PUBLISHERS}, topic: "{TOPIC}", aggregate_rate: 500,
+  - {{group: pub, count: {PUBLISHERS}, topic: "{TOPIC}", aggregate_rate: 1000,
      payload_bytes: {PAYLOAD}}}
 subscribers:
   - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
@@ -73,7 +73,7 @@ publishers:
      payload_bytes: {PAYLOAD}}}
 subscribers:
   - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
-stages: {{warmup_s: 1, measure_s: 3, cooldown_s: 0}}
+stages: {{warmup_s: 1, measure_s: 2, cooldown_s: 0}}
 """
 
 

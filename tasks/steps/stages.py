@@ -50,6 +50,11 @@ READY_TIMEOUT_S = 60.0
 # hand every process its start file, over SSH or on this machine
 START_LEAD_S = {"ssh": 1.0, "local": 0.15}
 PROGRESS_EVERY_S = 5.0  # live progress lines while a stage runs
+# How often the orchestrator looks at the drivers' files: slowly while a window is
+# measured (each look is a process or an SSH command on a host under test), briskly at
+# the barrier and once the window is over, when a stage's start, which is rounded up to
+# a whole second, waits on it.
+POLL_MEASURING_S, POLL_IDLE_S = 0.2, 0.05
 
 
 class StageError(RuntimeError):
@@ -91,7 +96,7 @@ def _wait_ready(launched: list[Launched], timeout_s: float) -> None:
                 log = proc.host.run(["tail", "-n", "3", f"{proc.out_dir}/driver.log"], check=False)
                 raise StageError(f"driver {proc.plan.host}/{proc.plan.proc} exited before it was "
                                  f"ready: {log.stdout.strip()}")
-        time.sleep(0.1)
+        time.sleep(POLL_IDLE_S)
     if waiting:
         names = [f"{p.plan.host}/{p.plan.proc}" for p in waiting]
         raise StageError(f"drivers not ready after {timeout_s:.0f} s: {names}")
@@ -108,7 +113,7 @@ def _progress(launched: list[Launched]) -> list[dict]:
     return docs
 
 
-def _wait_done(launched: list[Launched], until: float, *, started: float,
+def _wait_done(launched: list[Launched], until: float, *, started: float, ends: float,
                progress=print, rule: FailFast = FailFast(),
                cannot_go_on: Callable[[], str | None] = lambda: None) -> tuple[dict, str | None]:
     """Wait for every process to exit; meanwhile say how the stage goes every few seconds
@@ -132,7 +137,7 @@ def _wait_done(launched: list[Launched], until: float, *, started: float,
                 for proc in pending:
                     proc.host.kill_group(proc.group_pid)  # SIGTERM: partial files are written
                 until = min(until, time.time() + 15)
-        time.sleep(0.2)
+        time.sleep(POLL_MEASURING_S if time.time() < ends else POLL_IDLE_S)
     for proc in pending:  # overran its bound: stop it, the partial files say the rest
         proc.host.kill_group(proc.group_pid)
         codes[f"{proc.plan.host}/{proc.plan.proc}"] = None
@@ -225,7 +230,7 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
-                                progress=progress,
+                                ends=windows["end"], progress=progress,
                                 cannot_go_on=_stop_check(ctx, broker))
     stopped = refused or stopped
     if stopped:
