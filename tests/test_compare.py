@@ -144,13 +144,17 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     def history(sigma, n=10):
         return nights([1000 * math.exp(rng.gauss(0, sigma)) for _ in range(n)])
     peers = pooled_noise([history(0.02, 25) for _ in range(4)], Policy())
-    mine = history(0.02)
+    mine = history(0.02, 16)
     own = verdict({RATE: 1000.0}, mine)
     pooled = verdict({RATE: 1000.0}, mine, peers=peers)
     assert peers[RATE].stages == 4 and pooled.detail["noise_stages"] == 5
     assert pooled.detail["mde_pct"] < own.detail["mde_pct"]
     noisy = verdict({RATE: 1000.0}, history(0.2, 20), peers=peers)
     assert noisy.detail["noise_stages"] == 1  # a 10x noisier stage keeps its own noise
+    # 10 nights of its own cannot show a stage twice as noisy as its peers 9 times in 10
+    # (the F test sees it 86 times): it keeps its own noise until it has 13
+    assert verdict({RATE: 1000.0}, mine[:10], peers=peers).detail["noise_stages"] == 1
+    assert verdict({RATE: 1000.0}, mine[:13], peers=peers).detail["noise_stages"] == 5
 
 
 def test_the_noise_estimate_is_the_t_likelihood_scale_tighter_than_the_mad():
