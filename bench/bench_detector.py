@@ -149,7 +149,7 @@ def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metri
     return stages
 
 
-POLICY = Policy()  # the detector's policy in this run (--pool-level changes it)
+POLICY = Policy()  # the detector's policy in this run (--pool-level, --pool-power, --level)
 
 
 def perfpipe(stages: list[Stage], nights: int,
@@ -365,10 +365,11 @@ def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
     return bounds[0], bounds[1]
 
 
-def known_noise_recall(sigma: float, delta: float, policy: Policy = Policy()) -> float:
+def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None) -> float:
     """Recall within two nights of perfpipe's two-bad-nights rule at its own false-alarm
     level, were the level and the noise law known (nothing estimated from the history):
     what the rule loses to the bound, apart from what estimating costs."""
+    policy = policy or POLICY
     if sigma <= 0:
         return 1.0
     robust = 1.4826 * T_MAD
@@ -531,7 +532,7 @@ def sensitivity(noise: Noise, series: int, rng: np.random.Generator) -> list[dic
                 got = run_step(perfpipe, swept, [metric], metric, size, series,
                                np.random.default_rng(seed))["recall2"]
                 best = recall_bound(sd, log_step(metric, size), rng, draws=1_000_000)[1]
-                known = known_noise_recall(sd, log_step(metric, size))
+                known = known_noise_recall(sd, log_step(metric, size), POLICY)
                 judged = best >= 0.5
                 ok = got >= 0.8 * best if judged else None
                 pooled = (run_step(all_pooled, swept, [metric], metric, size, series,
@@ -565,9 +566,16 @@ def main() -> int:
                     help="the detector's pool_level (the F test that keeps a noisier stage "
                          "from its peers' noise): to measure the trade between recall and the "
                          "mixed suite's false alarms")
+    ap.add_argument("--pool-power", type=float, default=Policy().pool_power,
+                    help="the detector's pool_power (pool only once the F test would catch a "
+                         "stage twice as noisy this often; 0: the F test alone)")
+    ap.add_argument("--level", type=float, default=Policy().false_alarm_level,
+                    help="the detector's false_alarm_level (two given nights both bad under "
+                         "no change)")
     args = ap.parse_args()
     global POLICY
-    POLICY = Policy(pool_level=args.pool_level)
+    POLICY = Policy(pool_level=args.pool_level, pool_power=args.pool_power,
+                    false_alarm_level=args.level)
     noise, doc = load_noise(args.noise)
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)
@@ -579,11 +587,12 @@ def main() -> int:
         delta = log_step(metric, float(size))
         print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
               f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
-              f"{fmt_pct(known_noise_recall(float(sd), delta)).strip()}, bound "
+              f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, bound "
               f"{fmt_pct(recall_bound(float(sd), delta, rng)[1]).strip()}")
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
-          f"seed {args.seed}, pool_level {POLICY.pool_level:g}, load average "
+          f"seed {args.seed}, false_alarm_level {POLICY.false_alarm_level:g}, pool_level "
+          f"{POLICY.pool_level:g}, pool_power {POLICY.pool_power:g}, load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "
           f"{doc['machine']['cpus']} shared CPUs, {doc['runs_date']}")
