@@ -23,8 +23,9 @@ better-direction and a minimum practical effect) of a valid stage:
   catch that 9 times in 10 (`pool_power`, `pool_guard`: 14 nights beside 3 peers with as
   many, 13 beside peers with 30). In the bench's mixed suite (one stage of 4 twice as
   noisy, 2000 series, at the level of 4e-4 then in use) that took the false alarms from
-  0.77 to 0.61 per 100 series, averaged over the 11 metrics; recall at 20 nights is the
-  same, and a new stage's nights 8 to 13 see less (their MDE is larger, and says so).
+  0.80 to 0.60 per 100 series, averaged over the 11 metrics (bench/README.md, the run of
+  2026-11-26); recall at 20 nights is the same, and a new stage's nights 8 to 13 see less
+  (their MDE is larger, and says so).
   Tonight's change has sd
   `sigma * sqrt(1 + pi / 2n)` (the median's own error) or `sigma * sqrt(2)` (release: one
   night against one).
@@ -70,7 +71,7 @@ of 30 nights (`false_alarm_level` x 22 judged nights, 0.66, checked by the bench
 with m judged metrics has up to m times that. The level keeps a third of the budget in
 hand for a stage noisier than its peers that pooling cannot tell apart: the bench's mixed
 suite (one stage of 4 twice as noisy) had its worst metric at 1.15 false alarms per 100
-series at 4e-4, 0.85 at 3e-4, each over 2000 series.
+series at 4e-4, 0.85 and 1.00 at 3e-4 on two sets of draws, each over 2000 series.
 """
 
 from __future__ import annotations
