@@ -67,6 +67,7 @@ from tasks.analysis.detector import (  # noqa: E402
     judged_metrics,
     noise_sigma,
     pooled_noise,
+    t_robust_sigma,
     t_scale,
 )
 from tasks.metrics import METRICS  # noqa: E402
@@ -77,7 +78,7 @@ WARM, WATCH, AA_NIGHTS = 20, 5, 30
 SUITE = 4  # stages per simulated run, sharing a fingerprint (the smoke suite has 4)
 TAIL = "e2e_latency_p99_no_stall"  # the judged tail (tasks.analysis.tails)
 T_DOF = 3
-T_MAD = float(student_t.ppf(0.75, T_DOF))  # MAD of the standard t
+T_ROBUST = t_robust_sigma(T_DOF)  # the robust sigma (1.4826 x MAD) of the standard t
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def load_noise(path: Path) -> tuple[Noise, dict]:
     for m, d in metrics.items():
         robust, sd = d.get("night_log_mad_sigma_median"), d.get("night_log_sd_median")
         if robust is not None or sd is not None:  # measured, if only as 0 (a rate at its target)
-            night[m] = robust or (sd or 0.0) * (1.4826 * T_MAD) / math.sqrt(T_DOF)
+            night[m] = robust or (sd or 0.0) * T_ROBUST / math.sqrt(T_DOF)
     rate = metrics["delivered_rate"]
     return Noise(night, rate["per_second_cv_median"] or 0.0,
                  rate["per_second_lag1_autocorr_median"] or 0.0), doc
@@ -111,7 +112,7 @@ class Stage:
     def night(self, k: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         values, series = {}, {}
         for m in self.metrics:
-            scale = self.noise.night.get(m, 0.0) / (1.4826 * T_MAD)
+            scale = self.noise.night.get(m, 0.0) / T_ROBUST
             level = 1000.0 * math.exp(scale * self.rng.standard_t(T_DOF))
             if m == self.step_metric and k >= self.step_night:
                 worse_up = METRICS[m].better == "lower"
@@ -314,7 +315,7 @@ def budget_rate(sigma: float, delta: float, rng: np.random.Generator, series: in
     and the rate read there. The test's statistic is bounded on t noise, so one wild
     night does not fire it twice: it fires about 1.02 times per alarm (4.8e-4 per test
     over 22 nights)."""
-    scale = sigma / (1.4826 * T_MAD)
+    scale = sigma / T_ROBUST
     judged = AA_NIGHTS - Policy().min_history
     each = _llr(scale * rng.standard_t(T_DOF, (series, judged)), delta, scale)
     fires_at = each[:, 1:] + each[:, :-1]
@@ -350,7 +351,7 @@ def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
         return 1.0, 1.0
     if delta == 0:
         return 0.0, 0.0  # no step to find
-    scale = sigma / (1.4826 * T_MAD)
+    scale = sigma / T_ROBUST
     if rate is None:
         key = round(delta / sigma, 1)  # the rate depends on the step in noise sigmas only
         if key not in _RATES:
@@ -372,9 +373,9 @@ def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None)
     policy = policy or POLICY
     if sigma <= 0:
         return 1.0
-    robust = 1.4826 * T_MAD
     threshold = bad_threshold(policy.false_alarm_level, 1e6, policy.tail_dof)
-    bad = float(student_t.sf((threshold - delta / sigma) * robust, policy.tail_dof))
+    bad = float(student_t.sf((threshold - delta / sigma) * t_robust_sigma(policy.tail_dof),
+                             policy.tail_dof))
     return bad * bad
 
 

@@ -207,7 +207,7 @@ def t_scale(logs: tuple[float, ...], tail: float) -> float:
         return 0.0
     centre = statistics.median(logs)
     squares = [(v - centre) ** 2 for v in logs]
-    q = (mad_sigma / _t_robust(tail)) ** 2  # the squared scale
+    q = (mad_sigma / t_robust_sigma(tail)) ** 2  # the squared scale
     for _ in range(100):
         # mean((tail + 1) r^2 / (tail q + r^2)) = 1: decreasing and convex in q
         terms = [(tail + 1) * r2 / (tail * q + r2) for r2 in squares]
@@ -217,7 +217,7 @@ def t_scale(logs: tuple[float, ...], tail: float) -> float:
         q = q - step if q - step > 0 else q / 2
         if abs(step) <= 1e-10 * q or abs(excess) < 1e-12:
             break
-    return min(math.sqrt(q) * _t_robust(tail), T_SCALE_CAP * mad_sigma)
+    return min(math.sqrt(q) * t_robust_sigma(tail), T_SCALE_CAP * mad_sigma)
 
 
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
@@ -293,7 +293,7 @@ def _scale_ratios(dof: float) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
-def _t_robust(tail: float) -> float:
+def t_robust_sigma(tail: float) -> float:
     """The robust sigma (1.4826 x MAD) of a Student t with `tail` d.o.f., in its own scale."""
     return 1.4826 * float(stdtrit(tail, 0.75))
 
@@ -302,7 +302,7 @@ def _sf_by_scale(u: float, dof: float, tail: float) -> np.ndarray:
     """P(U >= u) under no change at each quantile of the estimated sigma's scale ratio
     (`_scale_ratios`): the nights' noise a Student t with `tail` d.o.f. at the robust
     sigma, the sigma estimated with `dof` d.o.f."""
-    return stdtr(tail, -u * _t_robust(tail) * _scale_ratios(round(dof, 1)))
+    return stdtr(tail, -u * t_robust_sigma(tail) * _scale_ratios(round(dof, 1)))
 
 
 def null_sf(u: float, dof: float, tail: float) -> float:
