@@ -26,6 +26,7 @@ from pathlib import Path
 
 import invoke
 
+from . import ports
 from .child_env import child_env
 from .settings import REPO_ROOT
 
@@ -33,6 +34,8 @@ from .settings import REPO_ROOT
 # SSH_KEEPALIVE_S make sure bytes are in flight, so the kernel's deadline applies).
 SSH_KEEPALIVE_S = 5
 SSH_DEAD_AFTER_S = 15.0
+# tasks/ports.py run as a script on a host: prints a port that host can bind.
+PORTS_SOURCE = Path(ports.__file__).read_text()
 
 
 def died(code: int) -> str | None:
@@ -190,9 +193,8 @@ class Host:
         return int(result.stdout.strip()) if result.ok and result.stdout.strip() else None
 
     def free_port(self) -> int:
-        """A TCP port nobody listens on right now, chosen by the host's own kernel."""
-        script = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-        return int(self.run([self.python, "-c", script]).stdout.strip())
+        """A TCP port this host can bind right now, below its ephemeral range (tasks.ports)."""
+        return int(self.run([self.python, "-c", PORTS_SOURCE]).stdout.strip())
 
     def stop_group(self, pid: int, timeout_s: float) -> None:
         """TERM a launched process group, KILL it if it outlives timeout_s."""

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.ports import free_port  # noqa: F401  (tests import it from here)
+
 REPO = Path(__file__).resolve().parent.parent
 # Airflow reads its config when first imported: point it at the tests' own Airflow home
 # (migrated by `make test`; `make run` and the UI use .state/airflow) unless the caller
@@ -23,12 +25,6 @@ os.environ.setdefault("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "hos
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 if str(Path(sys.executable).parent) not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def mosquitto_binary() -> str:

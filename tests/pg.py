@@ -20,7 +20,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -29,6 +28,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from tasks.ports import free_port
 
 MISSING = ("PostgreSQL server binaries (initdb, pg_ctl) not found: run `make test`, which "
            "installs them (Debian package postgresql)")
@@ -45,12 +46,6 @@ def _bindir() -> Path:
         if cand and Path(cand).with_name("initdb").exists():
             return Path(cand).resolve().parent
     raise PostgresUnavailable(MISSING)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_postgres(tmpdir: Path | str) -> tuple[str, Callable[[], None]]:
@@ -134,7 +129,7 @@ def start_server(tmpdir: Path | str) -> Server:
             "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
             "--locale=C", "--no-sync")
         for attempt in range(3):
-            port = _free_port()
+            port = free_port()
             opts = (f"-h 127.0.0.1 -p {port} -k {sock} -c fsync=off "
                     "-c synchronous_commit=off -c full_page_writes=off")
             try:

@@ -1,12 +1,15 @@
-"""LocalHost's process control against real processes: liveness and a stopped group."""
+"""LocalHost's process control against real processes (liveness and a stopped group), and
+the ports servers are started on."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
 
+from tasks import ports
 from tasks.hosts import LocalHost
 
 
@@ -39,3 +42,25 @@ def test_a_stopped_group_records_its_exit_code_and_is_no_longer_alive(tmp_path: 
     host.stop_group(group, timeout_s=10)
     assert host.exit_code(log) == 143  # 128 + SIGTERM, written by the shell that waited
     assert not host.alive(group)
+
+
+def test_a_server_port_is_below_the_range_outgoing_connections_take_their_ports_from():
+    """A port picked by binding to 0 comes from the ephemeral range, where a client's
+    connect() may take it before the server binds it (RabbitMQ failed so, with EADDRINUSE)."""
+    start = ports.ephemeral_start()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(256)
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(50)]
+        try:
+            client_ports = {c.getsockname()[1] for c in clients}
+        finally:
+            for client in clients:
+                client.close()
+    assert min(client_ports) >= start  # where the kernel puts outgoing connections
+    picked = [LocalHost().free_port() for _ in range(3)] + [ports.free_port() for _ in range(20)]
+    assert all(ports.LOWEST <= port < start for port in picked), picked
+    assert len(set(picked[3:])) == 20  # one process never hands out a port twice
+    for port in picked:
+        with socket.socket() as server:
+            server.bind(("", port))  # free when handed out

@@ -17,10 +17,11 @@ import asyncio
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import threading
 from pathlib import Path
+
+from tasks.ports import free_port
 
 SOURCE = Path(__file__).resolve().parent / "burn.c"
 # Mosquitto loads plugins after dropping root to its own user: the library must be
@@ -66,12 +67,6 @@ def unmanaged_inventory(path: Path, proxy_port: int, broker_dir: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ThrottledProxy:
     """A TCP proxy on a free loopback port in front of `upstream`: client-to-broker bytes
     pass freely, broker-to-client bytes of every connection together at most `rate` bytes/s
@@ -79,7 +74,7 @@ class ThrottledProxy:
     changed while it runs."""
 
     def __init__(self, upstream: int, rate: float) -> None:
-        self.upstream, self.rate, self.port = upstream, rate, _free_port()
+        self.upstream, self.rate, self.port = upstream, rate, free_port()
         self.loop = asyncio.new_event_loop()
         self.tokens, self.burst = 0.0, 65536.0
         ready = threading.Event()
