@@ -26,6 +26,7 @@ from tasks.driver.histogram import (
 )
 from tasks.driver.output import (
     COUNTERS_FILE,
+    DELAY_OVERRUN_US,
     EVENTS_FILE,
     HISTOGRAMS_FILE,
     READY_FILE,
@@ -141,6 +142,13 @@ def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losin
     assert 5_000 < delay_p50 < 15_000  # spread over the 20 ms between wake-ups
     assert percentile(kinds["pub_delay"], 99) < 25_000
     assert percentile(kinds["e2e"], 50) > 0.8 * delay_p50  # the wait counts as latency
+    # An overrun is a send over DELAY_OVERRUN_US late: as many as pub_delay holds, up to the
+    # one bucket that straddles the limit.
+    overruns = sum(r["delay_overruns"] for r in counters(out))
+    above = [(bucket_bounds(b), n) for b, n in kinds["pub_delay"].items()]
+    assert (sum(n for (low, _), n in above if low > DELAY_OVERRUN_US) <= overruns
+            <= sum(n for (_, high), n in above if high - 1 > DELAY_OVERRUN_US))
+    assert overruns > totals["published"] / 2  # most of a 20 ms tick is over 1 ms
     hold = summary["read_hold"]
     assert hold["max_ms"] == pytest.approx(2.0) and hold["held_passes"] > 100, hold
 
