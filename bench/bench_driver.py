@@ -85,6 +85,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 from tasks.driver.histogram import MAX_RELATIVE_ERROR, percentile  # noqa: E402
 from tasks.driver.limits import MAX_RATE  # noqa: E402
+from tasks.ports import free_port  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FEED_RATE = 150_000  # deliveries/s into the subscribing process
@@ -122,12 +123,6 @@ def cpu_split(pid: int) -> tuple[int, int]:
 
 def rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def raise_nofile() -> None:

@@ -193,7 +193,8 @@ class Host:
         return int(result.stdout.strip()) if result.ok and result.stdout.strip() else None
 
     def free_port(self) -> int:
-        """A TCP port this host can bind right now, below its ephemeral range (tasks.ports)."""
+        """A TCP port this host can bind right now, outside its ephemeral range (tasks.ports).
+        Each call is a process of its own: two calls may, rarely, name the same port."""
         return int(self.run([self.python, "-c", PORTS_SOURCE]).stdout.strip())
 
     def stop_group(self, pid: int, timeout_s: float) -> None:

@@ -35,6 +35,7 @@ from tasks.driver.output import (
     RawWriter,
 )
 from tasks.driver.wire import Template
+from tasks.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -391,9 +392,7 @@ def own_mosquitto(tmp_path: Path, name: str, config: str):
     binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() \
         else shutil.which("mosquitto")
     assert binary, "mosquitto is not installed: run `make test`, which installs it"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     conf = tmp_path / f"{name}.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nmax_queued_messages 1000000\n{config}")
     log = open(tmp_path / f"{name}.log", "w")

@@ -44,10 +44,10 @@ def test_a_stopped_group_records_its_exit_code_and_is_no_longer_alive(tmp_path: 
     assert not host.alive(group)
 
 
-def test_a_server_port_is_below_the_range_outgoing_connections_take_their_ports_from():
+def test_a_server_port_is_outside_the_range_outgoing_connections_take_their_ports_from():
     """A port picked by binding to 0 comes from the ephemeral range, where a client's
     connect() may take it before the server binds it (RabbitMQ failed so, with EADDRINUSE)."""
-    start = ports.ephemeral_start()
+    first, last = ports.ephemeral_range()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(256)
@@ -57,10 +57,26 @@ def test_a_server_port_is_below_the_range_outgoing_connections_take_their_ports_
         finally:
             for client in clients:
                 client.close()
-    assert min(client_ports) >= start  # where the kernel puts outgoing connections
+    assert all(first <= port <= last for port in client_ports)  # where connect() puts them
     picked = [LocalHost().free_port() for _ in range(3)] + [ports.free_port() for _ in range(20)]
-    assert all(ports.LOWEST <= port < start for port in picked), picked
+    assert not any(first <= port <= last for port in picked), picked
     assert len(set(picked[3:])) == 20  # one process never hands out a port twice
     for port in picked:
         with socket.socket() as server:
             server.bind(("", port))  # free when handed out
+
+
+def test_a_host_tuned_for_many_clients_still_gets_a_server_port(tmp_path: Path):
+    """perfpipe's own profiles widen the ephemeral range (5000-65000 for clients, 1024-65535
+    on the IBM MQ server): the port is then found above the range, or where the range covers
+    every port, is the kernel's choice."""
+    assert ports.server_ranges(32768, 60999) == [range(10000, 32768), range(61000, 65536)]
+    assert ports.server_ranges(5000, 65000) == [range(65001, 65536)]
+    assert ports.server_ranges(1024, 65535) == []
+    tuned = tmp_path / "ip_local_port_range"
+    for text, lowest in (("5000\t65000\n", 65001), ("1024\t65535\n", 1024)):
+        tuned.write_text(text)
+        port = ports.free_port(range_file=str(tuned))
+        assert port >= lowest
+        with socket.socket() as server:
+            server.bind(("", port))

@@ -21,6 +21,7 @@ import pytest
 
 from sql import Store
 from tasks.driver.output import SAMPLER_FILE, STATS_FILE
+from tasks.ports import free_port
 from tests.checks import assert_plausible
 
 pytestmark = pytest.mark.slow  # a RabbitMQ node started per test: about 40 s each
@@ -44,10 +45,7 @@ def epmd_pids() -> set[int]:
 @pytest.fixture
 def bystander_epmd():
     """An epmd perfpipe did not start (as a system one would be): it must survive the run."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(["epmd", "-port", str(port)])
+    process = subprocess.Popen(["epmd", "-port", str(free_port())])
     yield process
     process.kill()
     process.wait(5)
