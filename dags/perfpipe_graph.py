@@ -98,9 +98,14 @@ def _spark_task(step: Step, perf_run):
 
 def pipeline(perf_run):
     """plan's output -> every later step in order, teardown always; returns (the graph's
-    first task: the host list the per-host steps map over; the teardown task)."""
+    first task: the host list the per-host steps map over; the teardown task).
+
+    Teardown is an Airflow teardown whose setup is that first task: Airflow runs a teardown
+    only when one of its setups succeeded, and the run exists (to close, with its hosts to
+    stop and restore) from there on, whichever later step fails. With the broker step as
+    its setup, a broker that did not start left the run open and the hosts tuned."""
     names = hosts(perf_run)
-    chain, closed, broker = [], None, None
+    chain, closed = [], None
     for step in STEPS:
         if step.name == "plan":
             continue
@@ -113,9 +118,8 @@ def pipeline(perf_run):
         if chain:
             chain[-1] >> made
         chain.append(made)
-        broker = made if step.name == "broker" else broker  # what teardown undoes
         closed = made if step.always else closed
-    closed.as_teardown(setups=broker)
+    closed.as_teardown(setups=names)
     return names, closed
 
 

@@ -4,6 +4,7 @@ tested on the lab, in tests/test_lab_pipeline.py)."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -62,3 +63,26 @@ def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path, slack
                for m in messages), messages
     posted = [c.body["text"] for c in slack.posts()]
     assert any(t.startswith("perfpipe mqtt_perf_release: stages failed") for t in posted), posted
+
+
+def test_a_broker_that_does_not_start_still_closes_the_run(tiny_suite, tmp_path):
+    """The broker step fails after provision and tune have touched the hosts: teardown must
+    still run (restore the tuning, close the run), whatever Airflow's setup/teardown rules."""
+    with socket.socket() as taken:  # the broker's port, already held: Mosquitto cannot bind
+        taken.bind(("127.0.0.1", 0))
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(
+            f"hosts: [{{name: localhost, transport: local, roles: [broker, driver], "
+            f"python: {sys.executable}}}]\n"
+            f"broker: {{host: localhost, address: 127.0.0.1, port: {taken.getsockname()[1]}}}\n")
+        run_id, state = release({"release_label": "no-broker", "suite": "tiny",
+                                 "inventory": str(inventory)})
+    assert state == "failed"
+    run = store().run(run_id)
+    assert run["status"] == "failed" and run["excluded"], run["status"]  # closed by teardown
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+
+    ctx = RunContext.load(load_settings(), run_id)
+    assert ctx.finished("tune", "localhost") and ctx.finished("teardown", None)
+    assert not ctx.finished("broker", None)
