@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from tasks import metrics as metric_defs
 from tasks.fingerprint import fingerprint_hash
 from tasks.locks import held
-from tasks.settings import DB_RETRY_S
 
 from . import alerts, queries
 from .common import (
@@ -57,6 +56,7 @@ _MIGRATE_LOCK = 0x70657266  # pg advisory lock key: concurrent migrate() calls t
 _FINISHED = tuple(s for s in metric_defs.RUN_STATUSES if s != "running")
 log = logging.getLogger(__name__)
 
+DB_RETRY_S = 60.0  # how long a database down or locked is waited for (PERFPIPE_DB_RETRY_S)
 CONNECT_TIMEOUT_S = 10  # one connection attempt to PostgreSQL
 # PostgreSQL connections that stop answering mid-query end within ~15 s (libpq options)
 _PG_DEADLINES = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalives": 1, "keepalives_idle": 5,

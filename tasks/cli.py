@@ -12,7 +12,7 @@ from sql import Store, StoreError, StoreUnavailable
 from .config_files import ConfigError
 from .export import FORMATS, export_run
 from .locks import LockBusy
-from .metrics import ALERT_ACTIONS, RUN_KINDS
+from .metrics import ALERT_ACTIONS, RUN_KINDS, exit_code
 from .settings import load_settings
 from .steps import STEPS
 
@@ -36,16 +36,6 @@ def _run(args: argparse.Namespace) -> int:
     outcome = run_pipeline(load_settings(), suite=args.suite, inventory=args.inventory,
                            kind=args.kind)
     return exit_code(outcome.status, outcome.warning)
-
-
-def exit_code(status: str, warning: str | None, airflow_state: str = "success") -> int:
-    """0 ok, 1 not ok, 5 ok with a warning (Slack not told): a script or a scheduler sees
-    a night nobody heard of, though its results are good. Under Airflow (`perfpipe
-    nightly`) a DAG run that is not green is 1, unless its run ended ok with the warning:
-    then its alert task failed on purpose, and it is the same 5."""
-    if airflow_state != "success" and not (status == "ok" and warning):
-        return 1
-    return 1 if status != "ok" else 5 if warning else 0
 
 
 def _nightly(args: argparse.Namespace) -> int:

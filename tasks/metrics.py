@@ -1,7 +1,8 @@
 """Per-stage metric names, units and better-direction, and the words perfpipe judges them
-with (verdicts, alert statuses, what a person may do to an alert): a contract shared by
-the Spark job, the results store, the comparison, the report, the CLI and the DAGs.
-Pure data, standard library only (DAG files read it at parse time).
+with (verdicts, alert statuses, what a person may do to an alert, a run's status and the
+exit code it makes): a contract shared by the Spark job, the results store, the
+comparison, the report, the CLI and the DAGs. Data and small pure functions, standard
+library only (DAG files read it at parse time).
 """
 
 from __future__ import annotations
@@ -115,6 +116,18 @@ METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
 # A run: why it ran, and how it ended ("running" until teardown closes it).
 RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")
+
+
+def exit_code(status: str, warning: str | None, airflow_state: str = "success") -> int:
+    """A closed run's status as `perfpipe run` and `perfpipe nightly` exit with it: 0 ok,
+    1 not ok, 5 ok with a warning (Slack not told): a script or a scheduler sees
+    a night nobody heard of, though its results are good. Under Airflow (`perfpipe
+    nightly`) a DAG run that is not green is 1, unless its run ended ok with the warning:
+    then its alert task failed on purpose, and it is the same 5."""
+    if airflow_state != "success" and not (status == "ok" and warning):
+        return 1
+    return 1 if status != "ok" else 5 if warning else 0
+
 
 # What the comparison says of one metric of one stage tonight, worst first (the report's
 # order too). `learning`: too few nights yet to know the noise, so nothing is judged but

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from .airflow_glue.dag_test import TaskEnd, airflow_log_path, test_dag
+from .metrics import exit_code
 from .settings import Settings
 
 NIGHTLY_DAG = "mqtt_perf_nightly"
@@ -58,8 +59,6 @@ def run_nightly(settings: Settings, suite: str) -> int:
     if state != "success":
         print(f"perfpipe: {steps.failure or 'the run did not succeed'} ({where})",
               file=sys.stderr)
-    from .cli import exit_code
-
     return exit_code(run["status"], run["warning"], airflow_state=state)
 
 

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from sql import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DB_RETRY_S = 60.0  # how long a database that is down or locked is waited for (the default)
 
 
 class Settings(BaseSettings):
@@ -41,7 +40,8 @@ class Settings(BaseSettings):
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
     nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
     lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
-    db_retry_s: float = DB_RETRY_S
+    db_retry_s: float | None = None  # how long a database down or locked is waited for
+    # (default: the store's own, sql.store.DB_RETRY_S)
 
     @property
     def runs_dir(self) -> Path:
@@ -55,7 +55,8 @@ class Settings(BaseSettings):
         `db_retry_s`."""
         from sql import Store
 
-        return Store(self.database_url(), retry_s=self.db_retry_s)
+        retry = {} if self.db_retry_s is None else {"retry_s": self.db_retry_s}
+        return Store(self.database_url(), **retry)
 
     def database_url(self) -> str:
         if self.db_url is not None:

@@ -127,7 +127,7 @@ def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_e
 
 
 def test_exit_codes_of_a_run_and_of_a_nightly_dag_run() -> None:
-    from tasks.cli import exit_code
+    from tasks.metrics import exit_code
 
     assert [exit_code("ok", None), exit_code("ok", "Slack not told"), exit_code("failed", None),
             exit_code("invalid", None)] == [0, 5, 1, 1]
