@@ -86,3 +86,6 @@ def test_a_broker_that_does_not_start_still_closes_the_run(tiny_suite, tmp_path)
     ctx = RunContext.load(load_settings(), run_id)
     assert ctx.finished("tune", "localhost") and ctx.finished("teardown", None)
     assert not ctx.finished("broker", None)
+    failure = json.loads(next(Path(run["artifact_dir"], "failures").glob("*broker.json"))
+                         .read_text())["text"]  # said at once, with the broker's own words
+    assert "mosquitto did not come up" in failure and "the server exited with" in failure, failure

@@ -16,7 +16,7 @@ from ..hosts import Host
 from ..rundir import BROKER_DIR
 from .base import BrokerAdapter
 from .errors import BrokerError
-from .health import bind_address, health_check
+from .health import Launched, bind_address, health_check
 
 HOME = "/usr/share/activemq"
 OPTIONS_FILE = "/etc/activemq/instances-available/perfpipe/options"
@@ -105,11 +105,12 @@ class ActiveMQ(BrokerAdapter):
                 f"xbean:file:{base}/activemq.xml"]
         group = self.host.launch(argv, f"{base}/activemq.log")
         try:
-            health_check(address, port, timeout_s=60)
-        except BrokerError:
+            health_check(address, port, timeout_s=60,
+                         launched=Launched(self.host, f"{base}/activemq.log"))
+        except BrokerError as exc:
             self.host.kill_group(group, "KILL")
-            raise BrokerError(f"{self.host.name}: ActiveMQ did not accept MQTT on {port}; "
-                              f"see {base}/activemq.log") from None
+            raise BrokerError(f"{self.host.name}: ActiveMQ did not accept MQTT on {port} "
+                              f"({exc}); see {base}/activemq.log") from None
         pid = int(self.host.read_text(f"{base}/activemq.log.pid").strip())
         running = running_heap(self.host, pid)
         verify_heap(heap, running, self.host.name)

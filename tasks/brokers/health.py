@@ -5,10 +5,14 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import paho.mqtt.client as mqtt
 
 from .errors import BrokerError
+
+if TYPE_CHECKING:
+    from ..hosts import Host
 
 
 def bind_address(address: str) -> str:
@@ -27,14 +31,31 @@ def bind_address(address: str) -> str:
                           f"inventory's broker.address") from None
 
 
+class Launched:
+    """A broker process started with `Host.launch`, writing `log`: has it ended?"""
+
+    def __init__(self, host: Host, log: str) -> None:
+        self.host, self.log = host, log
+
+    def check(self) -> None:
+        """Raise BrokerError if the process has exited (its code and its log's last lines)."""
+        code = self.host.exit_code(self.log)
+        if code is not None:
+            tail = self.host.run(["tail", "-n", "5", self.log], check=False).stdout.strip()
+            raise BrokerError(f"the server exited with {code}: {tail or 'no output'}")
+
+
 def health_check(address: str, port: int, timeout_s: float = 10.0,
-                 ca_file: str | None = None) -> float:
+                 ca_file: str | None = None, launched: Launched | None = None) -> float:
     """A real MQTT CONNECT/CONNACK (over TLS, verifying the broker's certificate and name
     against `ca_file`, when one is given); returns the seconds it took, or raises
-    BrokerError."""
+    BrokerError. With `launched` (a broker perfpipe just started), a broker whose process
+    has ended is said at once, with its log's last lines, not after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     last_error = "no answer"
     while time.monotonic() < deadline:
+        if launched is not None:
+            launched.check()
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="perfpipe-health")
         if ca_file:
             client.tls_set(ca_certs=ca_file)

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..rundir import BROKER_DIR, TLS_DIR
 from .base import BrokerAdapter
 from .errors import BrokerError
-from .health import bind_address, health_check
+from .health import Launched, bind_address, health_check
 from .tls import CA_FILE, CERT_FILE, KEY_FILE, make_certificates
 
 MOSQUITTO_BINARIES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto", "mosquitto")
@@ -137,15 +137,15 @@ class Mosquitto(BrokerAdapter):
                                                         tls_names or [address])}
         self.host.put_text(render_config(port, bind_address(address), tls, extra_config), conf)
         group = self.host.launch([self.binary(), "-c", conf], log)
+        launched = Launched(self.host, log)
         try:
-            health_check(address, port)
+            health_check(address, port, launched=launched)
             if tls:
-                health_check(address, tls_port, ca_file=tls["local_ca"])
+                health_check(address, tls_port, ca_file=tls["local_ca"], launched=launched)
         except BrokerError as exc:
             self.host.kill_group(group)
-            tail = self.host.run(["tail", "-n", "5", log], check=False).stdout.strip()
-            raise BrokerError(f"{self.host.name}: mosquitto did not come up ({exc}): "
-                              f"{tail or 'no log output'}") from None
+            raise BrokerError(f"{self.host.name}: mosquitto did not come up on {port} "
+                              f"({exc}); see {log}") from None
         pid = int(self.host.read_text(log + ".pid").strip())
         state = {"group_pid": group, "pid": pid, "config": conf, "log": log}
         if tls:

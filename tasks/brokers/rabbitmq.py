@@ -35,7 +35,7 @@ import time
 from ..rundir import BROKER_DIR
 from .base import BrokerAdapter
 from .errors import BrokerError
-from .health import bind_address, health_check
+from .health import Launched, bind_address, health_check
 
 LIB = "/usr/lib/rabbitmq/lib"
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
@@ -179,7 +179,8 @@ class RabbitMQ(BrokerAdapter):
         group = self.host.launch(["env", *(f"{k}={v}" for k, v in env.items()),
                                   "sh", "-c", START_SCRIPT], log)
         try:
-            connect_s = self._wait_healthy(address, port, log)
+            connect_s = health_check(address, port, timeout_s=START_TIMEOUT_S,
+                                     launched=Launched(self.host, log))
         except BrokerError as exc:
             self.stop(group, timeout_s=5)
             raise BrokerError(f"{self.host.name}: RabbitMQ did not accept MQTT on {port}: {exc}; "
@@ -193,18 +194,6 @@ class RabbitMQ(BrokerAdapter):
         state["running_version"] = self.running_version(state)
         return state
 
-    def _wait_healthy(self, address: str, port: int, log: str) -> float:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            code = self.host.exit_code(log)
-            if code is not None:
-                tail = self.host.run(["tail", "-n", "5", log], check=False).stdout.strip()
-                raise BrokerError(f"the server exited with {code}: {tail or 'no output'}")
-            try:
-                return health_check(address, port, timeout_s=2.0)
-            except BrokerError:
-                if time.monotonic() > deadline:
-                    raise BrokerError(f"no CONNACK within {START_TIMEOUT_S:.0f} s") from None
 
     def ctl(self, state: dict, args: list[str], timeout: float = 60) -> str:
         """rabbitmqctl against this run's node (never the system one)."""
