@@ -62,11 +62,11 @@ with DAG(
 
     @task(doc_md="Pin this run as the release baseline of its label (when asked and ok).")
     def promote(perf_run: str, params: dict | None = None) -> str:
-        from tasks.manage import maintenance
+        from tasks.manage import promote_release
 
         if not params["promote"]:
             return "not asked to promote"
-        return maintenance("promote", run_id=perf_run, label=params["release_label"])
+        return promote_release(perf_run, params["release_label"])
 
     perf_run = plan()
     gate = load_hosts(perf_run)

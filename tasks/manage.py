@@ -72,6 +72,21 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
     return 0
 
 
+def promote_release(run_id: str, label: str) -> str:
+    """The release DAG's `promote` task: pin the run when it ended ok; a run that did not is
+    said, not raised (its failure was told already: the task failing too would post a second
+    alert saying nothing new)."""
+    store = load_settings().store()
+    try:
+        run = store.run(run_id)
+        if run is None or run["status"] != "ok" or run["excluded"]:
+            status = run["status"] if run else "not stored"
+            return f"not promoted: run {run_id} is {status}; only an ok run becomes a baseline"
+    finally:
+        store.close()
+    return maintenance("promote", run_id=run_id, label=label)
+
+
 def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int = 0) -> str:
     """What the maintenance DAG (and the release DAG's promote task) does: `promote` a run
     to a release baseline, or one of ALERT_ACTIONS on an alert; returns what changed."""

@@ -63,6 +63,8 @@ def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path, slack
                for m in messages), messages
     posted = [c.body["text"] for c in slack.posts()]
     assert any(t.startswith("perfpipe mqtt_perf_release: stages failed") for t in posted), posted
+    # promote was asked: it says why not, and is no second alert
+    assert not any("promote" in t for t in posted), posted
 
 
 def test_a_broker_that_does_not_start_still_closes_the_run(tiny_suite, tmp_path):
