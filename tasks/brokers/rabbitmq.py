@@ -194,7 +194,6 @@ class RabbitMQ(BrokerAdapter):
         state["running_version"] = self.running_version(state)
         return state
 
-
     def ctl(self, state: dict, args: list[str], timeout: float = 60) -> str:
         """rabbitmqctl against this run's node (never the system one)."""
         env = node_env(state["base"], state["node"], state["ports"]["epmd"])

@@ -455,7 +455,7 @@ class Scheduler:
             return 0
         tmpl = conn.tmpl
         inflight = conn.inflight
-        if n == 1 and inflight is None:  # the rated case: one QoS 0 message on time
+        if n == 1 and inflight is None:  # the rated case: one QoS 0 message due
             due = first + int(seq * interval)
             at = len(out) + tmpl.patch_at
             out += tmpl.packet
