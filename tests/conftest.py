@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.ports import free_port  # noqa: F401  (tests import it from here)
+from tasks.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # Airflow reads its config when first imported: point it at the tests' own Airflow home

@@ -20,7 +20,7 @@ import pytest
 
 from sql import Store
 from tests.checks import assert_plausible
-from tests.conftest import free_port
+from tasks.ports import free_port
 
 # about 110 s: Airflow up 20-30 s, the release run 80 s (its Spark job 35 s, the stages 15 s)
 pytestmark = pytest.mark.slow

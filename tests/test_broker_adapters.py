@@ -212,7 +212,7 @@ def test_unmanaged_config_only_adapter_checks_a_running_broker_and_leaves_it(kin
 
 
 def test_unmanaged_broker_that_does_not_answer_is_reported():
-    from tests.conftest import free_port
+    from tasks.ports import free_port
 
     with pytest.raises(BrokerError, match="did not accept an MQTT CONNECT"):
         Emqx().health("127.0.0.1", free_port(), timeout_s=1)

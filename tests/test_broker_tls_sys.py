@@ -26,7 +26,7 @@ from tasks.driver import broker_stats, sampler
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
 from tasks.hosts import LocalHost
 from tasks.steps.broker import tls_wanted
-from tests.conftest import free_port
+from tasks.ports import free_port
 
 
 @pytest.fixture(params=["traversable", "private"])

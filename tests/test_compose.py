@@ -130,7 +130,8 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
 
     from tasks.brokers.certs import main as certs_main
     from tasks.catalog.scenarios import load_catalog
-    from tests.conftest import free_port, mosquitto_binary
+    from tasks.ports import free_port
+    from tests.conftest import mosquitto_binary
 
     service = SERVICES["broker-certs"]
     args = service["command"][service["command"].index("tasks.brokers.certs") + 1:]
