@@ -154,6 +154,57 @@ def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losin
     assert hold["max_ms"] == pytest.approx(2.0) and hold["held_passes"] > 100, hold
 
 
+@pytest.mark.parametrize("sockets, interval_ms", [(5, 50), (1, 15)])
+def test_a_held_read_keeps_the_time_the_message_arrived(broker, tmp_path, sockets,
+                                                         interval_ms):
+    """Subscribers read in passes 20 ms apart, each fed on its own topic by another process.
+
+    Five sockets, a message every 50 ms on each: most arrive while a read of another socket
+    holds the pass, and wait in their socket up to 20 ms (the median ~10 ms, timed at the
+    read). The receive time is the kernel's stamp of their arrival, so e2e latency is the
+    broker's. One socket, a message every 15 ms: the broker (Nagle on) sends each only once
+    the last is ACKed, and the ACK goes with the read, so the messages themselves arrive up
+    to 20 ms late: the hold's cost to latency, which the stamp shows as it is. Each stamped
+    read took at least one TCP segment, and the summary counts both.
+    """
+    start_at = int(time.time()) + 3
+    topics = [f"held/{i}" for i in range(sockets)]
+    documents = {
+        "sub": spec(broker.port, publishers=0, subscribers=0, measure=2, drain=1,
+                    read_hold_us=20_000),
+        "pub": spec(broker.port, publishers=0, subscribers=0, measure=2, drain=1)}
+    documents["sub"]["subscribers"] = [{"client_id": f"s{i}", "topics": [topic], "qos": 0}
+                                       for i, topic in enumerate(topics)]
+    documents["pub"]["publishers"] = [
+        {"client_id": f"p{i}", "topic": topic, "publisher_index": i + 1, "qos": 0,
+         "rate": 1000 / interval_ms} for i, topic in enumerate(topics)]
+    processes = {}
+    for name, document in documents.items():
+        out = tmp_path / name / "out"
+        out.mkdir(parents=True)
+        processes[name] = (start_driver(document, out), out)
+    for process, out in processes.values():
+        deadline = time.monotonic() + 20
+        while not (out / READY_FILE).exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        (out / START_FILE).write_text(json.dumps({"start_at": start_at}))
+    for process, _ in processes.values():
+        assert process.wait(30) == 0, process.stderr.read()
+    out = processes["sub"][1]
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    received = summary["totals"]["received"]
+    assert received >= 0.9 * 3 * sockets * 1000 / interval_ms and summary["totals"]["lost"] == 0
+    hold = summary["read_hold"]
+    assert hold["max_ms"] == 20.0 and hold["held_passes"] >= 0.5 * received, hold
+    assert 0.5 * received <= hold["stamped_reads"] <= hold["segments_in"], hold
+    e2e = histograms(out)["e2e"]
+    if interval_ms > 20:
+        assert percentile(e2e, 50) < 2_000, e2e
+    else:
+        assert 5_000 < percentile(e2e, 50) < 15_000, e2e
+
+
 @pytest.mark.parametrize("qos", [1, 2])
 def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, qos):
     out = tmp_path / "out"

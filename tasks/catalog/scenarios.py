@@ -306,9 +306,10 @@ class ConnectionSettings(BaseModel):
         None, ge=0, description="a driver process reads its sockets in passes at least N us "
         "apart (start to start) once a pass read messages (default 0: as soon as bytes "
         "arrive). Each read takes more messages: less CPU per message in the driver and far "
-        "less in the broker (it sends fewer, larger TCP segments), but receive times (and "
-        "publishers' acks) are up to N us late and the broker's deliveries wait for the "
-        "reads; for capacity stages, not latency ones")
+        "less in the broker (it sends fewer, larger TCP segments). Receive times stay the "
+        "kernel's on plain TCP (over TLS they are up to N us late), but the broker's "
+        "deliveries wait for the reads (its next segment for the read's ACK), and so do "
+        "publishers' acks: up to N us more latency; for capacity stages, not latency ones")
 
     @model_validator(mode="before")
     @classmethod

@@ -234,7 +234,9 @@ class Engine:
             "fd_limit": fd_limit,
             "publish_cpu": self.publish_cpu,
             "read_hold": {"held_passes": sessions.reader.held_passes,
-                          "max_ms": round(sessions.reader.hold_max_s * 1000, 3)},
+                          "max_ms": round(sessions.reader.hold_max_s * 1000, 3),
+                          "stamped_reads": sessions.stamped_reads,
+                          "segments_in": sessions.segments_in},
             "elapsed_s": round(time.time() - started, 3),
             "config": self.spec.echo(),
         }

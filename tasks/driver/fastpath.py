@@ -7,20 +7,29 @@ the broker, was what a paho-only driver measured. Here, per client:
 * publishing: messages due by now are encoded into the client's output buffer by
   patching a pre-encoded PUBLISH (`wire.Template`) with one ``struct.pack_into`` each,
   then written with one ``send`` per client per tick;
-* receiving: one ``recv_into`` of up to 1 MiB into a buffer shared by every client,
+* receiving: one ``recvmsg_into`` of up to 1 MiB into a buffer shared by every client,
   then every complete packet in it is parsed in one loop with local variables.
 
-Reads are prompt: a socket is read as soon as epoll reports it, and the receive time is
-that report. Only when the system is backlogged (the freshest message a whole epoll pass
-read was already `HOLD_FROM_US` late) does the next pass wait, for at most that latency
-times the histogram's own relative error (`MAX_RELATIVE_ERROR`, 1/128) and never more
-than `HOLD_MAX_S`, so a receive time is late by at most what the bucket's midpoint
-already is. A backlogged reader that reads each socket as soon as one message arrives pays
-a system call and a TCP ACK per message, and with 1000 sockets that cost is taken from the
-broker it is measuring; holding lets each read take several messages (`Reader.hold_s`,
-counted in ``summary.json``). A spec's ``read_hold_us`` puts a floor under every hold
-after a pass that read messages (passes at least that far apart, start to start, for the
-whole process's loop: acks wait too): receive times up to that late, for capacity stages.
+A message's receive time is when its bytes reached the socket: on plain TCP the kernel
+stamps every read with the arrival time of its newest segment (``SO_TIMESTAMPNS``, set
+by `paho_glue.DriverClient`), so a read that comes later does not make it late. Over TLS
+(no stamp through the SSL layer) it is when epoll reported the socket (`Reader.tick`).
+A read that drained more than one segment gives its older messages the newer segment's
+time; ``summary.json`` counts reads and TCP segments received, which bounds how many did.
+
+Reads are prompt: a socket is read as soon as epoll reports it. Only when the system is
+backlogged (the freshest message a whole epoll pass read was already `HOLD_FROM_US` late)
+does the next pass wait, for at most that latency times the histogram's own relative error
+(`MAX_RELATIVE_ERROR`, 1/128) and never more than `HOLD_MAX_S`. A backlogged reader that
+reads each socket as soon as one message arrives pays a system call and a TCP ACK per
+message, and with 1000 sockets that cost is taken from the broker it is measuring; holding
+lets each read take several messages (`Reader.hold_s`, counted in ``summary.json``). A
+spec's ``read_hold_us`` puts a floor under every hold after a pass that read messages
+(passes at least that far apart, start to start, for the whole process's loop: acks wait
+too), for capacity stages. A hold does not make a stamped receive time late, but it is not
+free for latency either: the broker (Nagle on) sends a socket's next message only once the
+last one is ACKed, and the ACK goes with the read, so a message due on a socket whose last
+segment is still unread arrives when the read has been (bench/README.md, bench_driver.py).
 
 Rate control is open-loop: message k of a publisher is *intended* at
 ``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
@@ -38,6 +47,7 @@ messages are then sent late, and the lateness shows in ``pub_delay``/``delay_ove
 from __future__ import annotations
 
 import heapq
+import socket
 import ssl
 import struct
 import time
@@ -70,6 +80,8 @@ RECV_BYTES = 1 << 20
 HOLD_FROM_US = 50_000  # below this latency reads are never held
 HOLD_MAX_S = limits.READ_HOLD_US.limit / 1e6  # a hold never stalls keepalive and the clock
 _NOTHING_READ = 1 << 62
+_STAMP_BYTES = socket.CMSG_SPACE(16)  # one struct timespec of ancillary data per read
+_timespec = struct.Struct("qq").unpack
 OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a process
 OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
 BATCH = 256  # messages encoded per client per tick at most (fairness between clients)
@@ -87,6 +99,8 @@ class Reader:
         self.min_hold_s = min_hold_s  # ProcessSpec.read_hold_us: every pass that read messages
         self.buf = bytearray(RECV_BYTES)
         self.view = memoryview(self.buf)
+        self.bufs = (self.buf,)
+        self.reads = 0  # reads that returned bytes on a plain TCP socket (kernel-stamped)
         self.second = -1
         self.freshest_us = _NOTHING_READ  # lowest latency of a read's last message, this pass
         self.hold_s = 0.0  # how long the next epoll pass waits after this one began
@@ -97,12 +111,12 @@ class Reader:
     def tick(self) -> None:
         """Read the clock once for a batch of sockets (the loop calls it per wake-up).
 
-        A receive time is when epoll reported the bytes (refreshed every
-        `TICK_EVERY` sockets), not when this process got round to parsing them, and the
-        second's counter row and histograms are looked up once, not per socket.
+        Without the kernel's stamp (TLS), a receive time is when epoll reported the bytes
+        (refreshed every 32 sockets), not when this process got round to parsing them, and
+        the second's counter row and histograms are looked up once, not per socket.
         """
         now = time.time_ns()
-        self.now = now
+        self.now = self.polled_ns = now
         self.now_us = now // 1000
         second = now // 1_000_000_000
         if second != self.second:
@@ -118,7 +132,7 @@ class Reader:
         if not (conn.tls or conn.rest):  # the common case, kept short: it runs per wake-up
             buf = self.buf
             try:
-                n = conn.sock.recv_into(buf)
+                n, stamp, _, _ = conn.sock.recvmsg_into(self.bufs, _STAMP_BYTES)
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -127,6 +141,7 @@ class Reader:
             if n == 0:
                 self.sessions.lost(conn, int(mqtt.MQTT_ERR_CONN_LOST), "closed by the broker")
                 return
+            self.arrived(stamp)
             pos = self.parse(conn, buf, n)
             if pos < n:
                 conn.rest = bytes(buf[pos:n])
@@ -153,7 +168,10 @@ class Reader:
                 target = buf
             room = len(buf) - k
             try:
-                n = sock.recv_into(target)
+                if conn.tls:
+                    n = sock.recv_into(target)
+                else:
+                    n, stamp, _, _ = sock.recvmsg_into((target,), _STAMP_BYTES)
             except (BlockingIOError, ssl.SSLWantReadError):
                 return
             except ssl.SSLWantWriteError:
@@ -165,6 +183,10 @@ class Reader:
             if n == 0:
                 self.sessions.lost(conn, int(mqtt.MQTT_ERR_CONN_LOST), "closed by the broker")
                 return
+            if conn.tls:
+                self.now, self.now_us = self.polled_ns, self.polled_ns // 1000
+            else:
+                self.arrived(stamp)
             end = k + n
             pos = self.parse(conn, buf, end)
             conn.rest = bytes(buf[pos:end]) if pos < end else b""
@@ -174,6 +196,18 @@ class Reader:
                 self.sessions.flush(conn)
             if n < room and not (conn.tls and sock.pending()):
                 return  # drained; epoll reports the next bytes
+
+    def arrived(self, stamp: list) -> None:
+        """Take a plain TCP read's receive time from the kernel's stamp (the arrival of its
+        newest segment), or from the last poll if the read came without one."""
+        self.reads += 1
+        if stamp:
+            seconds, nanoseconds = _timespec(stamp[0][2])
+            now = seconds * 1_000_000_000 + nanoseconds
+        else:
+            now = self.polled_ns
+        self.now = now
+        self.now_us = now // 1000
 
     def parse(self, conn: Conn, buf: bytearray, end: int) -> int:
         """Handle every complete packet in buf[:end]; returns where the first partial starts."""

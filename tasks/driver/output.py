@@ -64,12 +64,18 @@ measured; at the end both are rewritten whole, with any late event, before
                               wall-clock length; cpu_s / wall_s near 1.0 means the driver
                               process, not the broker, was the bottleneck; null when the
                               stage never started publishing
-                  read_hold   {held_passes, max_ms}: epoll passes held back
-                              (`fastpath.Reader.end_pass`: a backlogged reader, only when
-                              even the freshest message read was 50 ms late, each for at
-                              most 1/128 of that latency and at most 20 ms; with the spec's
-                              read_hold_us, every pass that read messages, at least that
-                              long) and the longest hold; 0 and 0.0 when none was held
+                  read_hold   {held_passes, max_ms, stamped_reads, segments_in}: epoll
+                              passes held back (`fastpath.Reader.end_pass`: a backlogged
+                              reader, only when even the freshest message read was 50 ms
+                              late, each for at most 1/128 of that latency and at most 20
+                              ms; with the spec's read_hold_us, every pass that read
+                              messages, at least that long) and the longest hold, 0 and 0.0
+                              when none was held; the plain TCP reads whose receive time is
+                              the kernel's arrival stamp, and the TCP segments with data
+                              those sockets received (null if the kernel does not count
+                              them): segments_in - stamped_reads bounds how many reads took
+                              more than one segment, whose older messages got the newer
+                              segment's time
 
 Broker-side samples (`tasks.driver.sampler`) go to ``raw/<stage_id>/<host>/sampler/``, one
 row per second:

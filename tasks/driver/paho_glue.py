@@ -3,7 +3,8 @@
 The driver's runtime pins paho-mqtt 2.2.0; `check_paho` fails loudly at start if the
 private members used here have moved.
 
-* `DriverClient` connects without ``bind()`` and without blocking (see its docstring).
+* `DriverClient` connects without ``bind()`` and without blocking (see its docstring), and
+  asks the kernel to stamp what arrives on a plain TCP socket (``SO_TIMESTAMPNS``).
 * `share_locks`: the process drives every client from one thread, so paho's seven
   per-client locks (~600 B a client; the budget is 5 KB per idle connected client) are
   replaced by one shared re-entrant lock: in one thread a re-entrant lock never blocks.
@@ -21,6 +22,7 @@ import functools
 import os
 import socket
 import ssl
+import sys
 import threading
 
 import paho.mqtt.client as mqtt
@@ -30,6 +32,9 @@ from .spec import ProcessSpec
 PAHO_LOCKS = ("_in_callback_mutex", "_callback_mutex", "_msgtime_mutex", "_out_message_mutex",
               "_in_message_mutex", "_reconnect_delay_mutex", "_mid_generate_mutex")
 SHARED_LOCK = threading.RLock()  # one thread drives every client: re-entrant, never contended
+# Linux's SO_TIMESTAMPNS (Python's socket module does not name it): every read of the
+# socket carries the CLOCK_REALTIME time its newest bytes arrived (`fastpath.Reader`)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 
 
 def _idle_in_packet() -> dict:
@@ -55,6 +60,9 @@ class DriverClient(mqtt.Client):
     a second) from stalling every other client on the loop; paho's CONNECT then waits in
     its queue until the socket is writable. TLS connects block: paho does the handshake
     inside ``connect()``.
+
+    A plain TCP socket is stamped by the kernel (``SO_TIMESTAMPNS``): a message's receive
+    time is when its bytes reached the socket, however long the read came after.
     """
 
     def _create_socket_connection(self) -> socket.socket:
@@ -66,6 +74,8 @@ class DriverClient(mqtt.Client):
                 sock.settimeout(self._connect_timeout)
                 sock.connect(address)
                 return sock
+            if SO_TIMESTAMPNS is not None:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             sock.setblocking(False)
             code = sock.connect_ex(address)
             if code not in (0, errno.EINPROGRESS):

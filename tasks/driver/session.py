@@ -38,6 +38,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import time
 
 import paho.mqtt.client as mqtt
@@ -56,6 +57,9 @@ from .spec import ProcessSpec, PublisherSpec, SubscriberSpec
 NEW, CONNECTING, CONNECTED, READY, DEAD = range(5)
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _ERR = select.EPOLLERR | select.EPOLLHUP
+# struct tcp_info (linux/tcp.h, Linux 4.6+): tcpi_data_segs_in, the segments with data
+_DATA_SEGS_IN = struct.Struct("I")
+_DATA_SEGS_IN_AT = 152
 _READABLE = select.EPOLLIN | _ERR
 
 
@@ -110,6 +114,13 @@ class Sessions:
         self.unready = 0  # opened, neither ready nor dead
         self.first_connect_at: float | None = None
         self.last_connack_at: float | None = None
+        # TCP segments with data received on the plain TCP sockets the fast path read, and
+        # the reader's (kernel-stamped) reads of them, up to close_all (segments None if the
+        # kernel does not count them). Each read takes at least one segment, so segments
+        # less reads is how many reads at most took more than one: the only ones whose
+        # older messages got a newer segment's arrival time (`fastpath.Reader.arrived`).
+        self.segments_in: int | None = 0
+        self.stamped_reads = 0
         self.ssl_context = ssl_context(spec) if spec.broker.tls else None
         self.sndbuf = send_buffer(spec)
         # one bound method object per callback, shared by every client (memory)
@@ -410,14 +421,25 @@ class Sessions:
             except OSError:
                 pass
         if conn.sock is not None:
+            if not conn.closing:  # lost: close_all counts the others before DISCONNECT
+                self._count_segments(conn)
             try:
                 conn.sock.close()
             except OSError:
                 pass
 
+    def _count_segments(self, conn: Conn) -> None:
+        if conn.raw and not conn.tls and conn.sock is not None and self.segments_in is not None:
+            segments = data_segments(conn.sock)
+            self.segments_in = None if segments is None else self.segments_in + segments
+
     def close_all(self, bound_s: float = 2.0) -> None:
         """Send DISCONNECT on every live connection after its pending bytes, within a bound."""
         deadline = time.monotonic() + bound_s
+        for conn in self.conns:  # paho closes a socket once its DISCONNECT is written
+            if conn.state != DEAD:
+                self._count_segments(conn)
+        self.stamped_reads = self.reader.reads
         for conn in self.conns:
             if conn.state in (CONNECTED, READY):
                 conn.closing = True
@@ -430,3 +452,14 @@ class Sessions:
             if conn.state != DEAD:
                 self.drop(conn)
         self.epoll.close()
+
+
+def data_segments(sock: socket.socket) -> int | None:
+    """TCP segments with data a socket has received (tcp_info), None if not counted."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return None
+    if len(info) < _DATA_SEGS_IN_AT + _DATA_SEGS_IN.size:
+        return None
+    return _DATA_SEGS_IN.unpack_from(info, _DATA_SEGS_IN_AT)[0]
