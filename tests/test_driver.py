@@ -196,8 +196,8 @@ def test_a_held_read_keeps_the_time_the_message_arrived(broker, tmp_path, socket
     received = summary["totals"]["received"]
     assert received >= 0.9 * 3 * sockets * 1000 / interval_ms and summary["totals"]["lost"] == 0
     hold = summary["read_hold"]
-    assert hold["max_ms"] == 20.0 and hold["held_passes"] >= 0.5 * received, hold
-    assert 0.5 * received <= hold["stamped_reads"] <= hold["segments_in"], hold
+    assert hold["max_ms"] == 20.0 and hold["held_passes"] >= 0.4 * received, hold
+    assert 0.4 * received <= hold["stamped_reads"] <= hold["segments_in"], hold
     e2e = histograms(out)["e2e"]
     if interval_ms > 20:
         assert percentile(e2e, 50) < 2_000, e2e
@@ -236,6 +236,8 @@ def test_broker_killed_mid_stage_gives_a_clean_partial_result(broker, tmp_path):
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["status"] == "partial"
     assert summary["totals"]["errors"] >= 21  # every client's connection was lost
+    hold = summary["read_hold"]  # the lost sockets' segments are still counted
+    assert hold["segments_in"] >= hold["stamped_reads"] > 0, hold
     events = [json.loads(line) for line in (out / EVENTS_FILE).read_text().splitlines()]
     assert sum(e["event"] == "connection_lost" for e in events) == 21
 

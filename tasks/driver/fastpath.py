@@ -18,8 +18,8 @@ A read that drained more than one segment gives its older messages the newer seg
 time; ``summary.json`` counts reads and TCP segments received, which bounds how many did.
 
 Reads are prompt: a socket is read as soon as epoll reports it. Only when the system is
-backlogged (the freshest message a whole epoll pass read was already `HOLD_FROM_US` late)
-does the next pass wait, for at most that latency times the histogram's own relative error
+backlogged (the freshest message a whole epoll pass read had arrived `HOLD_FROM_US` late;
+on plain TCP that is the broker's lag, not the reader's) does the next pass wait, for at most that latency times the histogram's own relative error
 (`MAX_RELATIVE_ERROR`, 1/128) and never more than `HOLD_MAX_S`. A backlogged reader that
 reads each socket as soon as one message arrives pays a system call and a TCP ACK per
 message, and with 1000 sockets that cost is taken from the broker it is measuring; holding
@@ -80,8 +80,8 @@ RECV_BYTES = 1 << 20
 HOLD_FROM_US = 50_000  # below this latency reads are never held
 HOLD_MAX_S = limits.READ_HOLD_US.limit / 1e6  # a hold never stalls keepalive and the clock
 _NOTHING_READ = 1 << 62
-_STAMP_BYTES = socket.CMSG_SPACE(16)  # one struct timespec of ancillary data per read
-_timespec = struct.Struct("qq").unpack
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds, nanoseconds
+_STAMP_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)  # one of them as ancillary data per read
 OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a process
 OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
 BATCH = 256  # messages encoded per client per tick at most (fairness between clients)
@@ -100,7 +100,7 @@ class Reader:
         self.buf = bytearray(RECV_BYTES)
         self.view = memoryview(self.buf)
         self.bufs = (self.buf,)
-        self.reads = 0  # reads that returned bytes on a plain TCP socket (kernel-stamped)
+        self.reads = 0  # reads that returned bytes with the kernel's stamp (plain TCP)
         self.second = -1
         self.freshest_us = _NOTHING_READ  # lowest latency of a read's last message, this pass
         self.hold_s = 0.0  # how long the next epoll pass waits after this one began
@@ -200,9 +200,9 @@ class Reader:
     def arrived(self, stamp: list) -> None:
         """Take a plain TCP read's receive time from the kernel's stamp (the arrival of its
         newest segment), or from the last poll if the read came without one."""
-        self.reads += 1
         if stamp:
-            seconds, nanoseconds = _timespec(stamp[0][2])
+            self.reads += 1
+            seconds, nanoseconds = _TIMESPEC.unpack(stamp[0][2])
             now = seconds * 1_000_000_000 + nanoseconds
         else:
             now = self.polled_ns

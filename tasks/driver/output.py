@@ -15,7 +15,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               the broker took)
                   acked       PUBACK/PUBCOMP received (QoS 1/2)
                   received    messages received by subscribers (duplicates included:
-                              delivered = received - duplicated)
+                              delivered = received - duplicated), in the second they were
+                              read, which can be just after the one they arrived in (their
+                              e2e latency ends at the arrival: fastpath.Reader.arrived)
                   lost        sequence gaps seen by subscribers in that second; the stage's
                               loss is computed from expected minus unique deliveries
                   duplicated  messages whose sequence number a subscriber had already seen

@@ -34,6 +34,7 @@ private members is in `tasks.driver.paho_glue`.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -119,6 +120,7 @@ class Sessions:
         # kernel does not count them). Each read takes at least one segment, so segments
         # less reads is how many reads at most took more than one: the only ones whose
         # older messages got a newer segment's arrival time (`fastpath.Reader.arrived`).
+        # A loose bound: the segments include each socket's CONNACK and SUBACK.
         self.segments_in: int | None = 0
         self.stamped_reads = 0
         self.ssl_context = ssl_context(spec) if spec.broker.tls else None
@@ -129,6 +131,7 @@ class Sessions:
             "on_message": self._on_message, "on_disconnect": self._on_disconnect,
             "on_socket_register_write": self._on_register_write,
             "on_socket_unregister_write": self._on_unregister_write,
+            "on_socket_close": self._on_socket_close,
         }
 
     # ---- clients -----------------------------------------------------------------------
@@ -189,6 +192,13 @@ class Sessions:
 
     def _on_unregister_write(self, client, conn: Conn, sock) -> None:
         conn.paho_pending = False
+
+    def _on_socket_close(self, client, conn: Conn, sock) -> None:
+        """paho closes a socket itself (a write error, a keepalive timeout, a DISCONNECT
+        written): count what it received first. A socket `drop` closed (and counted) or one
+        close_all counted before its DISCONNECT is not counted again."""
+        if not conn.closing and sock.fileno() != -1:  # else counted already
+            self._count_segments(conn)
 
     def _on_connect(self, client, conn: Conn, flags, reason, properties) -> None:
         self.progress += 1
@@ -421,7 +431,7 @@ class Sessions:
             except OSError:
                 pass
         if conn.sock is not None:
-            if not conn.closing:  # lost: close_all counts the others before DISCONNECT
+            if not conn.closing and conn.sock.fileno() != -1:  # else counted already
                 self._count_segments(conn)
             try:
                 conn.sock.close()
@@ -455,11 +465,14 @@ class Sessions:
 
 
 def data_segments(sock: socket.socket) -> int | None:
-    """TCP segments with data a socket has received (tcp_info), None if not counted."""
+    """TCP segments with data an open socket has received (tcp_info), None if the kernel
+    does not count them."""
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-    except OSError:
-        return None
+    except OSError as exc:
+        if exc.errno in (errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+            return None
+        raise
     if len(info) < _DATA_SEGS_IN_AT + _DATA_SEGS_IN.size:
         return None
     return _DATA_SEGS_IN.unpack_from(info, _DATA_SEGS_IN_AT)[0]
