@@ -61,13 +61,15 @@ def start_driver(document: dict, out: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def release(out: Path, process: subprocess.Popen) -> int:
+def release(out: Path, process: subprocess.Popen, start_at: int | None = None) -> int:
+    """Wait for the driver to be ready, then start it at `start_at` (default: the next
+    whole second)."""
     deadline = time.monotonic() + 20
     while not (out / READY_FILE).exists():
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "driver never got ready"
         time.sleep(0.05)
-    start_at = int(time.time()) + 1
+    start_at = start_at or int(time.time()) + 1
     (out / START_FILE).write_text(json.dumps({"start_at": start_at}))
     return start_at
 
@@ -184,11 +186,7 @@ def test_a_held_read_keeps_the_time_the_message_arrived(broker, tmp_path, socket
         out.mkdir(parents=True)
         processes[name] = (start_driver(document, out), out)
     for process, out in processes.values():
-        deadline = time.monotonic() + 20
-        while not (out / READY_FILE).exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.05)
-        (out / START_FILE).write_text(json.dumps({"start_at": start_at}))
+        release(out, process, start_at)
     for process, _ in processes.values():
         assert process.wait(30) == 0, process.stderr.read()
     out = processes["sub"][1]

@@ -169,7 +169,7 @@ class Reader:
             room = len(buf) - k
             try:
                 if conn.tls:
-                    n = sock.recv_into(target)
+                    n, stamp = sock.recv_into(target), ()
                 else:
                     n, stamp, _, _ = sock.recvmsg_into((target,), _STAMP_BYTES)
             except (BlockingIOError, ssl.SSLWantReadError):
@@ -183,10 +183,7 @@ class Reader:
             if n == 0:
                 self.sessions.lost(conn, int(mqtt.MQTT_ERR_CONN_LOST), "closed by the broker")
                 return
-            if conn.tls:
-                self.now, self.now_us = self.polled_ns, self.polled_ns // 1000
-            else:
-                self.arrived(stamp)
+            self.arrived(stamp)
             end = k + n
             pos = self.parse(conn, buf, end)
             conn.rest = bytes(buf[pos:end]) if pos < end else b""
@@ -198,8 +195,8 @@ class Reader:
                 return  # drained; epoll reports the next bytes
 
     def arrived(self, stamp: list) -> None:
-        """Take a plain TCP read's receive time from the kernel's stamp (the arrival of its
-        newest segment), or from the last poll if the read came without one."""
+        """Take a read's receive time from the kernel's stamp (the arrival of its newest
+        segment), or from the last poll if the read came without one (TLS)."""
         if stamp:
             self.reads += 1
             seconds, nanoseconds = _TIMESPEC.unpack(stamp[0][2])

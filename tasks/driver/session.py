@@ -197,8 +197,7 @@ class Sessions:
         """paho closes a socket itself (a write error, a keepalive timeout, a DISCONNECT
         written): count what it received first. A socket `drop` closed (and counted) or one
         close_all counted before its DISCONNECT is not counted again."""
-        if not conn.closing and sock.fileno() != -1:  # else counted already
-            self._count_segments(conn)
+        self._count_segments(conn)
 
     def _on_connect(self, client, conn: Conn, flags, reason, properties) -> None:
         self.progress += 1
@@ -431,16 +430,20 @@ class Sessions:
             except OSError:
                 pass
         if conn.sock is not None:
-            if not conn.closing and conn.sock.fileno() != -1:  # else counted already
-                self._count_segments(conn)
+            self._count_segments(conn)
             try:
                 conn.sock.close()
             except OSError:
                 pass
 
     def _count_segments(self, conn: Conn) -> None:
-        if conn.raw and not conn.tls and conn.sock is not None and self.segments_in is not None:
-            segments = data_segments(conn.sock)
+        """Add a plain TCP socket's segments to `segments_in`, once: close_all counts every
+        live socket before its DISCONNECT (and marks it closing), and a socket already
+        closed (by paho, or by `drop`) was counted as it closed."""
+        sock = conn.sock
+        if (conn.raw and not conn.tls and not conn.closing and sock is not None
+                and sock.fileno() != -1 and self.segments_in is not None):
+            segments = data_segments(sock)
             self.segments_in = None if segments is None else self.segments_in + segments
 
     def close_all(self, bound_s: float = 2.0) -> None:
