@@ -60,7 +60,7 @@ subscribers:
   - {{group: sub, count: 1, topics: ["{TOPIC}"]}}
 stages:
   warmup_s: 1
-  measure_s: 2
+  measure_s: 1
   cooldown_s: 0
   search: {{growth: 2.0, precision: 0.05, max_probes: 10, hold_s: 2, holds: 2}}
 """
