@@ -26,10 +26,12 @@ Scenarios (256-byte payloads):
   pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
   sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
               publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s).
-              Beside them, perfpipe reading in passes `HELD_READ_US` apart (read_hold_us:
+              Beside them, perfpipe reading in passes `--held-us` apart (read_hold_us:
               fewer, larger reads; receive times still the kernel's stamps, deliveries
               waiting for the reads' ACKs), with the e2e p50 and, for both, the share of
-              reads that may have taken more than one TCP segment
+              reads that may have taken more than one TCP segment. For every tool, the
+              broker's side of its sockets (`SendQueue`, from ss -ti): data segments per
+              delivered message and how long deliveries waited in its send queue
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
 ``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
 kernel buffers of 1000 sockets hold seconds of traffic. Only the $SYS updates inside the
@@ -71,6 +73,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -87,11 +90,13 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 from tasks.driver.histogram import percentile  # noqa: E402
 from tasks.driver.limits import MAX_RATE  # noqa: E402
+from tasks.driver.wire import Template  # noqa: E402
 from tasks.ports import free_port  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FEED_RATE = 150_000  # deliveries/s into the subscribing process
 PAYLOAD = 256
+DELIVERY_BYTES = len(Template("bench/s", 0, PAYLOAD, 0, 0).packet)  # a subscribe row's PUBLISH
 SUBSCRIBE = ("sub-q0-c1", "sub-q0-c100", "sub-q0-c1000")
 JS_NODELAY = False  # --js-nodelay
 PP_TICK_US: int | None = None  # --pp-tick-us
@@ -102,10 +107,10 @@ JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
 # rows: perfpipe sending each message at its intended time (tick_us 0, the driver's default)
 # and the floor (bench/floor_sender.py) doing the same; subscribe rows: perfpipe reading
-# in passes HELD_READ_US apart (deliveries wait for the reads; the driver's default is 0)
+# in passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
-HELD_READ_US = 1000
-HELD = (f"perfpipe@read_hold_us={HELD_READ_US}",)
+HELD_READ_US = (1000,)  # --held-us
+HELD = tuple(f"perfpipe@read_hold_us={us}" for us in HELD_READ_US)
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -217,6 +222,53 @@ class SysCounter:
     def stop(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+class SendQueue:
+    """The broker's side of its subscribers' sockets over the measure window, from `ss -ti`
+    (tcp_info), whichever tool reads them: data segments sent, bytes sent, and bytes
+    written but not yet sent (``notsent``: under Nagle, waiting for the reader's ACK of
+    the last segment; or for the congestion or receive window), sampled every `PERIOD` s
+    in a thread. By Little's law the mean not-sent backlog over the bytes
+    sent per second is how long a delivered byte waited in the broker's socket: the
+    delivery delay a reader's ACK pattern makes, which no receive time can see."""
+
+    PERIOD = 0.2  # a fork of ss each time: 60 samples in a 12 s window
+    FIELDS = ("bytes_sent", "data_segs_out", "notsent")
+
+    def __init__(self, port: int, start: float, end: float) -> None:
+        import threading
+
+        self.port, self.start, self.end = port, start, end
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def sample(self) -> dict[str, int]:
+        text = subprocess.run(["ss", "-tinH", "state", "established",
+                               f"( sport = :{self.port} )"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+        return {f: sum(int(v) for v in re.findall(rf"\b{f}:(\d+)", text)) for f in self.FIELDS}
+
+    def _run(self) -> None:
+        sleep_until(self.start)
+        while time.time() < self.end:
+            self.samples.append((time.time(), self.sample()))
+            time.sleep(self.PERIOD)
+        self.samples.append((time.time(), self.sample()))
+
+    def result(self) -> dict:
+        """Data segments per delivered message and the mean wait (ms) of a delivered byte
+        in the broker's send queue; None if the window had no deliveries."""
+        self.thread.join(30)
+        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        sent = last["bytes_sent"] - first["bytes_sent"]
+        if sent <= 0 or t1 <= t0:
+            return {"segs_per_msg": None, "queue_wait_ms": None}
+        messages = sent / DELIVERY_BYTES
+        backlog = statistics.fmean(s["notsent"] for _, s in self.samples)
+        return {"segs_per_msg": (last["data_segs_out"] - first["data_segs_out"]) / messages,
+                "queue_wait_ms": 1000 * backlog / (sent / (t1 - t0))}
 
 
 def window_rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
@@ -430,6 +482,8 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         # the feeder's windows come from its own spec (same timing, same start)
         for proc in procs:
             proc.start(windows)
+        queue = (SendQueue(port, windows["measure_start"], windows["measure_end"])
+                 if role == "sub" else None)
         sleep_until(windows["measure_start"])
         t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
         sleep_until(windows["measure_end"])
@@ -456,6 +510,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             "late_us": measured["late_us"], "hold_max_ms": measured["hold_max_ms"],
             "multi_segment_pct": measured["multi_segment_pct"],
             "e2e_p50_us": measured["e2e_p50_us"],
+            **(queue.result() if queue else {"segs_per_msg": None, "queue_wait_ms": None}),
             # broker CPU-seconds per 10,000 messages it took or delivered
             "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf")}
 
@@ -547,8 +602,8 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
     as late as MQTT.js does buys, and what it costs. Receive times are the kernel's stamps
     either way (late only for a read that took more than one segment, whose share is
     bounded here); a hold's cost is the broker's: it sends a socket's next segment once the
-    last is ACKed, and the ACK goes with the read, so deliveries wait (e2e shows it)."""
-    held = HELD[0]
+    last is ACKed, and the ACK goes with the read, so deliveries wait in its send queue
+    (`SendQueue` measures that wait for every tool, MQTT.js too)."""
     med = lambda tool, key: statistics.median(  # noqa: E731
         [r[key] for r in rows[tool] if r[key] is not None] or [float("nan")])
     ratio = lambda a, b, key: statistics.median(  # noqa: E731
@@ -557,12 +612,18 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
           f"{med('perfpipe', 'e2e_p50_us') / 1000:.2f} ms, longest read hold "
           f"{med('perfpipe', 'hold_max_ms'):.2f} ms, kernel-stamped reads that may have taken "
           f"more than one TCP segment <= {med('perfpipe', 'multi_segment_pct'):.1f}%")
-    print(f"  reading in passes {HELD_READ_US} us apart (read_hold_us): "
-          f"{fmt(med(held, 'per_cpu_s'))} msgs/CPU-s, over MQTT.js "
-          f"{ratio(held, 'mqtt.js', 'per_cpu_s'):.2f}; broker per message over MQTT.js's "
-          f"{ratio(held, 'mqtt.js', 'broker_per_10k'):.2f}; e2e p50 "
-          f"{med(held, 'e2e_p50_us') / 1000:.2f} ms (deliveries wait for the reads' ACKs); "
-          f"reads over one segment <= {med(held, 'multi_segment_pct'):.1f}%")
+    for held in HELD:
+        print(f"  reading in passes {held.split('=')[1]} us apart (read_hold_us): "
+              f"{fmt(med(held, 'per_cpu_s'))} msgs/CPU-s, over MQTT.js "
+              f"{ratio(held, 'mqtt.js', 'per_cpu_s'):.2f}; broker per message over MQTT.js's "
+              f"{ratio(held, 'mqtt.js', 'broker_per_10k'):.2f}; e2e p50 "
+              f"{med(held, 'e2e_p50_us') / 1000:.2f} ms; reads over one segment <= "
+              f"{med(held, 'multi_segment_pct'):.1f}%")
+    print("  the broker's side (ss -ti on its sockets, SendQueue): data segments per delivered "
+          "message / mean wait of a delivered byte in its send queue / broker CPU-s per 10K:")
+    for tool in ("perfpipe", *HELD, "mqtt.js"):
+        print(f"    {tool:<28} {med(tool, 'segs_per_msg'):.2f} / "
+              f"{med(tool, 'queue_wait_ms'):.3f} ms / {med(tool, 'broker_per_10k'):.4f}")
 
 
 def late_text(late: dict | None) -> str:
@@ -600,9 +661,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="perfpipe publishers wake at most every N us (the driver's "
                         f"tick_us; default: MQTT.js's timer, {JS_TICK_US} us, on the "
                         "fixed-rate rows, 0 (each message at its intended time) elsewhere)")
+    parser.add_argument("--held-us", type=int, nargs="+", default=list(HELD_READ_US),
+                        help="subscribe rows: also run perfpipe reading in passes this many "
+                        f"us apart (read_hold_us), one run per value (default: {HELD_READ_US[0]})")
     args = parser.parse_args(argv)
-    global JS_NODELAY, PP_TICK_US
+    global JS_NODELAY, PP_TICK_US, HELD
     JS_NODELAY, PP_TICK_US = args.js_nodelay, args.pp_tick_us
+    HELD = tuple(f"perfpipe@read_hold_us={us}" for us in args.held_us)
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
     scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",
@@ -642,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{figure['multi_segment_pct']:.1f}%  "
                              if figure["e2e_p50_us"] and figure["multi_segment_pct"] is not None
                              else "")
+                          + (f"broker sent {figure['segs_per_msg']:.2f} segments/msg, "
+                             f"waited {figure['queue_wait_ms']:.3f} ms in its send queue  "
+                             if figure["segs_per_msg"] is not None else "")
                           + f"(tool counted {fmt(figure['tool_count_rate'])}/s"
                           + (f"; $SYS from the update before the window to the one after: "
                              f"{fmt(figure['bracketing_rate'])}/s, "
