@@ -1,6 +1,7 @@
 """Driver speed and memory against MQTT.js, side by side in one run.
 
     .state/venv/bin/python bench/bench_driver.py [--quick] [--reps 3] [--only SCENARIO ...]
+        [--held-us US ...] [--no-memory]
 
 Starts its own Mosquitto on a free loopback port (ANCHORS config: max_queued_messages
 1000000, max_inflight_messages 0), installs MQTT.js into bench/node_modules from the
@@ -31,7 +32,7 @@ Scenarios (256-byte payloads):
               waiting for the reads' ACKs), with the e2e p50 and, for both, the share of
               reads that may have taken more than one TCP segment. For every tool, the
               broker's side of its sockets (`SendQueue`, from ss -ti): data segments per
-              delivered message and how long deliveries waited in its send queue
+              delivered message and how long deliveries waited in its socket send queue
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
 ``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
 kernel buffers of 1000 sockets hold seconds of traffic. Only the $SYS updates inside the
@@ -225,13 +226,15 @@ class SysCounter:
 
 
 class SendQueue:
-    """The broker's side of its subscribers' sockets over the measure window, from `ss -ti`
-    (tcp_info), whichever tool reads them: data segments sent, bytes sent, and bytes
-    written but not yet sent (``notsent``: under Nagle, waiting for the reader's ACK of
-    the last segment; or for the congestion or receive window), sampled every `PERIOD` s
-    in a thread. By Little's law the mean not-sent backlog over the bytes
-    sent per second is how long a delivered byte waited in the broker's socket: the
-    delivery delay a reader's ACK pattern makes, which no receive time can see."""
+    """The broker's side of all its established sockets over the measure window (the
+    subscribers', and the feeders' and the $SYS client's, which carry next to nothing), from
+    `ss -ti` (tcp_info), whichever tool reads them: data segments sent, bytes sent, and
+    bytes written but not yet sent (``notsent``: under Nagle, waiting for the reader's ACK
+    of the last segment; or for the congestion or receive window), sampled every `PERIOD`
+    s in a thread. By Little's law the mean not-sent backlog over the bytes sent per second
+    is how long a delivered byte waited in the broker's socket send queue: the delivery
+    delay a reader's ACK pattern makes, which no receive time can see (a broker that falls
+    behind also queues deliveries in its own memory first; this does not see that)."""
 
     PERIOD = 0.2  # a fork of ss each time: 60 samples in a 12 s window
     FIELDS = ("bytes_sent", "data_segs_out", "notsent")
@@ -240,34 +243,57 @@ class SendQueue:
         import threading
 
         self.port, self.start, self.end = port, start, end
-        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.samples: list[tuple[float, dict[str, dict[str, int]]]] = []
+        self.error: str | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def sample(self) -> dict[str, int]:
+    def sample(self) -> dict[str, dict[str, int]]:
+        """{peer address: {field: value}} of every established socket on the broker's port."""
         text = subprocess.run(["ss", "-tinH", "state", "established",
                                f"( sport = :{self.port} )"], capture_output=True, text=True,
                               timeout=10, check=True).stdout
-        return {f: sum(int(v) for v in re.findall(rf"\b{f}:(\d+)", text)) for f in self.FIELDS}
+        sockets, peer = {}, None
+        for line in text.splitlines():
+            if line and not line[0].isspace():  # "Recv-Q Send-Q local peer"
+                peer = line.split()[-1]
+            elif peer is not None:  # the socket's tcp_info line
+                sockets[peer] = {f: int(m.group(1)) if (m := re.search(rf"\b{f}:(\d+)", line))
+                                 else 0 for f in self.FIELDS}
+                peer = None
+        return sockets
 
     def _run(self) -> None:
-        sleep_until(self.start)
-        while time.time() < self.end:
-            self.samples.append((time.time(), self.sample()))
-            time.sleep(self.PERIOD)
-        self.samples.append((time.time(), self.sample()))
+        try:
+            sleep_until(self.start)
+            while True:
+                now = time.time()
+                self.samples.append((now, self.sample()))
+                if now >= self.end:
+                    return
+                time.sleep(min(self.PERIOD, max(0.0, self.end - time.time())))
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.error = f"ss: {exc}"
 
     def result(self) -> dict:
         """Data segments per delivered message and the mean wait (ms) of a delivered byte
-        in the broker's send queue; None if the window had no deliveries."""
+        in the broker's socket send queue, over the sockets open the whole window; None
+        if ss failed, the window had no deliveries, or no sample came at its end."""
         self.thread.join(30)
+        none = {"segs_per_msg": None, "queue_wait_ms": None}
+        if self.error or len(self.samples) < 2 or self.samples[-1][0] < self.end:
+            why = self.error or "no samples over the window"
+            print(f"  the broker's send queue not measured: {why}")
+            return none
         (t0, first), (t1, last) = self.samples[0], self.samples[-1]
-        sent = last["bytes_sent"] - first["bytes_sent"]
+        kept = first.keys() & last.keys()
+        delta = lambda f: sum(last[p][f] - first[p][f] for p in kept)  # noqa: E731
+        sent = delta("bytes_sent")
         if sent <= 0 or t1 <= t0:
-            return {"segs_per_msg": None, "queue_wait_ms": None}
-        messages = sent / DELIVERY_BYTES
-        backlog = statistics.fmean(s["notsent"] for _, s in self.samples)
-        return {"segs_per_msg": (last["data_segs_out"] - first["data_segs_out"]) / messages,
+            return none
+        backlog = statistics.fmean(sum(s["notsent"] for s in sockets.values())
+                                   for _, sockets in self.samples)
+        return {"segs_per_msg": delta("data_segs_out") / (sent / DELIVERY_BYTES),
                 "queue_wait_ms": 1000 * backlog / (sent / (t1 - t0))}
 
 
@@ -620,7 +646,7 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
               f"{med(held, 'e2e_p50_us') / 1000:.2f} ms; reads over one segment <= "
               f"{med(held, 'multi_segment_pct'):.1f}%")
     print("  the broker's side (ss -ti on its sockets, SendQueue): data segments per delivered "
-          "message / mean wait of a delivered byte in its send queue / broker CPU-s per 10K:")
+          "message / mean wait of a delivered byte in its socket send queue / broker CPU-s per 10K:")
     for tool in ("perfpipe", *HELD, "mqtt.js"):
         print(f"    {tool:<28} {med(tool, 'segs_per_msg'):.2f} / "
               f"{med(tool, 'queue_wait_ms'):.3f} ms / {med(tool, 'broker_per_10k'):.4f}")
@@ -708,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
                              if figure["e2e_p50_us"] and figure["multi_segment_pct"] is not None
                              else "")
                           + (f"broker sent {figure['segs_per_msg']:.2f} segments/msg, "
-                             f"waited {figure['queue_wait_ms']:.3f} ms in its send queue  "
+                             f"waited {figure['queue_wait_ms']:.3f} ms in its socket send queue  "
                              if figure["segs_per_msg"] is not None else "")
                           + f"(tool counted {fmt(figure['tool_count_rate'])}/s"
                           + (f"; $SYS from the update before the window to the one after: "

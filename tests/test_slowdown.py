@@ -48,6 +48,9 @@ CAPACITY = 2_000  # msg/s the proxy lets the broker deliver to the one subscribe
 CAPACITY_STEP = -0.25  # B nights: the bucket 25% smaller
 BURN_US = 160  # B nights: CPU microseconds the broker spends more on every message
 RATED = 2_000  # msg/s of the managed broker's rated stage
+# The search's probes measure 1 s: a probe is judged by its sent and received ratios (the
+# backlog gate needs 2 s of a window), and the holds, 2 s each, by every gate; the answer
+# is the held rate, so an overshooting probe is corrected by a failing hold.
 
 SEARCH = f"""
 name: slow_capacity
