@@ -111,7 +111,14 @@ JS_TICK_US = 2000
 # in passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
 HELD_READ_US = (1000,)  # --held-us
-HELD = tuple(f"perfpipe@read_hold_us={us}" for us in HELD_READ_US)
+
+
+def held_tools(holds) -> tuple[str, ...]:
+    """The "tool@field=value" names of perfpipe reading in passes each of `holds` us apart."""
+    return tuple(f"perfpipe@read_hold_us={us}" for us in holds)
+
+
+HELD = held_tools(HELD_READ_US)
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
@@ -693,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     global JS_NODELAY, PP_TICK_US, HELD
     JS_NODELAY, PP_TICK_US = args.js_nodelay, args.pp_tick_us
-    HELD = tuple(f"perfpipe@read_hold_us={us}" for us in args.held_us)
+    HELD = held_tools(args.held_us)
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
     scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",
