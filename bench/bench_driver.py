@@ -245,6 +245,7 @@ class SendQueue:
 
     PERIOD = 0.2  # a fork of ss each time: 60 samples in a 12 s window
     FIELDS = ("bytes_sent", "data_segs_out", "notsent")
+    UNMEASURED = {"segs_per_msg": None, "queue_wait_ms": None}  # publish rows, or ss failed
 
     def __init__(self, port: int, start: float, end: float) -> None:
         import threading
@@ -287,17 +288,16 @@ class SendQueue:
         in the broker's socket send queue, over the sockets open the whole window; None
         if ss failed, the window had no deliveries, or no sample came at its end."""
         self.thread.join(30)
-        none = {"segs_per_msg": None, "queue_wait_ms": None}
         if self.error or len(self.samples) < 2 or self.samples[-1][0] < self.end:
             why = self.error or "no samples over the window"
             print(f"  the broker's send queue not measured: {why}")
-            return none
+            return dict(self.UNMEASURED)
         (t0, first), (t1, last) = self.samples[0], self.samples[-1]
         kept = first.keys() & last.keys()
         delta = lambda f: sum(last[p][f] - first[p][f] for p in kept)  # noqa: E731
         sent = delta("bytes_sent")
         if sent <= 0 or t1 <= t0:
-            return none
+            return dict(self.UNMEASURED)
         backlog = statistics.fmean(sum(s["notsent"] for s in sockets.values())
                                    for _, sockets in self.samples)
         return {"segs_per_msg": delta("data_segs_out") / (sent / DELIVERY_BYTES),
@@ -543,7 +543,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             "late_us": measured["late_us"], "hold_max_ms": measured["hold_max_ms"],
             "multi_segment_pct": measured["multi_segment_pct"],
             "e2e_p50_us": measured["e2e_p50_us"],
-            **(queue.result() if queue else {"segs_per_msg": None, "queue_wait_ms": None}),
+            **(queue.result() if queue else SendQueue.UNMEASURED),
             # broker CPU-seconds per 10,000 messages it took or delivered
             "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf")}
 
