@@ -148,6 +148,25 @@ def test_a_driver_at_its_limit_at_the_answer_makes_the_search_say_so():
     assert outcome["reason"].startswith("a driver process used 97% of a core at 4000 msg/s")
 
 
+def test_a_driver_at_its_limit_at_a_held_answer_records_the_rate_that_held():
+    """A run on this machine: the hold at the best probe (132,411 msg/s) fell behind, the
+    next one (126,865) held with a driver at 97% of a core. The answer recorded beside that
+    reason is the rate that held, not the best probe's, whose hold failed."""
+    policy = SearchPolicy(precision=0.02, max_probes=20, hold_s=10)
+    search = RateSearch(1_000, policy)
+    broker = held(5_000, hold_capacity=0.95 * 5_000 / 1.01)
+    while (rate := search.next_rate()) is not None:
+        search.record(broker(rate, False))
+    while (rate := search.next_hold()) is not None:
+        search.record_hold(replace(broker(rate, True), driver_cpu=97.0))
+    (failed, _), (kept, _) = search.held
+    assert failed.rate == search.best and kept.rate < failed.rate
+    outcome = search.outcome()
+    assert outcome["converged"] is False
+    assert outcome["max_rate"] == kept.rate
+    assert outcome["reason"].startswith(f"a driver process used 97% of a core at {kept.rate:.0f}")
+
+
 def test_a_failure_just_above_the_best_narrows_the_bracket_and_is_never_probed_again():
     """A probe that kept up and the next one above it that fell behind by more than the
     tolerance disagree (their noise differed): the failed rate still bounds the bracket.

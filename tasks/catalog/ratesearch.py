@@ -227,6 +227,9 @@ class RateSearch:
                      "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance)}
                     for p, kept in probes]
 
-        return {"max_rate": self.max_rate if verdict is None else best, "ceiling": ceiling,
+        # the rate that held, even when a verdict makes the search untrusted (a driver at its
+        # limit there); the best probe only when nothing held: never a rate whose hold failed
+        answer = self.max_rate if self.max_rate is not None else best
+        return {"max_rate": answer, "ceiling": ceiling,
                 "converged": verdict is None, "reason": verdict, "probes": listed(self.probes),
                 "holds": listed(self.held), "hold_s": self.policy.hold_s}
