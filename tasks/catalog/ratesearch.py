@@ -228,7 +228,7 @@ class RateSearch:
                     for p, kept in probes]
 
         # the rate that held, even when a verdict makes the search untrusted (a driver at its
-        # limit there); the best probe only when nothing held: never a rate whose hold failed
+        # limit there); else the best probe (no hold asked, not converged, or none held)
         answer = self.max_rate if self.max_rate is not None else best
         return {"max_rate": answer, "ceiling": ceiling,
                 "converged": verdict is None, "reason": verdict, "probes": listed(self.probes),
