@@ -30,6 +30,9 @@ class HostConfig(BaseModel):
     procs: int | Literal["auto"] = Field(
         "auto", description="driver processes on this host; auto: one per core (resolved "
         "at plan time for local hosts, from the provisioned fingerprint for SSH hosts)")
+    search_procs: int | Literal["auto"] | None = Field(
+        None, description="driver processes on this host for a max-rate search's probes "
+        "and holds (capacity stages), when they need more than `procs`; default: procs")
     python: str | None = Field(None, description="interpreter for the driver; default: "
                                "python3 over SSH, perfpipe's own Python locally")
     code_root: str = "/opt/perfpipe"
@@ -40,20 +43,23 @@ class HostConfig(BaseModel):
     tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
                                     "here; others are only checked")
 
-    @field_validator("procs")
+    @field_validator("procs", "search_procs")
     @classmethod
-    def _procs_range(cls, value: int | str) -> int | str:
+    def _procs_range(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, int) and not 1 <= value <= 256:
             raise ValueError("must be 1..256 driver processes, or auto (one per core)")
         return value
 
-    def procs_for(self, cpus: int | None) -> int:
-        """The number of driver processes, with 'auto' resolved against a core count."""
-        if isinstance(self.procs, int):
-            return self.procs
+    def procs_for(self, cpus: int | None, search: bool = False) -> int:
+        """The number of driver processes, with 'auto' resolved against a core count:
+        `search_procs` (when set) for a max-rate search's probes, else `procs`."""
+        field = "search_procs" if search and self.search_procs is not None else "procs"
+        value = getattr(self, field)
+        if isinstance(value, int):
+            return value
         if not cpus:
-            raise ValueError(f"hosts: {self.name}.procs is auto but the host's core count is "
-                             f"unknown; provision it first or set procs: N")
+            raise ValueError(f"hosts: {self.name}.{field} is auto but the host's core count "
+                             f"is unknown; provision it first or set {field}: N")
         return max(1, min(256, int(cpus)))
 
     @field_validator("code_root", "work_root")
@@ -179,11 +185,13 @@ class Inventory(BaseModel):
     def driver_hosts(self) -> list[HostConfig]:
         return [h for h in self.hosts if "driver" in h.roles]
 
-    def driver_procs(self, cpus: dict[str, int | None] | None = None) -> list[tuple[str, int]]:
+    def driver_procs(self, cpus: dict[str, int | None] | None = None, search: bool = False
+                     ) -> list[tuple[str, int]]:
         """(host, processes) of every driver host, 'auto' resolved from `cpus` (host -> the
-        fingerprint's core count), for `tasks.catalog.placement.driver_slots`."""
+        fingerprint's core count), for `tasks.catalog.placement.driver_slots`; `search`: for
+        a max-rate search's probe (each host's search_procs, where set)."""
         cpus = cpus or {}
-        return [(h.name, h.procs_for(cpus.get(h.name))) for h in self.driver_hosts()]
+        return [(h.name, h.procs_for(cpus.get(h.name), search)) for h in self.driver_hosts()]
 
     def broker_address(self) -> str:
         return self.broker.address or self.host(self.broker.host).address
@@ -193,8 +201,11 @@ def load_inventory(path: Path) -> Inventory:
     """Load and validate an inventory; relative key_file paths are relative to its folder."""
     inventory = load_model(Inventory, path)
     for host in inventory.hosts:
-        if host.procs == "auto" and host.transport == "local":
-            host.procs = host.procs_for(os.cpu_count())  # this machine: known at plan time
+        if host.transport == "local":  # this machine: 'auto' is known at plan time
+            if host.procs == "auto":
+                host.procs = host.procs_for(os.cpu_count())
+            if host.search_procs == "auto":
+                host.search_procs = host.procs_for(os.cpu_count(), search=True)
         if host.key_file is not None and not host.key_file.is_absolute():
             host.key_file = (Path(path).parent / host.key_file).resolve()
     return inventory

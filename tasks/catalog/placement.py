@@ -3,7 +3,10 @@ process is told (its spec). Pure functions, no I/O.
 
 A stage's clients are placed round-robin over every driver process of every driver host,
 so each process (and each host, when hosts run the same number of processes) is within
-one client of even.
+one client of even. A max-rate search's probes and holds run a host's `search_procs`
+processes where it sets them (`stage_slots`): on 2 cores with the broker beside them, one
+process keeps the broker's cost at rated loads undisturbed and runs out on a fan-in search
+(README, "Capacity: the max-rate search").
 
 Loss accounting: every message carries its publisher's index and a sequence number, and
 `receivers` says how many subscribers should get each message of an index. A publisher
@@ -17,12 +20,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from paho.mqtt.client import topic_matches_sub
 
 from ..driver import limits
 from .scenarios import render_template
 from .stages import GroupStage, Stage
+
+if TYPE_CHECKING:
+    from .inventory import Inventory
 
 
 def render_topic(template: str, *, scenario: str, group: str, i: int, n: int | None = None,
@@ -135,6 +142,13 @@ def driver_slots(hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
                              f"with Inventory.driver_procs(cpus) from the host's fingerprint")
     most = max((procs for _, procs in hosts), default=0)
     return [(name, proc) for proc in range(most) for name, procs in hosts if proc < procs]
+
+
+def stage_slots(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]
+                ) -> list[tuple[str, int]]:
+    """The (host, proc) slots `stage`'s clients are placed on: each driver host's `procs`,
+    or its `search_procs` for a max-rate search's probe or hold; `cpus` resolves 'auto'."""
+    return driver_slots(inventory.driver_procs(cpus, search=stage.probe_of is not None))
 
 
 def streams(publisher: dict) -> list[tuple[int, str]]:

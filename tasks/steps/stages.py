@@ -23,11 +23,11 @@ from ..analysis.validity import backlog_rising
 from ..brokers import ADAPTERS
 from ..catalog.placement import (
     ProcessPlan,
-    driver_slots,
     expected_delivery_rate,
     place,
     process_spec,
     receivers,
+    stage_slots,
 )
 from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
 from ..catalog.stages import Stage, probe
@@ -193,7 +193,7 @@ def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until:
 
 def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
     inventory = ctx.inventory
-    plans = place(stage, driver_slots(inventory.driver_procs(host_cpus(ctx))))
+    plans = place(stage, stage_slots(stage, inventory, host_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
     ctx.write_json(rundir.processes_file(stage.stage_id),
                    {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})
