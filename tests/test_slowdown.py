@@ -13,6 +13,9 @@ Slack exactly once.
   inventory's broker.extra_config. Each night runs one rated stage, whose cost per message
   is judged.
 
+The unmanaged inventory runs the search's probes and holds on 2 driver processes
+(`search_procs`), the managed one its rated stage on its `procs`, 1: each test checks it.
+
 `bench/bench_capacity.py` measures the same on more nights and prints the figures.
 """
 
@@ -124,11 +127,20 @@ def run_nights(suite: str, inventories: list[Path], slack, first: int = 1) -> li
     return nights
 
 
-def last_report() -> str:
+def last_run_dir() -> Path:
     from tasks.settings import load_settings
 
-    store = Store(load_settings().database_url())
-    return (Path(store.latest_runs(1)[0]["artifact_dir"]) / "report.html").read_text()
+    return Path(Store(load_settings().database_url()).latest_runs(1)[0]["artifact_dir"])
+
+
+def last_report() -> str:
+    return (last_run_dir() / "report.html").read_text()
+
+
+def driver_processes() -> dict[str, int]:
+    """The last night's stages -> how many driver processes each ran."""
+    return {path.parent.name: len(json.loads(path.read_text())["processes"])
+            for path in (last_run_dir() / "raw").glob("*/stage.json")}
 
 
 def flagged(nights: list[dict], metric: str) -> list[str]:
@@ -154,7 +166,8 @@ def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_ni
     work.mkdir()
     broker = Broker(work)
     proxy = ThrottledProxy(broker.port, CAPACITY * PACKET)
-    inventory = unmanaged_inventory(tmp_path / "unmanaged.yml", proxy.port, work)
+    inventory = unmanaged_inventory(tmp_path / "unmanaged.yml", proxy.port, work,
+                                    search_procs=2)
     try:
         nights = run_nights("capacity", [inventory] * A_NIGHTS, slowdown_env)
         broker.kill()  # the same broker, now with the burn plugin and a smaller bucket
@@ -185,13 +198,16 @@ def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_ni
     for metric in ("max_rate", "broker_cpu_s_per_10k"):
         chart = html.split(f'id="history-slow_capacity.q0.c100.search-{metric}"')[1]
         assert chart.split("</svg>")[0].count("<circle") == A_NIGHTS + B_NIGHTS
+    ran = driver_processes()  # every probe and hold on the inventory's search_procs
+    assert ran and set(ran.values()) == {2}, ran
 
 
 def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_env, tmp_path):
     plugin = build_burn_plugin()
     plain, burning = tmp_path / "managed.yml", tmp_path / "managed-burning.yml"
     broker = "broker: {kind: mosquitto, host: localhost, address: 127.0.0.1"
-    hosts = "hosts: [{name: localhost, transport: local, roles: [broker, driver], procs: 1}]\n"
+    hosts = ("hosts: [{name: localhost, transport: local, roles: [broker, driver], procs: 1, "
+             "search_procs: 2}]\n")  # a rated stage runs procs
     plain.write_text(f"{hosts}{broker}}}\n")
     burning.write_text(f"{hosts}{broker}, extra_config: {json.dumps(burn_config(plugin, BURN_US))}}}\n")
     nights = run_nights("rated", [plain] * A_NIGHTS + [burning] * B_NIGHTS, slowdown_env)
@@ -205,3 +221,4 @@ def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_e
     assert nights[A_NIGHTS]["broker_cpu_s_per_10k"]["detail"]["doubt_once"]
     (told,) = slowdown_env.posts()
     assert "broker_cpu_s_per_10k" in json.dumps(told.body["blocks"])
+    assert driver_processes() == {"slow_rated.q0.c100.r100": 1}

@@ -1,5 +1,6 @@
 import json
 import os
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -235,52 +236,6 @@ def test_topic_templates_take_modulo_and_division_and_name_bad_placeholders(tmp_
         load_suite(write_catalog(tmp_path, text), "s")
 
 
-# ---- inventory: a max-rate search's probes may run more driver processes ---------------
-SEARCHED = """
-name: s
-qos: [0]
-publishers: [{group: pub, count: 50, topic: "t/{scenario}", aggregate_rate: 10000}]
-subscribers: [{group: sub, count: 1, topics: ["t/{scenario}"]}]
-stages: {measure_s: 3, search: {hold_s: 10}}
-"""
-
-
-def test_a_searchs_probes_and_holds_run_search_procs_and_every_other_stage_procs(tmp_path):
-    from tasks.catalog.inventory import Inventory, load_inventory
-    from tasks.catalog.placement import stage_slots
-    from tasks.catalog.stages import probe
-
-    (scenario_,) = load_suite(write_catalog(tmp_path, SEARCHED), "s")
-    (template,) = expand(scenario_)
-    rated = replace(template, stage_id="s.q0.c100.r100", search=None)
-    inventory = Inventory.model_validate({
-        "hosts": [{"name": "here", "roles": ["broker", "driver"], "procs": 1,
-                   "search_procs": 2},
-                  {"name": "d2", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],
-                   "procs": 2, "search_procs": "auto"}],
-        "broker": {"host": "here"}})
-    cpus = {"here": 2, "d2": 4}
-    for stage in (probe(template, 40_000, 3), probe(template, 40_000, 1, hold_s=10)):
-        slots = stage_slots(stage, inventory, cpus)
-        assert slots == [("here", 0), ("d2", 0), ("here", 1), ("d2", 1), ("d2", 2), ("d2", 3)]
-        plans = place(stage, slots)
-        assert [len(p.publishers) + len(p.subscribers) for p in plans] == [9] * 3 + [8] * 3
-    assert stage_slots(rated, inventory, cpus) == [("here", 0), ("d2", 0), ("d2", 1)]
-    # unset: the probes run procs too
-    plain = Inventory.model_validate({**inventory.model_dump(), "hosts": [
-        {"name": "here", "roles": ["broker", "driver"], "procs": 1}]})
-    assert stage_slots(probe(template, 40_000, 3), plain, cpus) == [("here", 0)]
-    with pytest.raises(ValueError, match=r"d2.search_procs is auto but the host's core count"):
-        stage_slots(probe(template, 40_000, 3), inventory, {"here": 2})
-    with pytest.raises(ValueError, match="1..256"):
-        Inventory.model_validate({**plain.model_dump(), "hosts": [
-            {"name": "here", "roles": ["broker", "driver"], "search_procs": 300}]})
-    path = tmp_path / "inv.yml"  # on this machine 'auto' is resolved at plan time
-    path.write_text("hosts:\n  - {name: here, roles: [broker, driver], procs: 1, "
-                    "search_procs: auto}\nbroker: {host: here}\n")
-    assert load_inventory(path).host("here").search_procs == os.cpu_count()
-
-
 # ---- inventory: driver processes default to one per core ------------------------------
 def test_driver_procs_default_to_one_per_core(tmp_path):
     from tasks.catalog.inventory import Inventory, load_inventory
@@ -304,3 +259,50 @@ def test_driver_procs_default_to_one_per_core(tmp_path):
     with pytest.raises(ValueError, match="1..256"):
         Inventory.model_validate({**remote.model_dump(), "hosts": [
             {"name": "d1", "transport": "ssh", "roles": ["driver"], "procs": 0}]})
+
+
+# ---- inventory: a max-rate search's probes may run more driver processes ---------------
+SEARCHED = """
+name: s
+qos: [0]
+publishers: [{group: pub, count: 50, topic: "t/{scenario}", aggregate_rate: 10000}]
+subscribers: [{group: sub, count: 1, topics: ["t/{scenario}"]}]
+stages: {measure_s: 3, search: {hold_s: 10}}
+"""
+
+
+def test_a_searches_probes_and_holds_run_search_procs_every_other_stage_procs(tmp_path):
+    from tasks.catalog.inventory import Inventory, load_inventory
+    from tasks.catalog.placement import stage_slots
+    from tasks.catalog.stages import probe
+
+    (scenario_,) = load_suite(write_catalog(tmp_path, SEARCHED), "s")
+    (template,) = expand(scenario_)
+    rated = replace(template, stage_id="s.q0.c100.r100", search=None)
+    inventory = Inventory.model_validate({
+        "hosts": [{"name": "here", "roles": ["broker", "driver"], "procs": 1,
+                   "search_procs": 2},
+                  {"name": "d2", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],
+                   "procs": 2, "search_procs": "auto"}],
+        "broker": {"host": "here"}})
+    cpus = {"here": 2, "d2": 4}
+    def per_host(stage, inv, cores=cpus) -> Counter:
+        return Counter(host for host, _ in stage_slots(stage, inv, cores))
+
+    for stage in (probe(template, 40_000, 3), probe(template, 40_000, 1, hold_s=10)):
+        assert per_host(stage, inventory) == {"here": 2, "d2": 4}  # 'auto': d2's 4 cores
+    assert per_host(rated, inventory) == {"here": 1, "d2": 2}
+    # unset: the probes run procs too
+    plain = Inventory.model_validate({**inventory.model_dump(), "hosts": [
+        {"name": "here", "roles": ["broker", "driver"], "procs": 1}]})
+    assert per_host(probe(template, 40_000, 3), plain) == {"here": 1}
+    with pytest.raises(ValueError, match=r"d2.search_procs is auto but the host's core count"):
+        per_host(probe(template, 40_000, 3), inventory, {"here": 2})
+    for bad in (0, 300, "x"):
+        with pytest.raises(ValueError, match=r"search_procs"):
+            Inventory.model_validate({**plain.model_dump(), "hosts": [
+                {"name": "here", "roles": ["broker", "driver"], "search_procs": bad}]})
+    path = tmp_path / "inv.yml"  # on this machine 'auto' is resolved at plan time
+    path.write_text("hosts:\n  - {name: here, roles: [broker, driver], procs: 1, "
+                    "search_procs: auto}\nbroker: {host: here}\n")
+    assert load_inventory(path).host("here").search_procs == os.cpu_count()

@@ -56,12 +56,15 @@ def burn_config(plugin: Path, burn_us: int) -> list[str]:
     return [f"plugin {plugin}", f"plugin_opt_burn_us {int(burn_us)}"]
 
 
-def unmanaged_inventory(path: Path, proxy_port: int, broker_dir: Path) -> Path:
+def unmanaged_inventory(path: Path, proxy_port: int, broker_dir: Path,
+                        search_procs: int | None = None) -> Path:
     """An inventory, written at `path`, for a Mosquitto somebody else runs on this machine
     (started with its config in `broker_dir`) and reached through the proxy on
-    `proxy_port`: perfpipe finds its processes by their command line, as a user would."""
+    `proxy_port`: perfpipe finds its processes by their command line, as a user would.
+    One driver process, or `search_procs` for a max-rate search's probes and holds."""
+    searching = f", search_procs: {search_procs}" if search_procs else ""
     path.write_text(
-        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+        f"hosts: [{{name: localhost, transport: local, roles: [driver], procs: 1{searching}}}]\n"
         "broker: {kind: mosquitto, host: localhost, managed: false, address: 127.0.0.1, "
         f"port: {proxy_port}, processes: {{match: 'mosquitto -c {broker_dir}/'}}}}\n")
     return path

@@ -32,7 +32,7 @@ class HostConfig(BaseModel):
         "at plan time for local hosts, from the provisioned fingerprint for SSH hosts)")
     search_procs: int | Literal["auto"] | None = Field(
         None, description="driver processes on this host for a max-rate search's probes "
-        "and holds (capacity stages), when they need more than `procs`; default: procs")
+        "and holds (capacity stages), instead of `procs`; default: procs")
     python: str | None = Field(None, description="interpreter for the driver; default: "
                                "python3 over SSH, perfpipe's own Python locally")
     code_root: str = "/opt/perfpipe"
@@ -50,7 +50,7 @@ class HostConfig(BaseModel):
             raise ValueError("must be 1..256 driver processes, or auto (one per core)")
         return value
 
-    def procs_for(self, cpus: int | None, search: bool = False) -> int:
+    def procs_for(self, cpus: int | None, *, search: bool = False) -> int:
         """The number of driver processes, with 'auto' resolved against a core count:
         `search_procs` (when set) for a max-rate search's probes, else `procs`."""
         field = "search_procs" if search and self.search_procs is not None else "procs"
@@ -185,13 +185,14 @@ class Inventory(BaseModel):
     def driver_hosts(self) -> list[HostConfig]:
         return [h for h in self.hosts if "driver" in h.roles]
 
-    def driver_procs(self, cpus: dict[str, int | None] | None = None, search: bool = False
+    def driver_procs(self, cpus: dict[str, int | None] | None = None, *, search: bool = False
                      ) -> list[tuple[str, int]]:
         """(host, processes) of every driver host, 'auto' resolved from `cpus` (host -> the
         fingerprint's core count), for `tasks.catalog.placement.driver_slots`; `search`: for
         a max-rate search's probe (each host's search_procs, where set)."""
         cpus = cpus or {}
-        return [(h.name, h.procs_for(cpus.get(h.name), search)) for h in self.driver_hosts()]
+        return [(h.name, h.procs_for(cpus.get(h.name), search=search))
+                for h in self.driver_hosts()]
 
     def broker_address(self) -> str:
         return self.broker.address or self.host(self.broker.host).address

@@ -4,9 +4,7 @@ process is told (its spec). Pure functions, no I/O.
 A stage's clients are placed round-robin over every driver process of every driver host,
 so each process (and each host, when hosts run the same number of processes) is within
 one client of even. A max-rate search's probes and holds run a host's `search_procs`
-processes where it sets them (`stage_slots`): on 2 cores with the broker beside them, one
-process keeps the broker's cost at rated loads undisturbed and runs out on a fan-in search
-(README, "Capacity: the max-rate search").
+processes where it sets them (`stage_slots`; why: README, "Capacity: the max-rate search").
 
 Loss accounting: every message carries its publisher's index and a sequence number, and
 `receivers` says how many subscribers should get each message of an index. A publisher

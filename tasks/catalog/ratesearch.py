@@ -217,8 +217,8 @@ class RateSearch:
         elif (busy := self._driver_at_answer()) is not None:
             verdict = (f"a driver process used {busy:.0f}% of a core at "
                        f"{self.max_rate:.0f} msg/s (over {self.policy.max_driver_cpu:.0f}%): "
-                       "the load generator may be what ran out, not the broker; add driver "
-                       "processes or hosts")
+                       "the load generator may be what ran out, not the broker; give searches "
+                       "more driver processes (the hosts' search_procs) or add driver hosts")
         else:
             verdict = None
 
