@@ -286,6 +286,7 @@ def test_a_searches_probes_and_holds_run_search_procs_every_other_stage_procs(tm
                    "procs": 2, "search_procs": "auto"}],
         "broker": {"host": "here"}})
     cpus = {"here": 2, "d2": 4}
+
     def per_host(stage, inv, cores=cpus) -> Counter:
         return Counter(host for host, _ in stage_slots(stage, inv, cores))
 
