@@ -118,6 +118,13 @@ def held_tools(holds) -> tuple[str, ...]:
     return tuple(f"perfpipe@read_hold_us={us}" for us in holds)
 
 
+def tool_variant(name: str) -> tuple[str, dict[str, int]]:
+    """"perfpipe@tick_us=0" -> ("perfpipe", {"tick_us": 0}); a plain name, no settings."""
+    tool, _, setting = name.partition("@")
+    field, _, value = setting.partition("=")
+    return tool, ({field: int(value)} if setting else {})
+
+
 HELD = held_tools(HELD_READ_US)
 FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r50k")  # the IBM shape: many clients, low rate
 # perfpipe msgs per CPU-second over MQTT.js's, at least (issue #18); everything else: 1.0
@@ -460,8 +467,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
              workdir: Path, timing: dict) -> dict:
     role, q, c, *rated = scenario.split("-")
     fixed = int(rated[0][1:-1]) * 1000 if rated else 0  # "r50k": 50,000 msgs/s in total
-    tool_name, _, setting = tool_name.partition("@")  # "perfpipe@tick_us=0"
-    overrides = {setting.split("=")[0]: int(setting.split("=")[1])} if setting else {}
+    tool_name, overrides = tool_variant(tool_name)
     tick_us = overrides.get("tick_us", tick_for(scenario))
     qos, clients = int(q[1:]), int(c[1:])
     port, broker_pid = broker.port, broker.pid
@@ -646,7 +652,8 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
           f"{med('perfpipe', 'hold_max_ms'):.2f} ms, kernel-stamped reads that may have taken "
           f"more than one TCP segment <= {med('perfpipe', 'multi_segment_pct'):.1f}%")
     for held in HELD:
-        print(f"  reading in passes {held.split('=')[1]} us apart (read_hold_us): "
+        print(f"  reading in passes {tool_variant(held)[1]['read_hold_us']} us apart "
+              "(read_hold_us): "
               f"{fmt(med(held, 'per_cpu_s'))} msgs/CPU-s, over MQTT.js "
               f"{ratio(held, 'mqtt.js', 'per_cpu_s'):.2f}; broker per message over MQTT.js's "
               f"{ratio(held, 'mqtt.js', 'broker_per_10k'):.2f}; e2e p50 "
