@@ -49,7 +49,7 @@ def _comparable(stage_key: str, fingerprint_hash: str | None, before: datetime) 
     """Runs with a valid stage of this key (and fingerprint) that may feed a rolling baseline:
     finished ok, not excluded, not a release run (those are compared with their release
     baseline), started before `before`."""
-    q = (select(Run.run_id, Run.started_at, Stage.stage_id)
+    q = (select(Run.run_id, Run.started_at, Stage.stage_id, Stage.params)
          .join(Stage, Stage.run_id == Run.run_id)
          .where(Stage.stage_key == stage_key, Stage.validity == "valid", Run.status == "ok",
                 Run.excluded.is_(False), Run.kind != "release", Run.started_at < before))
@@ -84,7 +84,8 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
             limit: int) -> list[dict[str, Any]]:
     """One entry per comparable run (a run is assumed to have one stage per stage key):
-    its metrics, the metrics held out of baselines and its verdicts by metric."""
+    its metrics, the metrics held out of baselines, its verdicts by metric and the stage's
+    params (what it measured: the compare step keeps the nights of tonight's setup)."""
     q = _comparable(stage_key, fingerprint_hash, before)
     start = reset_start(s, stage_key)
     if start is not None:
@@ -93,7 +94,8 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
     held = _held_out(s, stage_key, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "metrics": {}, "verdicts": {},
-                                      "held_out": sorted(held.get((r.run_id, r.stage_id), ()))}
+                                      "held_out": sorted(held.get((r.run_id, r.stage_id), ())),
+                                      "params": r.params}
              for r in rows}
     run_ids = [r.run_id for r in rows]
     for m in s.scalars(_of_stage(Metric, stage_key, run_ids)):
@@ -125,9 +127,10 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                       before: datetime, baseline: str, runs: int = 5) -> dict[str, dict[str, Any]]:
     """metric -> the newest earlier verdict of this stage key (and fingerprint) that a night
     can confirm or clear, made against the same baseline ("rolling", "release:<label>"),
-    looking back at most `runs` runs that have verdicts."""
-    q = (select(Comparison, Run.run_id).join(Stage, (Stage.run_id == Comparison.run_id)
-                                             & (Stage.stage_id == Comparison.stage_id))
+    looking back at most `runs` runs that have verdicts; with the stage's params that night."""
+    q = (select(Comparison, Run.run_id, Stage.params)
+         .join(Stage, (Stage.run_id == Comparison.run_id)
+               & (Stage.stage_id == Comparison.stage_id))
          .join(Run, Run.run_id == Stage.run_id)
          .where(Stage.stage_key == stage_key, Run.started_at < before,
                 Comparison.verdict.not_in(_NO_LIFECYCLE)))
@@ -135,14 +138,15 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
-    for comp, run_id in s.execute(q.order_by(Run.started_at.desc(), Comparison.id)):
+    for comp, run_id, params in s.execute(q.order_by(Run.started_at.desc(), Comparison.id)):
         if run_id not in seen_runs:
             if len(seen_runs) == runs:
                 break
             seen_runs.append(run_id)
         if (comp.detail or {}).get("baseline", "rolling") == baseline and comp.metric not in out:
             out[comp.metric] = {"run_id": run_id, "verdict": comp.verdict,
-                                "change_pct": comp.change_pct, "detail": comp.detail}
+                                "change_pct": comp.change_pct, "detail": comp.detail,
+                                "params": params}
     return out
 
 
@@ -157,15 +161,15 @@ def release_baseline_at(s: Session, when: datetime) -> tuple[str, str] | None:
 def full_history(s: Session, stage_key: str, fingerprint_hash: str | None, *,
                  before: datetime) -> list[dict[str, Any]]:
     """Every comparable earlier run of this stage key (and fingerprint), oldest first, with
-    its metrics: no window, no reset marker, no value held out. For tools that look for
-    change points themselves (Otava): an accepted change or a regression is what they must
-    see."""
+    its metrics and params: no window, no reset marker, no value held out. For tools that
+    look for change points themselves (Otava): an accepted change or a regression is what
+    they must see."""
     q = _comparable(stage_key, fingerprint_hash, before).add_columns(Run.kind,
                                                                      Run.broker_version)
     rows = s.execute(q.order_by(Run.started_at, Run.run_id)).all()
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "kind": r.kind, "broker_version": r.broker_version,
-                                      "metrics": {}} for r in rows}
+                                      "metrics": {}, "params": r.params} for r in rows}
     for m in s.scalars(_of_stage(Metric, stage_key, [r.run_id for r in rows])):
         if (entry := found.get((m.run_id, m.stage_id))) is not None:
             entry["metrics"][m.name] = m.value

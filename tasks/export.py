@@ -3,8 +3,8 @@ tools read (what each holds: `tasks/views/export.py`).
 
     bencher  PATH is a JSON file (BMF): `bencher run --adapter json --file PATH --testbed FP`
     otava    PATH is a folder: a CSV per stage key and fingerprint, with the comparable
-             earlier runs of that stage, and otava.yaml: `otava analyze --config-file
-             PATH/otava.yaml TEST`
+             earlier runs of that stage since its setup last changed, and otava.yaml:
+             `otava analyze --config-file PATH/otava.yaml TEST`
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 
 from sql import Store
 
+from .fingerprint import same_setup
 from .views import export as views
 
 FORMATS = ("bencher", "otava")
@@ -64,10 +65,12 @@ def write_otava(store: Store, run: dict, stages: list[dict], out: Path,
         if not metrics:
             continue
         key, fp = stage["stage_key"], stage["fingerprint_hash"]
-        history = store.full_history(key, fp, before_run=run["run_id"])
-        history.append({"run_id": run["run_id"], "started_at": run["started_at"],
-                        "kind": run["kind"], "broker_version": run["broker_version"],
-                        "metrics": stage["metrics"]})
+        every = store.full_history(key, fp, before_run=run["run_id"])
+        kept = same_setup(stage["params"] or {}, every[::-1])[0][::-1]
+        other = len(every) - len(kept)  # earlier runs that measured another setup
+        history = [*kept, {"run_id": run["run_id"], "started_at": run["started_at"],
+                           "kind": run["kind"], "broker_version": run["broker_version"],
+                           "metrics": stage["metrics"]}]
         rows, left_out = views.otava_rows(history, metrics)
         name = views.otava_name(key, fp)
         path = (out / f"{name}.csv").resolve()
@@ -75,7 +78,8 @@ def write_otava(store: Store, run: dict, stages: list[dict], out: Path,
             csv.writer(f).writerows(rows)
         tests[name] = views.otava_test(str(path), metrics)
         say(f"{path.name}: {len(rows) - 1} runs, {len(metrics)} metrics"
-            + (f" ({left_out} runs left out: a metric missing)" if left_out else ""))
+            + (f" ({left_out} runs left out: a metric missing)" if left_out else "")
+            + (f" ({other} earlier runs left out: another setup)" if other else ""))
     config = out / OTAVA_CONFIG
     config.write_text(f"# perfpipe export {run['run_id']} --format otava: one csv test per "
                       "stage key and fingerprint\n"

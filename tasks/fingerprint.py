@@ -1,10 +1,12 @@
-"""What makes two runs comparable, as short hashes: one hash function, one list of host
-facts. Pure.
+"""What makes two runs comparable: the hosts and tuning as short hashes (one hash function,
+one list of host facts), and a stage's setup. Pure.
 
 A host's hash covers the facts that change performance (CPU, memory, kernel, OS, Python,
 paho), not its clock offset or the time of day. The tuning read back on a host is a hash
 of its own. A run's fingerprint combines every host's hash, every tuning hash and the
 broker kind; comparisons key on it, and the report shows the host hashes it is made of.
+Within a fingerprint, two nights of a stage are comparable while its setup (what its
+recorded params say it measured) is the same (`setup_changes`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import MISSING, fields
 from typing import Any
+
+from .catalog.stages import GroupStage
 
 # The host facts that make two runs comparable.
 HOST_KEYS = ("cpu_model", "cpus", "memory_bytes", "kernel", "arch", "os", "python", "paho_mqtt")
@@ -43,3 +48,51 @@ def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_ki
     must be compared with the history of the old one, or a regression it brings could never
     be seen."""
     return fingerprint_hash([list(host_hashes), list(tuning_hashes), broker_kind])
+
+
+# What a stage's recorded params say it measured: two nights of a stage are comparable only
+# when none of these differ (`setup_changes`). Not its name, its place in the suite or its
+# cool-down, nor what a search found (`search_outcome`). `drivers` (host -> driver
+# processes) is added when the stage is recorded (`tasks.catalog.placement.stage_drivers`).
+SETUP_FIELDS = ("qos", "groups", "warmup_s", "measure_s", "connection", "search", "drivers")
+_GROUP_DEFAULTS = {f.name: f.default for f in fields(GroupStage) if f.default is not MISSING}
+
+
+def setup_changes(before: dict, after: dict) -> list[str]:
+    """What differs between two nights' params of a stage in what it measured, one
+    "path: old -> new" each; [] when the nights are comparable. A field that one of them
+    has no record of (recorded by an older perfpipe) is no difference; a group field it
+    lacks has the field's default."""
+    changes = []
+    for name in SETUP_FIELDS:
+        if name in before and name in after:
+            old, new = _leaves(name, before[name]), _leaves(name, after[name])
+            changes += [f"{path}: {old.get(path, 'unset')} -> {new.get(path, 'unset')}"
+                        for path in sorted(old.keys() | new.keys())
+                        if old.get(path, "unset") != new.get(path, "unset")]
+    return changes
+
+
+def same_setup(params: dict, nights: list[dict]) -> tuple[list[dict], list[str]]:
+    """`nights` (newest first, each with the `params` recorded with it) back to the newest
+    one whose setup differs from `params`, and what differed there ([] when none did)."""
+    for i, night in enumerate(nights):
+        changes = setup_changes(night.get("params") or {}, params)
+        if changes:
+            return nights[:i], changes
+    return nights, []
+
+
+def _leaves(path: str, value: Any) -> dict[str, Any]:
+    """A params value as path -> scalar; a group is named by its `group`, with defaults."""
+    if isinstance(value, dict):
+        return {leaf: v for key, item in value.items()
+                for leaf, v in _leaves(f"{path}.{key}", item).items()}
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+        if path == "groups":
+            value = {g.get("group", i): {**_GROUP_DEFAULTS, **g} for i, g in enumerate(value)}
+            return _leaves(path, value)
+        return _leaves(path, dict(enumerate(value)))
+    if isinstance(value, (list, tuple)):
+        return {path: list(value)}
+    return {path: value}

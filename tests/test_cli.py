@@ -10,6 +10,7 @@ import pytest
 
 from tasks.cli import main, parser
 from tasks.views.summary import short_summary
+from tasks.views.tables import verdict_rows
 
 
 def test_a_suite_that_does_not_exist_is_one_line_before_airflow_starts(perfpipe_env: Path,
@@ -105,6 +106,12 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
     assert "slack message: (not written" in text and len(text.splitlines()) < 15
     failed = short_summary({**run, "status": "failed"}, [], files)
     assert "no verdicts: the run ended before load_metrics" in failed
+    # nothing compared because a stage's setup changed: the summary and the table say so
+    why = "setup changed (measure_s: 10 -> 60): a new history starts here"
+    fresh = {**stage, "comparisons": [{**verdict("delivered_rate", "no_baseline"),
+                                       "detail": {"new_history": why}}]}
+    assert f"verdicts: none, a new history starts: {why}" in short_summary(run, [fresh], files)
+    assert verdict_rows([fresh])[0]["note"] == why
 
 
 def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,

@@ -48,7 +48,7 @@ BMF_SCHEMA = {"type": "object", "patternProperties": {".+": {
 
 
 def night(store: Store, day: float, run_id: str = "", *, fp: str = "fp1", extra: bool = False,
-          status: str = "ok", skip: tuple[str, ...] = ()) -> str:
+          status: str = "ok", skip: tuple[str, ...] = (), params: dict | None = None) -> str:
     """One nightly run of the stage on `day` (days after T0), judged and recorded as the
     compare step does; nights after NIGHTS - 2 have 20% less throughput."""
     run_id = run_id or f"n{int(day):02d}"
@@ -58,8 +58,8 @@ def night(store: Store, day: float, run_id: str = "", *, fp: str = "fp1", extra:
     j = JITTER[int(day - 1) % len(JITTER)]
     metrics = {"delivered_rate": 1000.0 * drop * j, "e2e_latency_p50": 150.0 / j,
                "broker_cpu_s_per_10k": 0.4 * j, "target_rate": 1000.0, "lost": 0.0}
-    store.record_stage(run_id, STAGE, scenario="fanin", stage_key=KEY, params={"qos": 1},
-                       fingerprint_hash=fp)
+    store.record_stage(run_id, STAGE, scenario="fanin", stage_key=KEY,
+                       params=params or {"qos": 1}, fingerprint_hash=fp)
     store.record_results(run_id, STAGE, series={}, validity="valid", reason=None,
                          metrics={k: v for k, v in metrics.items() if k not in skip})
     if extra:  # a search probe and an invalid stage: never exported
@@ -180,6 +180,7 @@ def read_like_otava(test: dict) -> tuple[list[datetime], dict[str, list[float]],
 
 
 def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_store, tmp_path):
+    night(sqlite_store, 0.5, "other-setup", params={"qos": 0})  # measured something else
     run_id = history(sqlite_store)
     said: list[str] = []
     export_run(sqlite_store, run_id, "otava", tmp_path / "otava", said.append)
@@ -199,14 +200,15 @@ def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_s
     times, metrics, attributes = read_like_otava(test)
     assert times == sorted(times) and len(set(times)) == len(times)
     # comparable nights on fp1, oldest first: night 3 lacks a metric, one run failed,
-    # one is on fp2
+    # one is on fp2, one before night 1 had another setup
     expected = [f"n{d:02d}" for d in range(1, NIGHTS + 1) if d != 3]
     assert attributes["run_id"] == expected
     assert set(attributes["kind"]) == {"nightly"}
     stored = {r: last_stage(sqlite_store, r)["metrics"] for r in expected}
     assert metrics["delivered_rate"] == [stored[r]["delivered_rate"] for r in expected]
     assert metrics["delivered_rate"][-1] < 0.85 * metrics["delivered_rate"][0]  # the drop is there
-    assert any("13 runs, 3 metrics (1 runs left out: a metric missing)" in line for line in said)
+    assert any("13 runs, 3 metrics (1 runs left out: a metric missing) (1 earlier runs left "
+               "out: another setup)" in line for line in said), said
 
 
 # -- the views and Grafana's dashboard ------------------------------------------------------

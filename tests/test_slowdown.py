@@ -200,6 +200,7 @@ def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_ni
         assert chart.split("</svg>")[0].count("<circle") == A_NIGHTS + B_NIGHTS
     ran = driver_processes()  # every probe and hold on the inventory's search_procs
     assert ran and set(ran.values()) == {2}, ran
+    assert all(n["stage"]["params"]["drivers"] == {"localhost": 2} for n in nights)  # recorded
 
 
 def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_env, tmp_path):
@@ -222,3 +223,4 @@ def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_e
     (told,) = slowdown_env.posts()
     assert "broker_cpu_s_per_10k" in json.dumps(told.body["blocks"])
     assert driver_processes() == {"slow_rated.q0.c100.r100": 1}
+    assert nights[-1]["stage"]["params"]["drivers"] == {"localhost": 1}  # as recorded

@@ -307,3 +307,38 @@ def test_a_searches_probes_and_holds_run_search_procs_every_other_stage_procs(tm
     path.write_text("hosts:\n  - {name: here, roles: [broker, driver], procs: 1, "
                     "search_procs: auto}\nbroker: {host: here}\n")
     assert load_inventory(path).host("here").search_procs == os.cpu_count()
+
+
+def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_else(tmp_path):
+    from tasks.catalog.inventory import Inventory
+    from tasks.catalog.placement import stage_drivers
+    from tasks.fingerprint import setup_changes
+
+    first, _second, *_ = expand(scenario())
+    recorded = {**json.loads(json.dumps(first.to_dict())), "drivers": {"here": 1}}  # as stored
+    assert setup_changes(recorded, {**first.to_dict(), "drivers": {"here": 1}}) == []
+    # its name, place in the suite, cool-down and a search's outcome are not what it measures
+    renamed = replace(first, stage_id="other", index=7, cooldown_s=99)
+    assert setup_changes(recorded, {**renamed.to_dict(), "drivers": {"here": 1},
+                                    "search_outcome": {"max_rate": 5}}) == []
+    more = replace(first, groups=(replace(first.groups[0], count=20), *first.groups[1:]),
+                   measure_s=60, connection={**first.connection, "tls": True})
+    assert setup_changes(recorded, {**more.to_dict(), "drivers": {"here": 2, "d2": 1}}) == [
+        "groups.pub.count: 5 -> 20", "measure_s: 5 -> 60", "connection.tls: unset -> True",
+        "drivers.d2: unset -> 1", "drivers.here: 1 -> 2"]
+    # a night recorded before a field existed: no difference in it; a group field it lacks
+    # has its default
+    legacy = {k: v for k, v in recorded.items() if k != "drivers"}
+    legacy["groups"] = [{k: v for k, v in g.items() if k != "share_group"}
+                        for g in legacy["groups"]]
+    assert setup_changes(legacy, {**first.to_dict(), "drivers": {"here": 3}}) == []
+
+    inventory = Inventory.model_validate({
+        "hosts": [{"name": "here", "roles": ["broker", "driver"], "procs": 1,
+                   "search_procs": 2},
+                  {"name": "d2", "transport": "ssh", "address": "10.0.0.3",
+                   "roles": ["driver"], "procs": "auto"}],
+        "broker": {"host": "here"}})
+    assert stage_drivers(first, inventory, {"d2": 4}) == {"here": 1, "d2": 4}
+    template = replace(first, search={"hold_s": 10})  # a search: its probes' processes
+    assert stage_drivers(template, inventory, {"d2": 4}) == {"here": 2, "d2": 4}

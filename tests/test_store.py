@@ -70,9 +70,10 @@ def new_run(store: Store, run_id: str, day: int = 0, **kw) -> None:
 
 
 def stage(store: Store, run_id: str, stage_id: str = "fanin.q1", *, key: str = "fanin.q1",
-          fp: str | None = "fp1", validity: str = "valid", rate: float = 100.0) -> None:
+          fp: str | None = "fp1", validity: str = "valid", rate: float = 100.0,
+          params: dict | None = None) -> None:
     store.record_stage(run_id, stage_id, scenario="fanin", stage_key=key,
-                       params={"qos": 1}, fingerprint_hash=fp)
+                       params=params or {"qos": 1}, fingerprint_hash=fp)
     store.record_results(run_id, stage_id, metrics={"delivered_rate": rate},
                          series={"delivered_rate": [rate, rate]}, validity=validity,
                          reason=None if validity == "valid" else "backlog rising")
@@ -228,7 +229,7 @@ def test_history(store: Store) -> None:
                        "metrics": {"delivered_rate": 9.0},
                        "verdicts": {"delivered_rate": {k: v for k, v in judged.items()
                                                        if k != "stage_id"}},
-                       "held_out": []}
+                       "held_out": [], "params": {"qos": 1}}
     assert hist[1]["verdicts"] == {}  # what each night was judged, for the report
     assert [h["run_id"] for h in store.history("fanin.q1", None, before_run="tonight")] \
         == ["n9", "n8", "n6", "n2", "n1"]
@@ -398,6 +399,51 @@ def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
     assert store.last_fingerprint("fanin.q1", before_run="tonight") == "fp2"
     assert store.last_fingerprint("fanin.q1", before_run="n4") == "fp1"
     assert store.last_fingerprint("other", before_run="tonight") is None
+
+
+def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report(
+        store: Store) -> None:
+    from tasks.analysis.detector import Policy
+    from tasks.steps.compare import release_stages, stage_inputs
+    from tasks.steps.report import stored_histories
+
+    one = {"qos": 1, "groups": [{"group": "pub", "role": "pub", "count": 10, "topics": ["t"],
+                                 "rate_per_client": 5.0}], "measure_s": 10}
+    two = {**one, "drivers": {"here": 2}}
+    setups = {1: one, 2: {**one, "drivers": {"here": 1}}, 3: two, 4: two}  # 1: before drivers
+    for day, params in setups.items():
+        new_run(store, f"n{day}", day)
+        stage(store, f"n{day}", params=params)
+        store.finish_run(f"n{day}", "ok")
+    suspected = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "suspected",
+                 "detail": {"nights": 1}}
+    for run_id in ("n1", "n2", "n3"):
+        store.record_comparisons(run_id, [suspected])
+
+    def inputs(run_id: str, release=None) -> dict:
+        (row,) = store.stages(run_id)
+        return stage_inputs(store, run_id, row, Policy(), release)
+
+    legacy = inputs("n2")  # n1 has no record of its drivers: no change
+    assert [h["run_id"] for h in legacy["history"]] == ["n1"]
+    assert legacy["previous"]["delivered_rate"]["run_id"] == "n1"
+    first = inputs("n3")
+    assert first["history"] == [] and first["noise_history"] == []
+    assert first["new_history"] == "setup changed (drivers.here: 1 -> 2): a new history starts here"
+    assert first["previous"] == {}  # n2's suspicion is not n3's to confirm
+    later = inputs("n4")
+    assert [h["run_id"] for h in later["history"]] == ["n3"] and later["new_history"] is None
+    assert later["previous"]["delivered_rate"]["run_id"] == "n3"
+    store.record_comparisons("n4", [{"stage_id": "fanin.q1", "metric": "delivered_rate",
+                                     "verdict": "unchanged"}])
+    assert [h["run_id"] for h in stored_histories(store, "n4", store.stages("n4"))["fanin.q1"]] \
+        == ["n3"]  # the report shows the nights the compare step judged on
+
+    store.pin_release_baseline("9.4.4", "n2")
+    release = release_stages(store, store.run("n4"), {"options": {"baseline": "9.4.4"}})
+    judged = inputs("n4", release)
+    assert judged["release"] is None and judged["history"] == []
+    assert judged["new_history"] == "setup differs from release 9.4.4's (drivers.here: 1 -> 2)"
 
 
 def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(

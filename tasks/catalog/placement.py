@@ -17,6 +17,7 @@ receivers are exactly the subscribers of its topic.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -146,7 +147,14 @@ def stage_slots(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]
                 ) -> list[tuple[str, int]]:
     """The (host, proc) slots `stage`'s clients are placed on: each driver host's `procs`,
     or its `search_procs` for a max-rate search's probe or hold; `cpus` resolves 'auto'."""
-    return driver_slots(inventory.driver_procs(cpus, search=stage.probe_of is not None))
+    return driver_slots(inventory.driver_procs(cpus, search=stage.in_search))
+
+
+def stage_drivers(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]
+                  ) -> dict[str, int]:
+    """host -> the driver processes `stage` runs on it (a search template: its probes'),
+    as recorded with the stage: a change of them is a change of what it measured."""
+    return dict(Counter(host for host, _ in stage_slots(stage, inventory, cpus)))
 
 
 def streams(publisher: dict) -> list[tuple[int, str]]:

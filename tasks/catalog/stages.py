@@ -58,6 +58,11 @@ class Stage:
     def duration_s(self) -> int:
         return self.warmup_s + self.measure_s + self.cooldown_s
 
+    @property
+    def in_search(self) -> bool:
+        """A max-rate search's template, or one of its probes or holds."""
+        return self.search is not None or self.probe_of is not None
+
     def to_dict(self) -> dict:
         return asdict(self)
 

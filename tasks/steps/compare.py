@@ -1,8 +1,8 @@
 """Step compare: judge every stage of a run, record the verdicts, keep alerts in step.
 
 The I/O around `tasks.analysis.detector` (pure): per stage it reads the comparable history
-(same stage key and fingerprint, since the last accepted change, flagged values held out),
-the previous night's verdicts (which tonight confirms or clears) and, for a release run,
+(same stage key, fingerprint and setup, since the last accepted change, flagged values held
+out), the previous night's verdicts (which tonight confirms or clears) and, for a release run,
 the pinned release baseline; it hands each stage the histories of the run's other stages
 on its fingerprint, whose noise the detector pools; then records the verdicts and opens,
 updates or closes one alert per stage key and metric. Only alerts that are new or changed
@@ -25,6 +25,7 @@ from sql.alerts import alert_key
 
 from .. import rundir
 from ..analysis.detector import Policy, Verdict, compare_stage, pooled_noise
+from ..fingerprint import same_setup, setup_changes
 from ..run_context import RunContext
 from . import Call
 
@@ -45,30 +46,50 @@ def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None
     return label, base_run, {s["stage_key"]: s for s in store.stages(base_run)} if base_run else {}
 
 
+def setup_history(store: Store, run_id: str, stage: dict, nights: int
+                  ) -> tuple[list[dict], list[str]]:
+    """A stage's comparable earlier nights, newest first (same stage key and fingerprint,
+    since the last accepted change), back to the newest one that measured another setup
+    (`setup_changes`: clients, rates, QoS, windows, connection settings, driver
+    processes), and what differed there ([] when no night was left out)."""
+    return same_setup(stage.get("params") or {},
+                      store.history(stage["stage_key"], stage["fingerprint_hash"],
+                                    before_run=run_id, limit=nights))
+
+
 def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
                  release: tuple[str, str | None, dict[str, dict]] | None) -> dict[str, Any]:
     """What the detector needs of one stage besides its own metrics: its comparable
     history, the previous verdicts, the pinned release stage and why a history is empty."""
     key, fp = stage["stage_key"], stage["fingerprint_hash"]
-    history = store.history(key, fp, before_run=run_id, limit=policy.history_nights)
+    history, changes = setup_history(store, run_id, stage, policy.history_nights)
     new_history = None
-    if not history:
+    if not history and changes:
+        new_history = f"setup changed ({'; '.join(changes)}): a new history starts here"
+    elif not history:
         last = store.last_fingerprint(key, before_run=run_id)
         if last is not None and last != fp:
             new_history = f"fingerprint changed ({last} -> {fp}): a new history starts here"
-    pinned = None
+    pinned = release_problem = None
     if release is not None:
         label, base_run, stages = release
         base = stages.get(key)
-        pinned = None if base is None else {
-            "label": label, "run_id": base_run, "metrics": base["metrics"],
-            "fingerprint_matches": base["fingerprint_hash"] == fp}
+        differs = base and setup_changes(base.get("params") or {}, stage.get("params") or {})
+        if differs:
+            release_problem = f"setup differs from release {label}'s ({'; '.join(differs)})"
+        elif base is not None:
+            pinned = {"label": label, "run_id": base_run, "metrics": base["metrics"],
+                      "fingerprint_matches": base["fingerprint_hash"] == fp}
     baseline = f"release:{release[0]}" if release else "rolling"
-    previous = store.previous_verdicts(key, fp, before_run=run_id, baseline=baseline)
+    previous = {m: p for m, p in store.previous_verdicts(key, fp, before_run=run_id,
+                                                         baseline=baseline).items()
+                # a verdict on a night of another setup is not tonight's to confirm
+                if not setup_changes(p.get("params") or {}, stage.get("params") or {})}
     noise_history = history
     if release is not None and pinned is None:
-        history, new_history = [], (f"stage not in the release baseline run {release[1]}"
-                                    if release[1] else f"release {release[0]} is not pinned")
+        history, new_history = [], release_problem or (
+            f"stage not in the release baseline run {release[1]}" if release[1]
+            else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
             "new_history": new_history, "noise_history": noise_history}
 

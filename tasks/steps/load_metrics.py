@@ -7,9 +7,11 @@ import json
 
 from .. import rundir
 from ..analysis.validity import judge
+from ..catalog.placement import stage_drivers
+from ..catalog.stages import Stage
 from ..run_context import RunContext
 from . import Call
-from .provision import run_fingerprint
+from .provision import host_cpus, run_fingerprint
 
 
 def stage_key(broker_kind: str, stage_id: str) -> str:
@@ -49,6 +51,7 @@ def load_results(ctx: RunContext) -> list[dict]:
     stages = {stage.stage_id: stage for stage in ctx.measured_stages}
     fingerprint = run_fingerprint(ctx)
     broker_kind = ctx.inventory.broker.kind
+    cpus = host_cpus(ctx)
     store = ctx.store()
     rows = []
     for result in document["stages"]:
@@ -64,14 +67,21 @@ def load_results(ctx: RunContext) -> list[dict]:
             validity = "invalid"
             reasons[:0] = failed
         store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
-                           stage_key=stage_key(broker_kind, stage.stage_id), params=stage.to_dict(),
-                           fingerprint_hash=fingerprint)
+                           stage_key=stage_key(broker_kind, stage.stage_id),
+                           params=recorded_params(ctx, stage, cpus), fingerprint_hash=fingerprint)
         store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
                              series=result.get("series", {}), validity=validity,
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
     return rows + record_searches(ctx, store, fingerprint, results)
+
+
+def recorded_params(ctx: RunContext, stage: Stage, cpus: dict[str, int]) -> dict:
+    """A stage as recorded: its definition and the driver processes it ran on
+    (`drivers`), which the compare step holds a night's history to
+    (`tasks.fingerprint.setup_changes`)."""
+    return {**stage.to_dict(), "drivers": stage_drivers(stage, ctx.inventory, cpus)}
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity.
@@ -86,12 +96,14 @@ def record_searches(ctx: RunContext, store, fingerprint: str,
     id): valid only when the search converged (its probes are stages too, never
     compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
+    cpus = host_cpus(ctx)
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
         template = templates[template_id]
         store.record_stage(ctx.run_id, template_id, scenario=template.scenario,
                            stage_key=stage_key(ctx.inventory.broker.kind, template_id),
-                           params={**template.to_dict(), "search_outcome": outcome},
+                           params={**recorded_params(ctx, template, cpus),
+                                   "search_outcome": outcome},
                            fingerprint_hash=fingerprint)
         validity = "valid" if outcome["converged"] else "invalid"
         held = [f"{template_id}.h{i}" for i, h in enumerate(outcome.get("holds", []), 1)

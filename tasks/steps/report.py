@@ -16,6 +16,7 @@ from ..settings import load_settings
 from ..views.history import Histories
 from ..views.report import render
 from . import Call
+from .compare import setup_history
 
 
 def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
@@ -30,11 +31,10 @@ def stored_hosts(store: Store, run_id: str, run_dir: Path | None) -> list[dict]:
 
 def stored_histories(store: Store, run_id: str, stages: list[dict],
                      nights: int = Policy().history_nights) -> Histories:
-    """stage id -> its comparable earlier nights (same stage key and fingerprint), oldest
-    first, each with its metrics and verdicts, for the stages that were judged: the nights
-    the compare step judged them on, so a change point it names is among them."""
-    return {stage["stage_id"]: store.history(stage["stage_key"], stage["fingerprint_hash"],
-                                             before_run=run_id, limit=nights)[::-1]
+    """stage id -> its comparable earlier nights (same stage key, fingerprint and setup),
+    oldest first, each with its metrics and verdicts, for the stages that were judged: the
+    nights the compare step judged them on, so a change point it names is among them."""
+    return {stage["stage_id"]: setup_history(store, run_id, stage, nights)[0][::-1]
             for stage in stages if stage.get("comparisons")}
 
 

@@ -29,6 +29,16 @@ def _files(files: dict[str, Path]) -> list[str]:
             for label, path in files.items()]
 
 
+def _no_baseline(run: dict, stages: list[dict]) -> str:
+    """Why nothing was compared: no earlier run, or (named) a history that starts anew."""
+    why = sorted({(c.get("detail") or {}).get("new_history") or "" for s in stages
+                  for c in s.get("comparisons", [])} - {""})
+    if not why:
+        return NO_BASELINE
+    return (f"a new history starts: {why[0]}"
+            + (f" (and {len(why) - 1} more: perfpipe show {run['run_id']})" if len(why) > 1 else ""))
+
+
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
     stages = in_run_order(stages)
@@ -39,7 +49,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
         lines.append("\nverdicts against earlier runs of the same stage and fingerprint:\n"
                      + table(verdicts))
     else:
-        lines.append(f"\nno baseline yet: {NO_BASELINE}")
+        lines.append(f"\nno baseline yet: {_no_baseline(run, stages)}")
     return "\n".join(lines + _files(files))
 
 
@@ -55,7 +65,7 @@ def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     if not verdicts:
         lines.append(f"no verdicts: the run ended before {'compare' if stages else 'load_metrics'}")
     elif set(counts) <= set(NOT_JUDGED):
-        lines.append(f"verdicts: none, {NO_BASELINE}")
+        lines.append(f"verdicts: none, {_no_baseline(run, stages)}")
     else:
         said = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
         lines.append(f"verdicts: {said} (all of them: perfpipe show {run['run_id']})")

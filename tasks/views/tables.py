@@ -49,10 +49,13 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
 
 def verdict_note(comparison: dict, *, short: bool = False) -> str:
     """What a person should know beside a verdict: the metric is too noisy to guard (and
-    why, unless `short`), or its history is still learning the noise."""
+    why, unless `short`), its history is still learning the noise, or why it has none
+    (its setup or the fingerprint changed)."""
     detail = comparison.get("detail") or {}
     if detail.get("too_noisy"):
         return "too noisy to guard" if short else detail["too_noisy"]
+    if comparison["verdict"] == "no_baseline":
+        return detail.get("new_history") or ""
     return detail.get("note") or "" if comparison["verdict"] == "learning" else ""
 
 
