@@ -127,8 +127,9 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                       before: datetime, baseline: str, runs: int = 5) -> dict[str, dict[str, Any]]:
     """metric -> the newest earlier verdict of this stage key (and fingerprint) that a night
     can confirm or clear, made against the same baseline ("rolling", "release:<label>"),
-    looking back at most `runs` runs that have verdicts; with the stage's params that night."""
-    q = (select(Comparison, Run.run_id, Stage.params)
+    looking back at most `runs` runs that have verdicts; with that run's start and the
+    stage's params that night."""
+    q = (select(Comparison, Run.run_id, Run.started_at, Stage.params)
          .join(Stage, (Stage.run_id == Comparison.run_id)
                & (Stage.stage_id == Comparison.stage_id))
          .join(Run, Run.run_id == Stage.run_id)
@@ -138,7 +139,8 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
-    for comp, run_id, params in s.execute(q.order_by(Run.started_at.desc(), Comparison.id)):
+    for comp, run_id, started_at, params in s.execute(q.order_by(Run.started_at.desc(),
+                                                                 Comparison.id)):
         if run_id not in seen_runs:
             if len(seen_runs) == runs:
                 break
@@ -146,7 +148,7 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
         if (comp.detail or {}).get("baseline", "rolling") == baseline and comp.metric not in out:
             out[comp.metric] = {"run_id": run_id, "verdict": comp.verdict,
                                 "change_pct": comp.change_pct, "detail": comp.detail,
-                                "params": params}
+                                "started_at": started_at, "params": params}
     return out
 
 

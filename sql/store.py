@@ -364,7 +364,9 @@ class Store:
         given). History starts at the stage key's reset marker (an accepted change), if any.
         Each entry's `held_out` names the metrics whose values must not feed a baseline: its
         own night flagged them (suspected or regression) and no human accepted them or
-        called them a false positive, nor did the next night clear the suspicion.
+        called them a false positive, nor did the next night clear the suspicion. Its
+        `params` are the stage's as recorded that night: which nights measured tonight's
+        setup is the caller's rule (`tasks.fingerprint.same_setup`).
         """
         with self._tx() as s:
             before = self._run(s, before_run).started_at
@@ -373,8 +375,8 @@ class Store:
     def full_history(self, stage_key: str, fingerprint_hash: str | None, *,
                      before_run: str) -> list[dict[str, Any]]:
         """Every comparable earlier result of `stage_key`, oldest first: {"run_id",
-        "started_at", "kind", "broker_version", "metrics"}; unlike `history`, no window,
-        no reset marker and no value held out (`queries.full_history`)."""
+        "started_at", "kind", "broker_version", "metrics", "params"}; unlike `history`, no
+        window, no reset marker and no value held out (`queries.full_history`)."""
         with self._tx() as s:
             before = self._run(s, before_run).started_at
             return queries.full_history(s, stage_key, fingerprint_hash, before=before)
@@ -388,7 +390,8 @@ class Store:
     def previous_verdicts(self, stage_key: str, fingerprint_hash: str | None, *,
                           before_run: str, baseline: str = "rolling") -> dict[str, dict[str, Any]]:
         """metric -> the newest earlier verdict of this stage key that a night can confirm
-        or clear (not invalid, not no_baseline), made against the same baseline."""
+        or clear (not invalid, not no_baseline), made against the same baseline, with its
+        run's start and the stage's params that night."""
         with self._tx() as s:
             before = self._run(s, before_run).started_at
             return queries.previous_verdicts(s, stage_key, fingerprint_hash, before=before,

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any
 
+from .catalog.scenarios import ConnectionSettings, SearchSettings
 from .catalog.stages import GroupStage
 
 # The host facts that make two runs comparable.
@@ -53,46 +54,70 @@ def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_ki
 # What a stage's recorded params say it measured: two nights of a stage are comparable only
 # when none of these differ (`setup_changes`). Not its name, its place in the suite or its
 # cool-down, nor what a search found (`search_outcome`). `drivers` (host -> driver
-# processes) is added when the stage is recorded (`tasks.catalog.placement.stage_drivers`).
+# processes that ran clients) is added when the stage is recorded
+# (`tasks.catalog.placement.recorded_params`).
 SETUP_FIELDS = ("qos", "groups", "warmup_s", "measure_s", "connection", "search", "drivers")
+# Settings that do not change what is measured, or only by being set: where a search starts,
+# credentials and the paths of TLS files (mutual TLS on or off is a change, a moved file not).
+IGNORED = ("search.warm_start",)
+PRESENCE_ONLY = ("connection.username", "connection.password_env", "connection.password_file",
+                 "connection.tls.ca_file", "connection.tls.cert_file", "connection.tls.key_file")
 _GROUP_DEFAULTS = {f.name: f.default for f in fields(GroupStage) if f.default is not MISSING}
 
 
 def setup_changes(before: dict, after: dict) -> list[str]:
     """What differs between two nights' params of a stage in what it measured, one
-    "path: old -> new" each; [] when the nights are comparable. A field that one of them
-    has no record of (recorded by an older perfpipe) is no difference; a group field it
-    lacks has the field's default."""
+    "path: old -> new" each; [] when the nights are comparable. A top-level field that one
+    of them has no record of (recorded by an older perfpipe) is no difference; settings a
+    night lacks have their defaults (its groups, connection and search settings are
+    completed from their models)."""
     changes = []
     for name in SETUP_FIELDS:
         if name in before and name in after:
-            old, new = _leaves(name, before[name]), _leaves(name, after[name])
+            old, new = _leaves(name, _complete(name, before[name])), \
+                _leaves(name, _complete(name, after[name]))
             changes += [f"{path}: {old.get(path, 'unset')} -> {new.get(path, 'unset')}"
                         for path in sorted(old.keys() | new.keys())
                         if old.get(path, "unset") != new.get(path, "unset")]
     return changes
 
 
-def same_setup(params: dict, nights: list[dict]) -> tuple[list[dict], list[str]]:
+def same_setup(params: dict, nights: list[dict]) -> tuple[list[dict], list[str], dict | None]:
     """`nights` (newest first, each with the `params` recorded with it) back to the newest
-    one whose setup differs from `params`, and what differed there ([] when none did)."""
+    one whose setup differs from `params`, what differed there ([] when none did) and that
+    night (None when none did): what came before it is another history, even where the
+    setup was tonight's again."""
     for i, night in enumerate(nights):
         changes = setup_changes(night.get("params") or {}, params)
         if changes:
-            return nights[:i], changes
-    return nights, []
+            return nights[:i], changes, night
+    return nights, [], None
+
+
+def _complete(name: str, value: Any) -> Any:
+    """A recorded setting with its model's defaults filled in, as tonight's would have
+    them; as recorded when it no longer fits the model."""
+    model = {"connection": ConnectionSettings, "search": SearchSettings}.get(name)
+    if model is not None and isinstance(value, dict):
+        try:
+            return model.model_validate(value).model_dump(exclude_none=name == "connection")
+        except ValueError:
+            return value
+    if name == "groups" and isinstance(value, (list, tuple)):
+        return {g.get("group", i): {**_GROUP_DEFAULTS, **g} if isinstance(g, dict) else g
+                for i, g in enumerate(value)}
+    return value
 
 
 def _leaves(path: str, value: Any) -> dict[str, Any]:
-    """A params value as path -> scalar; a group is named by its `group`, with defaults."""
+    """A setting as path -> scalar (lists whole), IGNORED left out, PRESENCE_ONLY as "set"."""
+    if path in IGNORED:
+        return {}
+    if path in PRESENCE_ONLY:
+        return {} if value is None else {path: "set"}
     if isinstance(value, dict):
         return {leaf: v for key, item in value.items()
                 for leaf, v in _leaves(f"{path}.{key}", item).items()}
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
-        if path == "groups":
-            value = {g.get("group", i): {**_GROUP_DEFAULTS, **g} for i, g in enumerate(value)}
-            return _leaves(path, value)
         return _leaves(path, dict(enumerate(value)))
-    if isinstance(value, (list, tuple)):
-        return {path: list(value)}
-    return {path: value}
+    return {path: list(value) if isinstance(value, (list, tuple)) else value}

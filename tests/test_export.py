@@ -180,6 +180,7 @@ def read_like_otava(test: dict) -> tuple[list[datetime], dict[str, list[float]],
 
 
 def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_store, tmp_path):
+    night(sqlite_store, 0.25, "before-that")  # tonight's setup, but before a change
     night(sqlite_store, 0.5, "other-setup", params={"qos": 0})  # measured something else
     run_id = history(sqlite_store)
     said: list[str] = []
@@ -200,14 +201,15 @@ def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_s
     times, metrics, attributes = read_like_otava(test)
     assert times == sorted(times) and len(set(times)) == len(times)
     # comparable nights on fp1, oldest first: night 3 lacks a metric, one run failed,
-    # one is on fp2, one before night 1 had another setup
+    # one is on fp2; before night 1 the setup changed (and one night before that is
+    # another history, though its setup was tonight's)
     expected = [f"n{d:02d}" for d in range(1, NIGHTS + 1) if d != 3]
     assert attributes["run_id"] == expected
     assert set(attributes["kind"]) == {"nightly"}
     stored = {r: last_stage(sqlite_store, r)["metrics"] for r in expected}
     assert metrics["delivered_rate"] == [stored[r]["delivered_rate"] for r in expected]
     assert metrics["delivered_rate"][-1] < 0.85 * metrics["delivered_rate"][0]  # the drop is there
-    assert any("13 runs, 3 metrics (1 runs left out: a metric missing) (1 earlier runs left "
+    assert any("13 runs, 3 metrics (1 runs left out: a metric missing) (2 earlier runs left "
                "out: another setup)" in line for line in said), said
 
 

@@ -311,27 +311,38 @@ def test_a_searches_probes_and_holds_run_search_procs_every_other_stage_procs(tm
 
 def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_else(tmp_path):
     from tasks.catalog.inventory import Inventory
-    from tasks.catalog.placement import stage_drivers
+    from tasks.catalog.placement import recorded_params
     from tasks.fingerprint import setup_changes
 
     first, _second, *_ = expand(scenario())
     recorded = {**json.loads(json.dumps(first.to_dict())), "drivers": {"here": 1}}  # as stored
     assert setup_changes(recorded, {**first.to_dict(), "drivers": {"here": 1}}) == []
-    # its name, place in the suite, cool-down and a search's outcome are not what it measures
+    # its name, place in the suite, cool-down, a search's outcome and where it starts, and
+    # which file holds a TLS certificate are not what it measures
     renamed = replace(first, stage_id="other", index=7, cooldown_s=99)
     assert setup_changes(recorded, {**renamed.to_dict(), "drivers": {"here": 1},
                                     "search_outcome": {"max_rate": 5}}) == []
+    searched = replace(first, search={"hold_s": 10, "warm_start": True},
+                       connection={**first.connection, "tls": {"cert_file": "/a.pem"}})
+    moved = replace(searched, search={"hold_s": 10, "warm_start": False},
+                    connection={**first.connection, "tls": {"cert_file": "/b.pem"}})
+    assert setup_changes(searched.to_dict(), moved.to_dict()) == []
     more = replace(first, groups=(replace(first.groups[0], count=20), *first.groups[1:]),
-                   measure_s=60, connection={**first.connection, "tls": True})
+                   measure_s=60, connection={**first.connection, "tls": {}})
     assert setup_changes(recorded, {**more.to_dict(), "drivers": {"here": 2, "d2": 1}}) == [
-        "groups.pub.count: 5 -> 20", "measure_s: 5 -> 60", "connection.tls: unset -> True",
-        "drivers.d2: unset -> 1", "drivers.here: 1 -> 2"]
-    # a night recorded before a field existed: no difference in it; a group field it lacks
-    # has its default
+        "groups.pub.count: 5 -> 20", "measure_s: 5 -> 60", "connection.tls.insecure: unset -> "
+        "False", "drivers.d2: unset -> 1", "drivers.here: 1 -> 2"]
+    assert setup_changes(searched.to_dict(), {**searched.to_dict(), "search": {"hold_s": 20}}) \
+        == ["search.hold_s: 10 -> 20"]
+    # a night recorded before a field existed: no difference in it; a setting it lacks has
+    # its default (a group's field, a search setting, a connection setting)
     legacy = {k: v for k, v in recorded.items() if k != "drivers"}
     legacy["groups"] = [{k: v for k, v in g.items() if k != "share_group"}
                         for g in legacy["groups"]]
+    legacy["connection"] = {}
     assert setup_changes(legacy, {**first.to_dict(), "drivers": {"here": 3}}) == []
+    assert setup_changes({**searched.to_dict(), "search": {"hold_s": 10}}, searched.to_dict()) \
+        == []
 
     inventory = Inventory.model_validate({
         "hosts": [{"name": "here", "roles": ["broker", "driver"], "procs": 1,
@@ -339,6 +350,9 @@ def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_els
                   {"name": "d2", "transport": "ssh", "address": "10.0.0.3",
                    "roles": ["driver"], "procs": "auto"}],
         "broker": {"host": "here"}})
-    assert stage_drivers(first, inventory, {"d2": 4}) == {"here": 1, "d2": 4}
+    assert recorded_params(first, inventory, {"d2": 4})["drivers"] == {"here": 1, "d2": 4}
     template = replace(first, search={"hold_s": 10})  # a search: its probes' processes
-    assert stage_drivers(template, inventory, {"d2": 4}) == {"here": 2, "d2": 4}
+    assert recorded_params(template, inventory, {"d2": 4})["drivers"] == {"here": 2, "d2": 4}
+    few = replace(first, groups=(replace(first.groups[0], count=2), replace(first.groups[1],
+                                                                         count=1)))
+    assert recorded_params(few, inventory, {"d2": 4})["drivers"] == {"here": 1, "d2": 2}

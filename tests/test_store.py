@@ -410,15 +410,21 @@ def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report
     one = {"qos": 1, "groups": [{"group": "pub", "role": "pub", "count": 10, "topics": ["t"],
                                  "rate_per_client": 5.0}], "measure_s": 10}
     two = {**one, "drivers": {"here": 2}}
-    setups = {1: one, 2: {**one, "drivers": {"here": 1}}, 3: two, 4: two}  # 1: before drivers
+    back = {**one, "drivers": {"here": 1}}
+    setups = {1: one, 2: back, 3: two, 4: two, 5: back}  # n1: recorded before drivers were
     for day, params in setups.items():
         new_run(store, f"n{day}", day)
         stage(store, f"n{day}", params=params)
         store.finish_run(f"n{day}", "ok")
-    suspected = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "suspected",
-                 "detail": {"nights": 1}}
-    for run_id in ("n1", "n2", "n3"):
-        store.record_comparisons(run_id, [suspected])
+
+    def judged(run_id: str, verdict: str) -> None:
+        store.record_comparisons(run_id, [{"stage_id": "fanin.q1", "metric": "delivered_rate",
+                                           "verdict": verdict, "detail": {"nights": 1}}])
+
+    # n3 and n4 judged nothing a later night could confirm: the newest such verdict is n2's
+    for run_id, verdict in (("n1", "suspected"), ("n2", "suspected"), ("n3", "no_baseline"),
+                            ("n4", "no_baseline")):
+        judged(run_id, verdict)
 
     def inputs(run_id: str, release=None) -> dict:
         (row,) = store.stages(run_id)
@@ -433,11 +439,18 @@ def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report
     assert first["previous"] == {}  # n2's suspicion is not n3's to confirm
     later = inputs("n4")
     assert [h["run_id"] for h in later["history"]] == ["n3"] and later["new_history"] is None
-    assert later["previous"]["delivered_rate"]["run_id"] == "n3"
-    store.record_comparisons("n4", [{"stage_id": "fanin.q1", "metric": "delivered_rate",
-                                     "verdict": "unchanged"}])
+    assert later["previous"] == {}  # n2's is still another setup's
     assert [h["run_id"] for h in stored_histories(store, "n4", store.stages("n4"))["fanin.q1"]] \
         == ["n3"]  # the report shows the nights the compare step judged on
+    # back to n2's setup: a new history again, and n2's suspicion stays in the old one
+    again = inputs("n5")
+    assert again["history"] == [] and again["previous"] == {}
+    assert again["new_history"] == \
+        "setup changed (drivers.here: 2 -> 1): a new history starts here"
+    judged("n5", "learning")
+    new_run(store, "n6", 6)
+    stage(store, "n6", params=back)
+    assert inputs("n6")["previous"]["delivered_rate"]["run_id"] == "n5"
 
     store.pin_release_baseline("9.4.4", "n2")
     release = release_stages(store, store.run("n4"), {"options": {"baseline": "9.4.4"}})

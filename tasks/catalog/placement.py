@@ -150,11 +150,13 @@ def stage_slots(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]
     return driver_slots(inventory.driver_procs(cpus, search=stage.in_search))
 
 
-def stage_drivers(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]
-                  ) -> dict[str, int]:
-    """host -> the driver processes `stage` runs on it (a search template: its probes'),
-    as recorded with the stage: a change of them is a change of what it measured."""
-    return dict(Counter(host for host, _ in stage_slots(stage, inventory, cpus)))
+def recorded_params(stage: Stage, inventory: Inventory, cpus: dict[str, int | None]) -> dict:
+    """A stage as the store records it: its definition and `drivers`, host -> the driver
+    processes that run its clients (a search template: its probes'), which are part of
+    what it measures (`tasks.fingerprint.setup_changes`)."""
+    plans = place(stage, stage_slots(stage, inventory, cpus))
+    return {**stage.to_dict(), "drivers": dict(Counter(plan.host for plan in plans
+                                                      if plan.publishers or plan.subscribers))}
 
 
 def streams(publisher: dict) -> list[tuple[int, str]]:

@@ -47,11 +47,12 @@ def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None
 
 
 def setup_history(store: Store, run_id: str, stage: dict, nights: int
-                  ) -> tuple[list[dict], list[str]]:
+                  ) -> tuple[list[dict], list[str], dict | None]:
     """A stage's comparable earlier nights, newest first (same stage key and fingerprint,
     since the last accepted change), back to the newest one that measured another setup
-    (`setup_changes`: clients, rates, QoS, windows, connection settings, driver
-    processes), and what differed there ([] when no night was left out)."""
+    (`setup_changes`: clients, rates, payloads, topics, QoS, windows, connection and
+    search settings, driver processes); what differed there and that night
+    (`tasks.fingerprint.same_setup`)."""
     return same_setup(stage.get("params") or {},
                       store.history(stage["stage_key"], stage["fingerprint_hash"],
                                     before_run=run_id, limit=nights))
@@ -62,7 +63,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     """What the detector needs of one stage besides its own metrics: its comparable
     history, the previous verdicts, the pinned release stage and why a history is empty."""
     key, fp = stage["stage_key"], stage["fingerprint_hash"]
-    history, changes = setup_history(store, run_id, stage, policy.history_nights)
+    history, changes, other = setup_history(store, run_id, stage, policy.history_nights)
     new_history = None
     if not history and changes:
         new_history = f"setup changed ({'; '.join(changes)}): a new history starts here"
@@ -83,8 +84,9 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     baseline = f"release:{release[0]}" if release else "rolling"
     previous = {m: p for m, p in store.previous_verdicts(key, fp, before_run=run_id,
                                                          baseline=baseline).items()
-                # a verdict on a night of another setup is not tonight's to confirm
-                if not setup_changes(p.get("params") or {}, stage.get("params") or {})}
+                # a verdict of another setup's history is not tonight's to confirm
+                if not setup_changes(p.get("params") or {}, stage.get("params") or {})
+                and (other is None or p["started_at"] > other["started_at"])}
     noise_history = history
     if release is not None and pinned is None:
         history, new_history = [], release_problem or (

@@ -7,8 +7,7 @@ import json
 
 from .. import rundir
 from ..analysis.validity import judge
-from ..catalog.placement import stage_drivers
-from ..catalog.stages import Stage
+from ..catalog.placement import recorded_params
 from ..run_context import RunContext
 from . import Call
 from .provision import host_cpus, run_fingerprint
@@ -68,20 +67,14 @@ def load_results(ctx: RunContext) -> list[dict]:
             reasons[:0] = failed
         store.record_stage(ctx.run_id, stage.stage_id, scenario=stage.scenario,
                            stage_key=stage_key(broker_kind, stage.stage_id),
-                           params=recorded_params(ctx, stage, cpus), fingerprint_hash=fingerprint)
+                           params=recorded_params(stage, ctx.inventory, cpus),
+                           fingerprint_hash=fingerprint)
         store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
                              series=result.get("series", {}), validity=validity,
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
     return rows + record_searches(ctx, store, fingerprint, results)
-
-
-def recorded_params(ctx: RunContext, stage: Stage, cpus: dict[str, int]) -> dict:
-    """A stage as recorded: its definition and the driver processes it ran on
-    (`drivers`), which the compare step holds a night's history to
-    (`tasks.fingerprint.setup_changes`)."""
-    return {**stage.to_dict(), "drivers": stage_drivers(stage, ctx.inventory, cpus)}
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity.
@@ -102,7 +95,7 @@ def record_searches(ctx: RunContext, store, fingerprint: str,
         template = templates[template_id]
         store.record_stage(ctx.run_id, template_id, scenario=template.scenario,
                            stage_key=stage_key(ctx.inventory.broker.kind, template_id),
-                           params={**recorded_params(ctx, template, cpus),
+                           params={**recorded_params(template, ctx.inventory, cpus),
                                    "search_outcome": outcome},
                            fingerprint_hash=fingerprint)
         validity = "valid" if outcome["converged"] else "invalid"

@@ -27,6 +27,7 @@ from ..catalog.placement import (
     place,
     process_spec,
     receivers,
+    recorded_params,
     stage_slots,
 )
 from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
@@ -38,6 +39,7 @@ from ..driver.output import (
     START_FILE,
     SUMMARY_FILE,
 )
+from ..fingerprint import same_setup
 from ..hosts import Host, died
 from ..run_context import RunContext
 from . import STEPS, Call
@@ -282,10 +284,12 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
 
 
 def last_capacity(ctx: RunContext, template: Stage) -> float | None:
-    """The capacity this search stage last measured on this run's fingerprint (its newest
-    comparable night's max_rate), for a warm start."""
+    """The capacity this search stage last measured on this run's fingerprint and setup
+    (its newest comparable night's max_rate), for a warm start: after a change of setup,
+    such as more driver processes, the last capacity may be the old setup's limit."""
     key = stage_key(ctx.inventory.broker.kind, template.stage_id)
     nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1)
+    nights = same_setup(recorded_params(template, ctx.inventory, host_cpus(ctx)), nights)[0]
     return nights[0]["metrics"].get("max_rate") if nights else None
 
 

@@ -46,7 +46,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
              "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages))]
     verdicts = verdict_rows(stages)
     if any(v["verdict"] not in NOT_JUDGED for v in verdicts):
-        lines.append("\nverdicts against earlier runs of the same stage and fingerprint:\n"
+        lines.append("\nverdicts against earlier runs of the same stage, fingerprint and setup:\n"
                      + table(verdicts))
     else:
         lines.append(f"\nno baseline yet: {_no_baseline(run, stages)}")
