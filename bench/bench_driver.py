@@ -20,10 +20,11 @@ Scenarios (256-byte payloads):
               low rate each), both tools: one message per send, so per-message system
               calls dominate; bar 1.2x MQTT.js (issue #18). MQTT.js publishes what is due
               on a 2 ms timer (`JS_TICK_US`), and perfpipe gets the same as its tick_us:
-              each tool's send lateness is printed. Beside them, each message at its
-              intended time (tick_us 0, the driver's default): perfpipe, and the floor,
+              each tool's send lateness is printed. Beside them the floor,
               bench/floor_sender.py, a CPython loop of select() and send() and nothing
-              else, the most any Python sender can do at that precision
+              else, at the same tick: the most any Python sender can make of the row (its
+              bound); and each message at its intended time (tick_us 0, the driver's
+              default): perfpipe, and the floor doing the same
   pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
   sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
               publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s).
@@ -106,9 +107,11 @@ PP_TICK_US: int | None = None  # --pp-tick-us
 # same send granularity (each tool's lateness is printed)
 JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
-# rows: perfpipe sending each message at its intended time (tick_us 0, the driver's default)
-# and the floor (bench/floor_sender.py) doing the same; subscribe rows: perfpipe reading
-# in passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
+# rows: the floor (bench/floor_sender.py) at perfpipe's tick, the bound on the row's bar
+# for a CPython sender, then perfpipe sending each message at its intended time (tick_us 0,
+# the driver's default) and the floor doing the same; subscribe rows: perfpipe reading in
+# passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
+FLOOR = "floor"
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
 HELD_READ_US = (1000,)  # --held-us
 
@@ -615,7 +618,8 @@ def connect_check(port: int, workdir: Path, clients: int) -> dict:
 
 # ---- report ------------------------------------------------------------------------------
 def tools_for(scenario: str) -> list[str]:
-    extra = ON_TIME if scenario in FIXED_RATE else HELD if scenario in SUBSCRIBE else ()
+    extra = (FLOOR, *ON_TIME) if scenario in FIXED_RATE else HELD if scenario in SUBSCRIBE \
+        else ()
     return ["perfpipe", "mqtt.js", *extra]
 
 
@@ -627,6 +631,10 @@ def print_precise(scenario: str, rows: dict[str, list[dict]], reps: int) -> None
     print(f"{scenario} (median of {reps}), send lateness p50/p99: perfpipe at tick_us "
           f"{tick_for(scenario)} {late_text(median_late(rows['perfpipe']))}, MQTT.js "
           f"{late_text(median_late(rows['mqtt.js']))}")
+    print(f"  the floor at the same tick (select and send only, the most a CPython sender can "
+          f"make of the row): {fmt(med(FLOOR))} msgs/CPU-s "
+          f"({late_text(median_late(rows[FLOOR]))}), over MQTT.js "
+          f"{ratio(FLOOR, 'mqtt.js'):.2f}; perfpipe over the floor {ratio('perfpipe', FLOOR):.2f}")
     pp0, floor0 = ON_TIME
     print(f"  each message at its intended time (tick_us 0): perfpipe "
           f"{fmt(med(pp0))} msgs/CPU-s ({late_text(median_late(rows[pp0]))}), "

@@ -110,7 +110,7 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
     why = "setup changed (measure_s: 10 -> 60): a new history starts here"
     fresh = {**stage, "comparisons": [{**verdict("delivered_rate", "no_baseline"),
                                        "detail": {"new_history": why}}]}
-    assert f"verdicts: none, a new history starts: {why}" in short_summary(run, [fresh], files)
+    assert f"verdicts: none, {why}\n" in short_summary(run, [fresh], files)
     assert verdict_rows([fresh])[0]["note"] == why
 
 

@@ -35,8 +35,8 @@ def _no_baseline(run: dict, stages: list[dict]) -> str:
                   for c in s.get("comparisons", [])} - {""})
     if not why:
         return NO_BASELINE
-    return (f"a new history starts: {why[0]}"
-            + (f" (and {len(why) - 1} more: perfpipe show {run['run_id']})" if len(why) > 1 else ""))
+    return why[0] + (f" (and {len(why) - 1} more: perfpipe show {run['run_id']})"
+                     if len(why) > 1 else "")
 
 
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
