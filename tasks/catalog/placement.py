@@ -154,9 +154,8 @@ def recorded_params(stage: Stage, inventory: Inventory, cpus: dict[str, int | No
     """A stage as the store records it: its definition and `drivers`, host -> the driver
     processes that run its clients (a search template: its probes'), which are part of
     what it measures (`tasks.fingerprint.setup_changes`)."""
-    plans = place(stage, stage_slots(stage, inventory, cpus))
-    return {**stage.to_dict(), "drivers": dict(Counter(plan.host for plan in plans
-                                                      if plan.publishers or plan.subscribers))}
+    plans = place(stage, stage_slots(stage, inventory, cpus))  # the slots that got clients
+    return {**stage.to_dict(), "drivers": dict(Counter(plan.host for plan in plans))}
 
 
 def streams(publisher: dict) -> list[tuple[int, str]]:

@@ -221,8 +221,8 @@ class SearchSettings(BaseModel):
                         "throughput stable and backlog not rising, before it counts (0: no hold)")
     holds: StrictInt = Field(2, ge=1, le=5, description="hold attempts, each a precision lower")
     warm_start: bool = Field(True, description="start at 90% of the capacity this stage last "
-                             "measured on the same fingerprint, in steps of at most 10%, when "
-                             "there is one")
+                             "measured on the same fingerprint and setup, in steps of at "
+                             "most 10%, when there is one")
 
 
 class StagePlan(BaseModel):
