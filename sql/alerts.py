@@ -14,6 +14,7 @@ night of the same evidence only moves last_run_id.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -92,11 +93,14 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
 
 
 def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                   change_pct: float | None) -> tuple[int, bool] | None:
+                   change_pct: float | None, history_after: datetime | None = None
+                   ) -> tuple[int, bool] | None:
     """Keep the alert of stage_key+metric in step with tonight's verdict; (id, changed), or
     None when there is no alert and none is needed. suspected / regression open or update
     it; any other judged verdict closes an open one: `cleared` if it was only suspected,
-    else `recovered`. invalid and no_baseline say nothing about the change: no-op."""
+    else `recovered`. invalid and no_baseline say nothing about the change: no-op. Nor
+    does a verdict close an alert opened at or before `history_after` (the start of the
+    newest night of another setup): that alert is another history's, for a person."""
     if verdict in VERDICT_STATUS:
         return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
                             status=VERDICT_STATUS[verdict], change_pct=change_pct)
@@ -104,6 +108,8 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
         return None
     alert = _latest(s, stage_key, metric, open_only=True)
     if alert is None:
+        return None
+    if history_after is not None and s.get(Run, alert.first_run_id).started_at <= history_after:
         return None
     closing = "cleared" if alert.status == "suspected" else "recovered"
     return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id, status=closing,

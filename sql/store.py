@@ -436,12 +436,14 @@ class Store:
                                        status=status, change_pct=change_pct)
 
     def follow_verdict(self, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                       change_pct: float | None) -> tuple[int, bool] | None:
+                       change_pct: float | None, history_after: datetime | None = None
+                       ) -> tuple[int, bool] | None:
         """Open, update or close the alert of stage_key+metric from tonight's verdict (see
         `sql.alerts.follow_verdict`); (alert id, changed) or None."""
         with self._tx() as s:
             return alerts.follow_verdict(s, stage_key=stage_key, metric=metric, run_id=run_id,
-                                         verdict=verdict, change_pct=change_pct)
+                                         verdict=verdict, change_pct=change_pct,
+                                         history_after=history_after)
 
     def alert(self, alert_id: int) -> dict[str, Any]:
         with self._tx() as s:

@@ -404,7 +404,7 @@ def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
 def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report(
         store: Store) -> None:
     from tasks.analysis.detector import Policy
-    from tasks.steps.compare import release_stages, stage_inputs
+    from tasks.steps.compare import record_verdicts, release_stages, stage_inputs
     from tasks.steps.report import stored_histories
 
     one = {"qos": 1, "groups": [{"group": "pub", "role": "pub", "count": 10, "topics": ["t"],
@@ -451,6 +451,16 @@ def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report
     new_run(store, "n6", 6)
     stage(store, "n6", params=back)
     assert inputs("n6")["previous"]["delivered_rate"]["run_id"] == "n5"
+
+    # an alert n2 opened is another history's: n6's verdict leaves it to a person
+    alert_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
+                                     run_id="n2", status="suspected", change_pct=-6.0)
+    row = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "learning",
+           "change_pct": 0.5, "detail": {}}
+    record_verdicts(store, "n6", [row], {"fanin.q1": "fanin.q1"}, {"fanin.q1": inputs("n6")})
+    assert store.alert(alert_id)["status"] == "suspected"
+    record_verdicts(store, "n6", [row], {"fanin.q1": "fanin.q1"})  # as before: it clears it
+    assert store.alert(alert_id)["status"] == "cleared"
 
     store.pin_release_baseline("9.4.4", "n2")
     release = release_stages(store, store.run("n4"), {"options": {"baseline": "9.4.4"}})

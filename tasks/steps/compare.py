@@ -93,7 +93,8 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             f"stage not in the release baseline run {release[1]}" if release[1]
             else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
-            "new_history": new_history, "noise_history": noise_history}
+            "new_history": new_history, "noise_history": noise_history,
+            "history_after": other and other["started_at"]}
 
 
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
@@ -115,15 +116,19 @@ def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Pol
 
 
 def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
-                    stage_keys: dict[str, str]) -> list[int]:
+                    stage_keys: dict[str, str], inputs: dict[str, dict[str, Any]] | None = None
+                    ) -> list[int]:
     """Record a run's verdicts and keep one alert per stage key and metric in step with
-    them; returns the ids of the alerts that are new or changed (undelivered again)."""
+    them (an alert of another setup's history left for a person); returns the ids of the
+    alerts that are new or changed (undelivered again)."""
     store.record_comparisons(run_id, rows)
     changed = []
     for v in rows:
         followed = store.follow_verdict(stage_key=alert_key(stage_keys[v["stage_id"]], v["detail"]),
                                         metric=v["metric"], run_id=run_id, verdict=v["verdict"],
-                                        change_pct=v["change_pct"])
+                                        change_pct=v["change_pct"],
+                                        history_after=(inputs or {}).get(v["stage_id"], {})
+                                        .get("history_after"))
         if followed is not None and followed[1]:
             changed.append(followed[0])
     return changed
@@ -139,7 +144,7 @@ def compare_stored(store: Store, run_id: str, plan: dict,
     keys = {s["stage_id"]: s["stage_key"] for s in stages}
     inputs = {s["stage_id"]: stage_inputs(store, run_id, s, policy, release) for s in stages}
     rows = [v.to_dict() for v in judge_run(stages, inputs, policy, run_id)]
-    changed = record_verdicts(store, run_id, rows, keys)
+    changed = record_verdicts(store, run_id, rows, keys, inputs)
     return {"verdicts": rows, "changed_alerts": changed,
             "release_baseline": release[:2] if release else None}
 
