@@ -74,11 +74,11 @@ def setup_changes(before: dict, after: dict) -> list[str]:
     changes = []
     for name in SETUP_FIELDS:
         if name in before and name in after:
-            old, new = _leaves(name, _complete(name, before[name])), \
-                _leaves(name, _complete(name, after[name]))
-            changes += [f"{path}: {old.get(path, 'unset')} -> {new.get(path, 'unset')}"
-                        for path in sorted(old.keys() | new.keys())
-                        if old.get(path, "unset") != new.get(path, "unset")]
+            old, new = (_leaves(name, _complete(name, night[name])) for night in (before, after))
+            for path in sorted(old.keys() | new.keys()):
+                was, now = old.get(path, "unset"), new.get(path, "unset")
+                if was != now:
+                    changes.append(f"{path}: {was} -> {now}")
     return changes
 
 
@@ -103,9 +103,8 @@ def _complete(name: str, value: Any) -> Any:
             return model.model_validate(value).model_dump(exclude_none=name == "connection")
         except ValueError:
             return value
-    if name == "groups" and isinstance(value, (list, tuple)):
-        return {g.get("group", i): {**_GROUP_DEFAULTS, **g} if isinstance(g, dict) else g
-                for i, g in enumerate(value)}
+    if name == "groups" and isinstance(value, (list, tuple)):  # by name, as `_leaves` walks
+        return {g.get("group", i): {**_GROUP_DEFAULTS, **g} for i, g in enumerate(value)}
     return value
 
 
@@ -118,6 +117,4 @@ def _leaves(path: str, value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return {leaf: v for key, item in value.items()
                 for leaf, v in _leaves(f"{path}.{key}", item).items()}
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
-        return _leaves(path, dict(enumerate(value)))
     return {path: list(value) if isinstance(value, (list, tuple)) else value}

@@ -62,7 +62,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
                  release: tuple[str, str | None, dict[str, dict]] | None) -> dict[str, Any]:
     """What the detector needs of one stage besides its own metrics: its comparable
     history, the previous verdicts, the pinned release stage and why a history is empty."""
-    key, fp = stage["stage_key"], stage["fingerprint_hash"]
+    key, fp, params = stage["stage_key"], stage["fingerprint_hash"], stage.get("params") or {}
     history, changes, other = setup_history(store, run_id, stage, policy.history_nights)
     new_history = None
     if not history and changes:
@@ -75,7 +75,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     if release is not None:
         label, base_run, stages = release
         base = stages.get(key)
-        differs = base and setup_changes(base.get("params") or {}, stage.get("params") or {})
+        differs = base and setup_changes(base.get("params") or {}, params)
         if differs:
             release_problem = f"setup differs from release {label}'s ({'; '.join(differs)})"
         elif base is not None:
@@ -85,7 +85,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     previous = {m: p for m, p in store.previous_verdicts(key, fp, before_run=run_id,
                                                          baseline=baseline).items()
                 # a verdict of another setup's history is not tonight's to confirm
-                if not setup_changes(p.get("params") or {}, stage.get("params") or {})
+                if not setup_changes(p.get("params") or {}, params)
                 and (other is None or p["started_at"] > other["started_at"])}
     noise_history = history
     if release is not None and pinned is None:

@@ -74,7 +74,7 @@ def load_results(ctx: RunContext) -> list[dict]:
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
-    return rows + record_searches(ctx, store, fingerprint, results)
+    return rows + record_searches(ctx, store, fingerprint, results, cpus)
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity.
@@ -82,14 +82,13 @@ AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
                "broker_rss_per_1k_conn")
 
 
-def record_searches(ctx: RunContext, store, fingerprint: str,
-                    results: dict[str, dict]) -> list[dict]:
+def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
+                    cpus: dict[str, int]) -> list[dict]:
     """Each max-rate search as a stage of its own whose metrics are `max_rate` and the
     broker's cost during the hold that confirmed it (`results`: the job's stage results by
-    id): valid only when the search converged (its probes are stages too, never
-    compared)."""
+    id; `cpus`: host -> cores, `provision.host_cpus`): valid only when the search converged
+    (its probes are stages too, never compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
-    cpus = host_cpus(ctx)
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
         template = templates[template_id]
