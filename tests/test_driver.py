@@ -12,12 +12,14 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tasks.driver import fastpath
-from tasks.driver.accounting import Accounting
+from tasks.driver.accounting import C_PUBLISHED, Accounting
 from tasks.driver.histogram import (
     MAX_RELATIVE_ERROR,
     bucket_bounds,
@@ -34,7 +36,8 @@ from tasks.driver.output import (
     SUMMARY_FILE,
     RawWriter,
 )
-from tasks.driver.wire import Template
+from tasks.driver.session import READY, Conn, Sessions
+from tasks.driver.wire import HEADER, Template
 from tasks.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -370,6 +373,68 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
     for pct in (50, 90, 99, 99.9):
         exact = np.percentile(values, pct, method="inverted_cdf")
         assert abs(percentile(counts, pct) - exact) <= exact * MAX_RELATIVE_ERROR + 0.5
+
+
+class TakesAll:
+    """A socket stand-in that keeps every byte sent, so the packets can be read back."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+
+    def send(self, data: bytearray) -> int:
+        self.sent += data
+        return len(data)
+
+
+def test_the_scheduler_sends_every_message_once_at_the_first_run_after_its_intended_time(
+        tmp_path):
+    """Open loop over simulated time, as the driver's loop calls `Scheduler.run`: 2 ms ticks
+    with a 45 ms stall (two or three messages due at once: the backlog path) and one
+    publisher cycling over topics. Every message goes once, in order, stamped with its
+    intended time, first + (k-1) * interval, and the time of the run that sent it, the first
+    at or after that; pub_delay holds one count per message, in the bucket of that lag."""
+    start, end = 1_800_000_000 * 10**9, 1_800_000_001 * 10**9
+    sessions = SimpleNamespace(on_window=None, flush=None)
+    sessions.flush = partial(Sessions.flush, sessions)
+    conns = []
+    for index in range(6):
+        cycle = ["t/a", "t/b"] if index == 5 else []
+        publisher = SimpleNamespace(rate=50 + 7 * index, publisher_index=10 * index,
+                                    topic_cycle=cycle, qos=0, topic=f"t/{index}",
+                                    payload_bytes=64)
+        conn = Conn(publisher, "pub", index, None, False)
+        conn.state, conn.raw, conn.sock = READY, True, TakesAll()
+        conns.append(conn)
+    acct = Accounting(RawWriter(tmp_path), tag=7)
+    scheduler = fastpath.Scheduler(sessions, acct, conns, start, end, max_inflight=10)
+    runs = [t for t in range(start, end + 1, 2_000_000)
+            if not start + 300_000_000 < t < start + 345_000_000]
+    for now in runs:
+        scheduler.run(now)
+    lags: dict[int, int] = {}
+    for conn in conns:
+        tmpl = conn.tmpl[0] if conn.spec.topic_cycle else conn.tmpl
+        size, at = len(tmpl.packet), tmpl.patch_at - 8  # the header: tag, publisher first
+        sent = [HEADER.unpack_from(conn.sock.sent, i + at)
+                for i in range(0, len(conn.sock.sent), size)]
+        assert len(sent) == conn.total == conn.seq > 40
+        for k, (tag, publisher, seq, intended_us, sent_us) in enumerate(sent, 1):
+            intended = conn.first + int((k - 1) * conn.interval)
+            cycle = len(conn.spec.topic_cycle) or 1
+            assert (tag, publisher, seq) == (7, conn.spec.publisher_index + (k - 1) % cycle,
+                                             (k - 1) // cycle + 1)
+            assert intended_us == intended // 1000
+            sent_at = next(t for t in runs if t >= intended)
+            assert sent_us == sent_at // 1000
+            lag = bucket_of((sent_at - intended) // 1000)
+            lags[lag] = lags.get(lag, 0) + 1
+    recorded: dict[int, int] = {}
+    for (_, kind), hist in acct.hists.items():
+        for bucket, count in enumerate(hist):
+            if kind == "pub_delay" and count:
+                recorded[bucket] = recorded.get(bucket, 0) + count
+    assert recorded == lags and max(lags) > bucket_of(40_000)  # the stall's backlog is in it
+    assert sum(row[C_PUBLISHED] for row in acct.rows.values()) == sum(c.total for c in conns)
 
 
 def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):

@@ -71,7 +71,7 @@ class Conn:
         "spec", "role", "index", "client", "sock", "fd", "tls", "state", "raw", "closing",
         "out", "rest", "paho_pending", "paho_turn", "want_out", "connect_ns", "subscribe_ns",
         "tracks", "q2", "qos", "inflight", "next_pid", "seq", "first", "interval", "total",
-        "tmpl", "parked", "scheduled", "held",
+        "tmpl", "parked", "scheduled", "held", "solo",
     )
 
     def __init__(self, spec: PublisherSpec | SubscriberSpec, role: str, index: int,
@@ -92,6 +92,7 @@ class Conn:
         self.seq = self.first = self.total = 0
         self.interval = 0.0
         self.tmpl = None
+        self.solo = False  # publisher: QoS 0 on one topic (Scheduler.run's short path)
         self.parked = False  # publisher: out of the schedule until Scheduler.wake
         self.scheduled = False  # publisher: has an entry in the scheduler's heap
         self.held = 0  # last sequence number counted as held back by a full window
