@@ -100,7 +100,8 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
     it; any other judged verdict closes an open one: `cleared` if it was only suspected,
     else `recovered`. invalid and no_baseline say nothing about the change: no-op. Nor
     does a verdict close an alert opened at or before `history_after` (the start of the
-    newest night of another setup): that alert is another history's, for a person."""
+    newest night of another setup or fingerprint): that alert is another history's, for a
+    person."""
     if verdict in VERDICT_STATUS:
         return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
                             status=VERDICT_STATUS[verdict], change_pct=change_pct)

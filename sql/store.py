@@ -387,6 +387,15 @@ class Store:
             before = self._run(s, before_run).started_at
             return queries.last_fingerprint(s, stage_key, before=before)
 
+    def last_other_fingerprint_at(self, stage_key: str, fingerprint_hash: str, *,
+                                  before_run: str) -> datetime | None:
+        """When the newest earlier comparable run of `stage_key` on another fingerprint
+        started, or None."""
+        with self._tx() as s:
+            before = self._run(s, before_run).started_at
+            return queries.last_other_fingerprint_at(s, stage_key, fingerprint_hash,
+                                                     before=before)
+
     def previous_verdicts(self, stage_key: str, fingerprint_hash: str | None, *,
                           before_run: str, baseline: str = "rolling") -> dict[str, dict[str, Any]]:
         """metric -> the newest earlier verdict of this stage key that a night can confirm

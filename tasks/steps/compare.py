@@ -18,6 +18,7 @@ a rolling history.
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from sql import Store
@@ -94,7 +95,17 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
             "new_history": new_history, "noise_history": noise_history,
-            "history_after": other and other["started_at"]}
+            "history_after": _history_after(store, run_id, stage, other)}
+
+
+def _history_after(store: Store, run_id: str, stage: dict, other: dict | None
+                   ) -> datetime | None:
+    """When the newest earlier night of another setup or another fingerprint of this stage
+    started: an alert opened then or before is another history's (`follow_verdict`)."""
+    fp = stage["fingerprint_hash"]
+    cuts = [other and other["started_at"],
+            fp and store.last_other_fingerprint_at(stage["stage_key"], fp, before_run=run_id)]
+    return max((cut for cut in cuts if cut), default=None)
 
 
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
