@@ -6,6 +6,7 @@ import csv
 import errno
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -376,26 +377,34 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
 
 
 class TakesAll:
-    """A socket stand-in that keeps every byte sent, so the packets can be read back."""
+    """A socket stand-in that keeps every byte sent, so the packets can be read back, and
+    refuses writes (a full socket) while `refusing`."""
 
     def __init__(self) -> None:
         self.sent = bytearray()
+        self.refusing = False
 
     def send(self, data: bytearray) -> int:
+        if self.refusing:
+            raise BlockingIOError(errno.EAGAIN, "full")
         self.sent += data
         return len(data)
 
 
-def test_the_scheduler_sends_every_message_once_at_the_first_run_after_its_intended_time(
+def test_the_scheduler_sends_every_message_once_at_the_first_run_at_or_after_its_time(
         tmp_path):
-    """Open loop over simulated time, as the driver's loop calls `Scheduler.run`: 2 ms ticks
-    with a 45 ms stall (two or three messages due at once: the backlog path) and one
-    publisher cycling over topics. Every message goes once, in order, stamped with its
-    intended time, first + (k-1) * interval, and the time of the run that sent it, the first
-    at or after that; pub_delay holds one count per message, in the bucket of that lag."""
+    """Open loop over simulated time, as the driver's loop calls `Scheduler.run`: 2 ms ticks,
+    runs falling exactly on messages' intended nanoseconds, a 45 ms stall (two or three
+    messages due at once: the backlog path), a socket that refuses writes for 30 ms, a
+    publisher parked 40 ms for paho, one cycling over topics. Every message goes once, in
+    order, stamped with its intended time, first + (k-1) * interval, and the time of the
+    run that encoded it: the first at or after that time (after the park, for the parked
+    one). pub_delay holds one count per message, in the bucket of that lag."""
+    ms = 1_000_000
     start, end = 1_800_000_000 * 10**9, 1_800_000_001 * 10**9
-    sessions = SimpleNamespace(on_window=None, flush=None)
+    sessions = SimpleNamespace(on_window=None, epoll=select.epoll())
     sessions.flush = partial(Sessions.flush, sessions)
+    sessions.arm = partial(Sessions.arm, sessions)
     conns = []
     for index in range(6):
         cycle = ["t/a", "t/b"] if index == 5 else []
@@ -404,13 +413,31 @@ def test_the_scheduler_sends_every_message_once_at_the_first_run_after_its_inten
                                     payload_bytes=64)
         conn = Conn(publisher, "pub", index, None, False)
         conn.state, conn.raw, conn.sock = READY, True, TakesAll()
+        conn.fd, write_end = os.pipe()  # for `arm`: epoll watches it for writability
+        os.close(write_end)
+        sessions.epoll.register(conn.fd, select.EPOLLIN)
         conns.append(conn)
     acct = Accounting(RawWriter(tmp_path), tag=7)
     scheduler = fastpath.Scheduler(sessions, acct, conns, start, end, max_inflight=10)
-    runs = [t for t in range(start, end + 1, 2_000_000)
-            if not start + 300_000_000 < t < start + 345_000_000]
+    fills = []
+    scheduler.fill = lambda conn, now: fills.append(conn) or fastpath.Scheduler.fill(
+        scheduler, conn, now)
+    stall = range(start + 300 * ms, start + 345 * ms)
+    exact = [c.first + int(k * c.interval) for c in conns[:5] for k in range(int(c.total))]
+    runs = sorted({t for t in [*range(start, end + 1, 2 * ms), *exact[::3]] if t not in stall})
+    full, parked = conns[2], conns[3]  # a full socket for 30 ms; paho's turn for 40 ms
+    park = range(start + 400 * ms, start + 440 * ms)
     for now in runs:
+        full.sock.refusing = start + 200 * ms <= now < start + 230 * ms
+        if full.want_out and not full.sock.refusing:
+            sessions.flush(full)  # what the loop does when epoll says it is writable
+        parked.paho_pending = now in park
+        if parked.parked and now >= park.stop:
+            scheduler.wake(parked)  # what flush does once paho has written
         scheduler.run(now)
+    assert full.want_out is False and not full.out and parked.parked is False
+    for conn in conns:
+        os.close(conn.fd)
     lags: dict[int, int] = {}
     for conn in conns:
         tmpl = conn.tmpl[0] if conn.spec.topic_cycle else conn.tmpl
@@ -418,14 +445,15 @@ def test_the_scheduler_sends_every_message_once_at_the_first_run_after_its_inten
         sent = [HEADER.unpack_from(conn.sock.sent, i + at)
                 for i in range(0, len(conn.sock.sent), size)]
         assert len(sent) == conn.total == conn.seq > 40
+        cycle = len(conn.spec.topic_cycle) or 1
         for k, (tag, publisher, seq, intended_us, sent_us) in enumerate(sent, 1):
             intended = conn.first + int((k - 1) * conn.interval)
-            cycle = len(conn.spec.topic_cycle) or 1
             assert (tag, publisher, seq) == (7, conn.spec.publisher_index + (k - 1) % cycle,
                                              (k - 1) // cycle + 1)
             assert intended_us == intended // 1000
-            sent_at = next(t for t in runs if t >= intended)
-            assert sent_us == sent_at // 1000
+            sent_at = next(t for t in runs if t >= intended
+                           and not (conn is parked and t in park))
+            assert sent_us == sent_at // 1000, (conn.index, k)
             lag = bucket_of((sent_at - intended) // 1000)
             lags[lag] = lags.get(lag, 0) + 1
     recorded: dict[int, int] = {}
@@ -435,6 +463,11 @@ def test_the_scheduler_sends_every_message_once_at_the_first_run_after_its_inten
                 recorded[bucket] = recorded.get(bucket, 0) + count
     assert recorded == lags and max(lags) > bucket_of(40_000)  # the stall's backlog is in it
     assert sum(row[C_PUBLISHED] for row in acct.rows.values()) == sum(c.total for c in conns)
+    # one-topic QoS 0 messages due one at a time do not go through fill (the short path);
+    # a backlog, a park and a topic cycle do
+    solo = [c for c in fills if c.solo]
+    assert 0 < len(solo) < sum(c.total for c in conns[:5]) / 10 and parked in solo
+    assert fills.count(conns[5]) > conns[5].total / 2
 
 
 def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):

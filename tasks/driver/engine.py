@@ -138,7 +138,7 @@ class Engine:
                 sessions.poll(min(max(wait, 0.0), 0.01, (end_ns - now) / 1e9), precise=True)
             self._housekeeping()
         if not self.stop_requested:  # what fell due since the last tick's run
-            scheduler.run(time.time_ns())  # `fill` stops at the last one before end_ns
+            scheduler.run(time.time_ns())  # it stops at the last one before end_ns
         wall, cpu = self._cpu_from
         self.publish_cpu = {"cpu_s": round(_cpu_seconds() - cpu, 3),
                             "wall_s": round(time.monotonic() - wall, 3)}
