@@ -498,6 +498,12 @@ def test_an_alert_from_before_a_fingerprint_change_is_left_to_a_person(store: St
                                 status="suspected", change_pct=-6.0)
     record_verdicts(store, "n5", [row], {"fanin.q1": "fanin.q1"}, {"fanin.q1": inputs})
     assert store.alert(new)["status"] == "cleared"
+    store.finish_run("n5", "ok")  # then a setup change on fp2: the newer cut counts
+    new_run(store, "n6", 6)
+    stage(store, "n6", fp="fp2", params={"qos": 2})
+    (tonight,) = store.stages("n6")
+    assert stage_inputs(store, "n6", tonight, Policy(), None)["history_after"] \
+        == store.run("n5")["started_at"]
 
 
 def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(
