@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from tasks.metrics import OPEN_ALERT_STATUSES
 
 from .common import StoreError, check, finite, row_dict
-from .models import Alert, Run
+from .models import Alert, Run, Stage
 
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
 GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again
@@ -93,15 +93,17 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
 
 
 def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                   change_pct: float | None, history_after: datetime | None = None
+                   change_pct: float | None, history_after: datetime | None = None,
+                   judged_on: tuple[str, str | None] | None = None
                    ) -> tuple[int, bool] | None:
     """Keep the alert of stage_key+metric in step with tonight's verdict; (id, changed), or
     None when there is no alert and none is needed. suspected / regression open or update
     it; any other judged verdict closes an open one: `cleared` if it was only suspected,
     else `recovered`. invalid and no_baseline say nothing about the change: no-op. Nor
     does a verdict close an alert opened at or before `history_after` (the start of the
-    newest night of another setup or fingerprint): that alert is another history's, for a
-    person."""
+    newest night of another setup), nor, given `judged_on` (tonight's stage key and host
+    fingerprint), one opened on a night whose stage had another fingerprint: such an alert
+    is another history's, for a person."""
     if verdict in VERDICT_STATUS:
         return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
                             status=VERDICT_STATUS[verdict], change_pct=change_pct)
@@ -112,9 +114,17 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
         return None
     if history_after is not None and s.get(Run, alert.first_run_id).started_at <= history_after:
         return None
+    if judged_on is not None and _fingerprint(s, alert.first_run_id, judged_on[0]) != judged_on[1]:
+        return None
     closing = "cleared" if alert.status == "suspected" else "recovered"
     return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id, status=closing,
                         change_pct=change_pct)
+
+
+def _fingerprint(s: Session, run_id: str, stage_key: str) -> str | None:
+    """The host fingerprint of a run's stage of this key (None: none recorded)."""
+    return s.scalars(select(Stage.fingerprint_hash).where(
+        Stage.run_id == run_id, Stage.stage_key == stage_key).limit(1)).first()
 
 
 def get(s: Session, alert_id: int) -> dict[str, Any]:

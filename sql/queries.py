@@ -123,15 +123,6 @@ def last_fingerprint(s: Session, stage_key: str, *, before: datetime) -> str | N
     return None if row is None else row.fingerprint_hash
 
 
-def last_other_fingerprint_at(s: Session, stage_key: str, fingerprint_hash: str, *,
-                              before: datetime) -> datetime | None:
-    """When the newest earlier comparable run of this stage key on another fingerprint
-    started (what came before it is another history's, for the alerts)."""
-    q = _comparable(stage_key, None, before).where(Stage.fingerprint_hash != fingerprint_hash)
-    row = s.execute(q.order_by(Run.started_at.desc()).limit(1)).first()
-    return None if row is None else row.started_at
-
-
 def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, *,
                       before: datetime, baseline: str, runs: int = 5) -> dict[str, dict[str, Any]]:
     """metric -> the newest earlier verdict of this stage key (and fingerprint) that a night

@@ -387,15 +387,6 @@ class Store:
             before = self._run(s, before_run).started_at
             return queries.last_fingerprint(s, stage_key, before=before)
 
-    def last_other_fingerprint_at(self, stage_key: str, fingerprint_hash: str, *,
-                                  before_run: str) -> datetime | None:
-        """When the newest earlier comparable run of `stage_key` on another fingerprint
-        started, or None."""
-        with self._tx() as s:
-            before = self._run(s, before_run).started_at
-            return queries.last_other_fingerprint_at(s, stage_key, fingerprint_hash,
-                                                     before=before)
-
     def previous_verdicts(self, stage_key: str, fingerprint_hash: str | None, *,
                           before_run: str, baseline: str = "rolling") -> dict[str, dict[str, Any]]:
         """metric -> the newest earlier verdict of this stage key that a night can confirm
@@ -445,14 +436,15 @@ class Store:
                                        status=status, change_pct=change_pct)
 
     def follow_verdict(self, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                       change_pct: float | None, history_after: datetime | None = None
+                       change_pct: float | None, history_after: datetime | None = None,
+                       judged_on: tuple[str, str | None] | None = None
                        ) -> tuple[int, bool] | None:
         """Open, update or close the alert of stage_key+metric from tonight's verdict (see
         `sql.alerts.follow_verdict`); (alert id, changed) or None."""
         with self._tx() as s:
             return alerts.follow_verdict(s, stage_key=stage_key, metric=metric, run_id=run_id,
                                          verdict=verdict, change_pct=change_pct,
-                                         history_after=history_after)
+                                         history_after=history_after, judged_on=judged_on)
 
     def alert(self, alert_id: int) -> dict[str, Any]:
         with self._tx() as s:

@@ -18,7 +18,6 @@ a rolling history.
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from sql import Store
@@ -95,17 +94,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
             "new_history": new_history, "noise_history": noise_history,
-            "history_after": _history_after(store, run_id, stage, other)}
-
-
-def _history_after(store: Store, run_id: str, stage: dict, other: dict | None
-                   ) -> datetime | None:
-    """When the newest earlier night of another setup or another fingerprint of this stage
-    started: an alert opened then or before is another history's (`follow_verdict`)."""
-    fp = stage["fingerprint_hash"]
-    cuts = [other and other["started_at"],
-            fp and store.last_other_fingerprint_at(stage["stage_key"], fp, before_run=run_id)]
-    return max((cut for cut in cuts if cut), default=None)
+            "history_after": other and other["started_at"], "fingerprint_hash": fp}
 
 
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
@@ -130,16 +119,18 @@ def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
                     stage_keys: dict[str, str], inputs: dict[str, dict[str, Any]] | None = None
                     ) -> list[int]:
     """Record a run's verdicts and keep one alert per stage key and metric in step with
-    them (an alert of another setup's history left for a person); returns the ids of the
-    alerts that are new or changed (undelivered again)."""
+    them (an alert of another setup's or host fingerprint's history left for a person);
+    returns the ids of the alerts that are new or changed (undelivered again)."""
     store.record_comparisons(run_id, rows)
     changed = []
     for v in rows:
-        followed = store.follow_verdict(stage_key=alert_key(stage_keys[v["stage_id"]], v["detail"]),
+        key, given = stage_keys[v["stage_id"]], (inputs or {}).get(v["stage_id"])
+        fp = given and given["fingerprint_hash"]  # none recorded: the history is not cut
+        followed = store.follow_verdict(stage_key=alert_key(key, v["detail"]),
                                         metric=v["metric"], run_id=run_id, verdict=v["verdict"],
                                         change_pct=v["change_pct"],
-                                        history_after=(inputs or {}).get(v["stage_id"], {})
-                                        .get("history_after"))
+                                        history_after=given and given["history_after"],
+                                        judged_on=(key, fp) if fp else None)
         if followed is not None and followed[1]:
             changed.append(followed[0])
     return changed
