@@ -147,11 +147,11 @@ def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losin
     kinds = histograms(out)
     delay_p50 = percentile(kinds["pub_delay"], 50)
     assert 5_000 < delay_p50 < 15_000  # spread over the 20 ms between wake-ups
-    # 95%, not 99%: at 5,000 sends/s one 100 ms scheduler stall on a shared host makes
-    # ~2.7% of the 15,000 sends over 25 ms late on its own (a clean-clone run saw p99
-    # 67 ms); p95 survives stalls of up to ~160 ms, and a tick 30 ms apart still fails
-    # it (p95 28.5 ms).
-    assert percentile(kinds["pub_delay"], 95) < 25_000
+    # 90%: at 5,000 sends/s a stall of the whole process on a shared host makes its length
+    # times 5,000 sends late on its own (CI saw p99 67 ms, then p95 49.9 ms). The driver
+    # stopped 0.3 s mid-window (SIGSTOP) still gives p90 20.1 ms (p95 157 ms; 0.4 s: p90
+    # 116 ms), and a tick 30 ms apart still fails it (p90 27.0 ms, no stall).
+    assert percentile(kinds["pub_delay"], 90) < 25_000
     assert percentile(kinds["e2e"], 50) > 0.8 * delay_p50  # the wait counts as latency
     # An overrun is a send over DELAY_OVERRUN_US late: as many as pub_delay holds, up to the
     # one bucket that straddles the limit.
@@ -610,7 +610,13 @@ def test_a_connack_refusal_is_counted_with_its_code(tmp_path):
     assert "secret-pw" not in (out / SUMMARY_FILE).read_text()
 
 
-def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing(tls_broker, tmp_path):
+def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing_after_a_stall(
+        tls_broker, tmp_path):
+    """The driver stopped for 0.3 s mid-window (as a shared host may) catches up over TLS.
+
+    A TLS read returns one record; a reader that stopped there each pass fell behind for
+    good after a stall (CI saw 483 of 1620 acked messages received): 2000 msgs/s came in,
+    ~170 a second were read."""
     port, certs = tls_broker
     document = spec(port, qos=1, publishers=4, rate=500, warmup=0, measure=2, drain=1)
     document["broker"].update(tls=True, ca_file=str(certs / "ca.crt"),
@@ -618,8 +624,14 @@ def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing(tls_bro
                               key_file=str(certs / "client.key"),
                               ciphers="ECDHE+AESGCM")
     out = tmp_path / "out"
-    code, summary = run_to_end(document, out)
-    assert code == 0, events(out)
+    process = start_driver(document, out)
+    start_at = release(out, process)
+    time.sleep(max(0.0, start_at + 0.5 - time.time()))
+    os.kill(process.pid, signal.SIGSTOP)
+    time.sleep(0.3)
+    os.kill(process.pid, signal.SIGCONT)
+    assert process.wait(30) == 0, events(out)
+    summary = json.loads((out / SUMMARY_FILE).read_text())
     sent = sum(summary["last_seq"].values())
     assert summary["unique_received"] == summary["totals"]["acked"] == sent > 3000
     assert "password" not in json.dumps(summary["config"])
