@@ -1,5 +1,6 @@
-"""Alert lifecycle rows: one open alert per (stage_key, metric), never re-posted for the
-same change. Functions take the caller's session so each store call is one transaction.
+"""Alert lifecycle rows: one open alert per (stage_key, metric) and history (an alert of an
+older setup or another host fingerprint stays open for a person beside the current one's;
+`follow_verdict`), never re-posted for the same change. Functions take the caller's session so each store call is one transaction.
 
 Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
 and kept when the pipeline reports the same regression again). Closing statuses: fixed,
@@ -52,7 +53,7 @@ def _latest(s: Session, stage_key: str, metric: str, *, open_only: bool) -> Aler
 
 def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status: str,
                  change_pct: float | None) -> tuple[int, bool]:
-    """Open, update or close the alert of stage_key+metric; (alert id, changed).
+    """Open, update or close the newest open alert of stage_key+metric; (alert id, changed).
 
     `changed` is False when nothing worth telling happened: the open alert already has this
     status and about this change (a retry, or one more night of the same evidence: only
@@ -60,27 +61,69 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
     is marked undelivered and keeps the new change as the one reported.
     """
     check("alerts.status", status)
+    _check_run(s, run_id)
+    alert = _latest(s, stage_key, metric, open_only=True)
+    if alert is not None:
+        return _update(alert, run_id, status, change_pct)
+    if status in OPEN_ALERT_STATUSES:
+        return _open(s, stage_key, metric, run_id, status, change_pct)
+    closed = _latest(s, stage_key, metric, open_only=False)
+    if closed is None:
+        raise StoreError(f"no alert for {stage_key} {metric} to set to {status!r}")
+    return closed.id, False
+
+
+def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
+                   change_pct: float | None, history_after: datetime | None = None,
+                   judged_on: tuple[str, str | None] | None = None
+                   ) -> tuple[int, bool] | None:
+    """Keep the open alert of tonight's history in step with tonight's verdict; (id,
+    changed), or None when there is none and none is needed. suspected / regression open or
+    update it; any other judged verdict closes it: `cleared` if it was only suspected, else
+    `recovered`. invalid and no_baseline say nothing about the change: no-op.
+
+    An alert opened at or before `history_after` (the start of the newest night of another
+    setup) or, given `judged_on` (tonight's stage key and host fingerprint), on a night whose
+    stage had another fingerprint is another history's: tonight's verdict neither closes
+    nor updates it (it stays open for a person), and a change tonight opens an alert of its
+    own."""
+    if verdict in ("invalid", "no_baseline"):
+        return None
+    _check_run(s, run_id)
+    alert = _open_of_history(s, stage_key, metric, history_after, judged_on)
+    if verdict in VERDICT_STATUS:
+        if alert is None:
+            return _open(s, stage_key, metric, run_id, VERDICT_STATUS[verdict], change_pct)
+        return _update(alert, run_id, VERDICT_STATUS[verdict], change_pct)
+    if alert is None:
+        return None
+    closing = "cleared" if alert.status == "suspected" else "recovered"
+    return _update(alert, run_id, closing, change_pct)
+
+
+def _check_run(s: Session, run_id: str) -> None:
     if s.get(Run, run_id) is None:
         raise StoreError(f"unknown run {run_id!r}")
+
+
+def _open(s: Session, stage_key: str, metric: str, run_id: str, status: str,
+          change_pct: float | None) -> tuple[int, bool]:
+    # This run may already have opened an alert that a human closed since: keep it closed.
+    done = s.scalars(select(Alert).where(
+        Alert.stage_key == stage_key, Alert.metric == metric,
+        Alert.first_run_id == run_id)).first()
+    if done is not None:
+        return done.id, False
+    alert = Alert(stage_key=stage_key, metric=metric, status=status, first_run_id=run_id,
+                  last_run_id=run_id, change_pct=finite(change_pct), delivered=False)
+    s.add(alert)
+    s.flush()
+    return alert.id, True
+
+
+def _update(alert: Alert, run_id: str, status: str,
+            change_pct: float | None) -> tuple[int, bool]:
     change_pct = finite(change_pct)
-    alert = _latest(s, stage_key, metric, open_only=True)
-    if alert is None:
-        if status not in OPEN_ALERT_STATUSES:
-            closed = _latest(s, stage_key, metric, open_only=False)
-            if closed is None:
-                raise StoreError(f"no alert for {stage_key} {metric} to set to {status!r}")
-            return closed.id, False
-        # This run may already have opened an alert that a human closed since: keep it closed.
-        done = s.scalars(select(Alert).where(
-            Alert.stage_key == stage_key, Alert.metric == metric,
-            Alert.first_run_id == run_id)).first()
-        if done is not None:
-            return done.id, False
-        alert = Alert(stage_key=stage_key, metric=metric, status=status, first_run_id=run_id,
-                      last_run_id=run_id, change_pct=change_pct, delivered=False)
-        s.add(alert)
-        s.flush()
-        return alert.id, True
     if alert.status == "acked" and status in _PIPELINE_OPEN:
         status = "acked"  # a human has seen it: the same regression again is no news
     elif alert.status == "confirmed" and status == "suspected":
@@ -92,33 +135,21 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
     return alert.id, changed
 
 
-def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                   change_pct: float | None, history_after: datetime | None = None,
-                   judged_on: tuple[str, str | None] | None = None
-                   ) -> tuple[int, bool] | None:
-    """Keep the alert of stage_key+metric in step with tonight's verdict; (id, changed), or
-    None when there is no alert and none is needed. suspected / regression open or update
-    it; any other judged verdict closes an open one: `cleared` if it was only suspected,
-    else `recovered`. invalid and no_baseline say nothing about the change: no-op. Nor
-    does a verdict close an alert opened at or before `history_after` (the start of the
-    newest night of another setup), nor, given `judged_on` (tonight's stage key and host
-    fingerprint), one opened on a night whose stage had another fingerprint: such an alert
-    is another history's, for a person."""
-    if verdict in VERDICT_STATUS:
-        return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id,
-                            status=VERDICT_STATUS[verdict], change_pct=change_pct)
-    if verdict in ("invalid", "no_baseline"):
-        return None
-    alert = _latest(s, stage_key, metric, open_only=True)
-    if alert is None:
-        return None
-    if history_after is not None and s.get(Run, alert.first_run_id).started_at <= history_after:
-        return None
-    if judged_on is not None and _fingerprint(s, alert.first_run_id, judged_on[0]) != judged_on[1]:
-        return None
-    closing = "cleared" if alert.status == "suspected" else "recovered"
-    return upsert_alert(s, stage_key=stage_key, metric=metric, run_id=run_id, status=closing,
-                        change_pct=change_pct)
+def _open_of_history(s: Session, stage_key: str, metric: str, history_after: datetime | None,
+                     judged_on: tuple[str, str | None] | None) -> Alert | None:
+    """The newest open alert of stage_key+metric that tonight's history opened: after
+    `history_after` and on tonight's host fingerprint (see `follow_verdict`)."""
+    q = select(Alert).where(Alert.stage_key == stage_key, Alert.metric == metric,
+                            Alert.status.in_(OPEN_ALERT_STATUSES)).order_by(Alert.id.desc())
+    for alert in s.scalars(q):
+        if history_after is not None and \
+                s.get(Run, alert.first_run_id).started_at <= history_after:
+            continue
+        if judged_on is not None and \
+                _fingerprint(s, alert.first_run_id, judged_on[0]) != judged_on[1]:
+            continue
+        return alert
+    return None
 
 
 def _fingerprint(s: Session, run_id: str, stage_key: str) -> str | None:

@@ -439,7 +439,7 @@ class Store:
                        change_pct: float | None, history_after: datetime | None = None,
                        judged_on: tuple[str, str | None] | None = None
                        ) -> tuple[int, bool] | None:
-        """Open, update or close the alert of stage_key+metric from tonight's verdict (see
+        """Open, update or close the alert of stage_key+metric in tonight's history (see
         `sql.alerts.follow_verdict`); (alert id, changed) or None."""
         with self._tx() as s:
             return alerts.follow_verdict(s, stage_key=stage_key, metric=metric, run_id=run_id,

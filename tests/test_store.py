@@ -505,6 +505,50 @@ def test_an_alert_opened_on_another_fingerprint_is_left_to_a_person(store: Store
     assert store.alert(new)["status"] == "cleared"
 
 
+def test_a_change_in_a_new_history_opens_its_own_alert_beside_the_old_one(store: Store) -> None:
+    """n2 on fp1 opened a suspicion; n3 to n6 run on fp2. fp2's own suspicion and regression
+    open and confirm an alert of their own, and fp1's is left as it was (before, fp2's
+    suspicion only moved the old alert's last night: nothing new was told); back on fp1,
+    n7's regression confirms fp1's alert. A new setup's change (history_after) likewise."""
+    from tasks.analysis.detector import Policy
+    from tasks.steps.compare import record_verdicts, stage_inputs
+
+    for day in range(1, 5):
+        nightly(store, f"n{day}", day, fp="fp1" if day < 3 else "fp2")
+    for day, fp in ((5, "fp2"), (6, "fp2"), (7, "fp1")):
+        new_run(store, f"n{day}", day)
+        stage(store, f"n{day}", fp=fp)
+
+    def judged(run_id: str, verdict: str, change_pct: float) -> list[int]:
+        (tonight,) = store.stages(run_id)
+        inputs = stage_inputs(store, run_id, tonight, Policy(), None)
+        row = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": verdict,
+               "change_pct": change_pct, "detail": {}}
+        return record_verdicts(store, run_id, [row], {"fanin.q1": "fanin.q1"},
+                               {"fanin.q1": inputs})
+
+    old, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate", run_id="n2",
+                                status="suspected", change_pct=-6.0)
+    (new,) = judged("n5", "suspected", -6.5)
+    assert new != old and store.alert(new)["first_run_id"] == "n5"
+    assert judged("n6", "regression", -7.0) == [new]
+    assert store.alert(new)["status"] == "confirmed"
+    assert (store.alert(old)["status"], store.alert(old)["last_run_id"]) == ("suspected", "n2")
+    assert judged("n7", "regression", -6.2) == [old]  # fp1 again: its own history
+    assert store.alert(old)["status"] == "confirmed" and store.alert(new)["last_run_id"] == "n6"
+    assert [a["id"] for a in store.alerts(open_only=True)] == [old, new]
+
+    key = dict(stage_key="k", metric="e2e_latency_p50")
+    first, _ = store.follow_verdict(**key, run_id="n2", verdict="suspected", change_pct=9.0)
+    cut = store.run("n3")["started_at"]  # a night of another setup
+    second, changed = store.follow_verdict(**key, run_id="n4", verdict="suspected",
+                                           change_pct=9.5, history_after=cut)
+    assert changed and second != first
+    assert store.follow_verdict(**key, run_id="n5", verdict="unchanged", change_pct=0.2,
+                                history_after=cut) == (second, True)
+    assert store.alert(second)["status"] == "cleared" and store.alert(first)["status"] == "suspected"
+
+
 def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(
         store: Store) -> None:
     now = datetime.now(timezone.utc)

@@ -118,8 +118,9 @@ def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Pol
 def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
                     stage_keys: dict[str, str], inputs: dict[str, dict[str, Any]] | None = None
                     ) -> list[int]:
-    """Record a run's verdicts and keep one alert per stage key and metric in step with
-    them (an alert of another setup's or host fingerprint's history left for a person);
+    """Record a run's verdicts and keep the alert of each stage key and metric in this
+    history in step with them (an alert of another setup's or host fingerprint's history is
+    left for a person; a change tonight opens one of its own);
     returns the ids of the alerts that are new or changed (undelivered again)."""
     store.record_comparisons(run_id, rows)
     changed = []
