@@ -161,7 +161,12 @@ def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losin
             <= sum(n for (_, high), n in above if high - 1 > DELAY_OVERRUN_US))
     assert overruns > totals["published"] / 2  # most of a 20 ms tick is over 1 ms
     hold = summary["read_hold"]
-    assert hold["max_ms"] == pytest.approx(2.0) and hold["held_passes"] > 100, hold
+    assert hold["held_passes"] > 100, hold
+    # the floor, or more only where a backlog asked for it (1/128 of a pass's freshest
+    # latency, which a stall of ~0.26 s or more makes exceed 2 ms)
+    worst_ms = max(bucket_bounds(b)[1] for b in kinds["e2e"]) / 1000
+    assert hold["max_ms"] == pytest.approx(2.0) or \
+        2.0 < hold["max_ms"] <= worst_ms * MAX_RELATIVE_ERROR, (hold, worst_ms)
 
 
 @pytest.mark.parametrize("sockets, interval_ms", [(5, 50), (1, 15)])

@@ -240,7 +240,9 @@ def test_a_driver_then_the_broker_killed_mid_stage_fail_the_run_and_lose_no_meas
     at, window = killed[first]["at"], killed[first]["window"]
     measured = [r for r in rows if window["measure_start"] <= int(r["second"]) < at]
     assert measured and all(int(r["published"]) > 0 for r in measured), rows
-    assert int(rows[-1]["second"]) >= int(at) - 3  # appended up to ~2 s before it died
+    # appended up to ~2 s before it died (-4: a stall of the driver or of the killer thread
+    # may push that past a second boundary)
+    assert int(rows[-1]["second"]) >= int(at) - 4
 
     # the broker: that stage stopped and said when, the one after it never started
     assert not (run_dir / "raw" / third).exists()

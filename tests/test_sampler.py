@@ -63,7 +63,8 @@ def test_cpu_is_read_in_nanoseconds_and_summed_over_the_processes(spinning):
     elapsed = time.time() - started
     row = procfs.process_row(before, after, elapsed)
     assert row["processes"] == 2 and row["threads"] >= 2 and row["rss_bytes"] > 1_000_000
-    assert 70 < row["cpu_pct"] < 105  # one busy process, the other asleep
+    assert 60 < row["cpu_pct"] < 105  # one busy process, the other asleep (a stall of the
+    # busy one on a shared host takes its share of the second)
     assert row["cpu_pct"] == pytest.approx(row["cpu_user_pct"] + row["cpu_sys_pct"], abs=4)
     # schedstat's nanoseconds, not whole ticks (a busy second can be 100.00 either way)
     spent_ns = sum(after.cpu_ns[p] - before.cpu_ns[p] for p in before.cpu_ns)
