@@ -1,6 +1,7 @@
 """Alert lifecycle rows: one open alert per (stage_key, metric) and history (an alert of an
 older setup or another host fingerprint stays open for a person beside the current one's;
-`follow_verdict`), never re-posted for the same change. Functions take the caller's session so each store call is one transaction.
+`follow_verdict`), never re-posted for the same change. Functions take the caller's session
+so each store call is one transaction.
 
 Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
 and kept when the pipeline reports the same regression again). Closing statuses: fixed,
