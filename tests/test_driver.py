@@ -633,9 +633,12 @@ def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing_after_a
     start_at = release(out, process)
     time.sleep(max(0.0, start_at + 0.5 - time.time()))
     os.kill(process.pid, signal.SIGSTOP)
-    time.sleep(0.3)
-    os.kill(process.pid, signal.SIGCONT)
+    try:
+        time.sleep(0.3)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
     assert process.wait(30) == 0, events(out)
+    assert "Traceback" not in process.stderr.read()
     summary = json.loads((out / SUMMARY_FILE).read_text())
     sent = sum(summary["last_seq"].values())
     assert summary["unique_received"] == summary["totals"]["acked"] == sent > 3000
