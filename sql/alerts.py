@@ -19,7 +19,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from tasks.metrics import OPEN_ALERT_STATUSES
@@ -45,11 +45,15 @@ def _grown(new: float | None, reported: float | None) -> bool:
     return abs(new) >= GROWTH * abs(reported) and not math.isclose(new, reported)
 
 
-def _latest(s: Session, stage_key: str, metric: str, *, open_only: bool) -> Alert | None:
+def _newest_first(stage_key: str, metric: str, *, open_only: bool) -> Select:
     q = select(Alert).where(Alert.stage_key == stage_key, Alert.metric == metric)
     if open_only:
         q = q.where(Alert.status.in_(OPEN_ALERT_STATUSES))
-    return s.scalars(q.order_by(Alert.id.desc()).limit(1)).first()
+    return q.order_by(Alert.id.desc())
+
+
+def _latest(s: Session, stage_key: str, metric: str, *, open_only: bool) -> Alert | None:
+    return s.scalars(_newest_first(stage_key, metric, open_only=open_only).limit(1)).first()
 
 
 def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status: str,
@@ -140,9 +144,7 @@ def _open_of_history(s: Session, stage_key: str, metric: str, history_after: dat
                      judged_on: tuple[str, str | None] | None) -> Alert | None:
     """The newest open alert of stage_key+metric that tonight's history opened: after
     `history_after` and on tonight's host fingerprint (see `follow_verdict`)."""
-    q = select(Alert).where(Alert.stage_key == stage_key, Alert.metric == metric,
-                            Alert.status.in_(OPEN_ALERT_STATUSES)).order_by(Alert.id.desc())
-    for alert in s.scalars(q):
+    for alert in s.scalars(_newest_first(stage_key, metric, open_only=True)):
         if history_after is not None and \
                 s.get(Run, alert.first_run_id).started_at <= history_after:
             continue

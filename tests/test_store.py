@@ -6,6 +6,7 @@ import hashlib
 import json
 import uuid
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -469,27 +470,32 @@ def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report
     assert judged["new_history"] == "setup differs from release 9.4.4's (drivers.here: 1 -> 2)"
 
 
+def judge_one(store: Store, run_id: str, verdict: str = "learning",
+              change_pct: float = 0.5) -> list[int]:
+    """Record one delivered_rate verdict for the run's only stage through the compare step's
+    own inputs (its setup cut and host fingerprint); returns the changed alerts' ids."""
+    from tasks.analysis.detector import Policy
+    from tasks.steps.compare import record_verdicts, stage_inputs
+
+    (tonight,) = store.stages(run_id)
+    inputs = stage_inputs(store, run_id, tonight, Policy(), None)
+    assert inputs["fingerprint_hash"] == tonight["fingerprint_hash"]
+    row = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": verdict,
+           "change_pct": change_pct, "detail": {}}
+    return record_verdicts(store, run_id, [row], {"fanin.q1": "fanin.q1"}, {"fanin.q1": inputs})
+
+
 def test_an_alert_opened_on_another_fingerprint_is_left_to_a_person(store: Store) -> None:
     """n2 on fp1 opens an alert; n3 to n5 run on fp2. n5's verdict, judged on fp2's nights,
     neither clears nor recovers it (before, fp2's first learning night cleared it); back on
     fp1, whose history it belongs to, n6's verdict clears it. An alert fp2's own night
     opened is cleared by fp2's nights as usual."""
-    from tasks.analysis.detector import Policy
-    from tasks.steps.compare import record_verdicts, stage_inputs
-
     for day in range(1, 5):
         nightly(store, f"n{day}", day, fp="fp1" if day < 3 else "fp2")
     for day, fp in ((5, "fp2"), (6, "fp1")):
         new_run(store, f"n{day}", day)
         stage(store, f"n{day}", fp=fp)
-
-    def judged(run_id: str) -> None:
-        (tonight,) = store.stages(run_id)
-        inputs = stage_inputs(store, run_id, tonight, Policy(), None)
-        assert inputs["fingerprint_hash"] == tonight["fingerprint_hash"]
-        row = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "learning",
-               "change_pct": 0.5, "detail": {}}
-        record_verdicts(store, run_id, [row], {"fanin.q1": "fanin.q1"}, {"fanin.q1": inputs})
+    judged = partial(judge_one, store)
 
     old, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate", run_id="n2",
                                 status="suspected", change_pct=-6.0)
@@ -510,22 +516,12 @@ def test_a_change_in_a_new_history_opens_its_own_alert_beside_the_old_one(store:
     open and confirm an alert of their own, and fp1's is left as it was (before, fp2's
     suspicion only moved the old alert's last night: nothing new was told); back on fp1,
     n7's regression confirms fp1's alert. A new setup's change (history_after) likewise."""
-    from tasks.analysis.detector import Policy
-    from tasks.steps.compare import record_verdicts, stage_inputs
-
     for day in range(1, 5):
         nightly(store, f"n{day}", day, fp="fp1" if day < 3 else "fp2")
     for day, fp in ((5, "fp2"), (6, "fp2"), (7, "fp1")):
         new_run(store, f"n{day}", day)
         stage(store, f"n{day}", fp=fp)
-
-    def judged(run_id: str, verdict: str, change_pct: float) -> list[int]:
-        (tonight,) = store.stages(run_id)
-        inputs = stage_inputs(store, run_id, tonight, Policy(), None)
-        row = {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": verdict,
-               "change_pct": change_pct, "detail": {}}
-        return record_verdicts(store, run_id, [row], {"fanin.q1": "fanin.q1"},
-                               {"fanin.q1": inputs})
+    judged = partial(judge_one, store)
 
     old, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate", run_id="n2",
                                 status="suspected", change_pct=-6.0)
