@@ -32,6 +32,7 @@ from tasks.driver.output import (
     DELAY_OVERRUN_US,
     EVENTS_FILE,
     HISTOGRAMS_FILE,
+    PROGRESS_FILE,
     READY_FILE,
     START_FILE,
     SUMMARY_FILE,
@@ -127,8 +128,52 @@ def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     assert percentile(kinds["pub_delay"], 50) < 1000  # open-loop sends on time, unloaded
     cpu = summary["publish_cpu"]  # warm-up + window: 5 s, at 1,000 msg/s far from a core
     assert cpu["wall_s"] == pytest.approx(5, abs=0.5) and 0 < cpu["cpu_s"] < 0.5 * cpu["wall_s"]
-    progress = json.loads((out / "progress.json").read_text())
+    progress = json.loads((out / PROGRESS_FILE).read_text())
     assert progress["phase"] in ("publish", "drain") and progress["clients"] == 21
+
+
+def hold_the_next_progress_write(out: Path, seconds: float) -> bytes:
+    """Make the driver's next write of progress.json wait `seconds`, as a busy disk may:
+    its temporary file is made a FIFO, whose open for writing waits for a reader. Returns
+    what was written through it."""
+    fifo = out / (PROGRESS_FILE + ".tmp")
+    while True:
+        try:
+            os.mkfifo(fifo)
+            break
+        except FileExistsError:  # the driver is writing it now: its rename comes next
+            time.sleep(0.001)
+    time.sleep(seconds)
+    with open(fifo, "rb") as handle:
+        return handle.read()
+
+
+def test_a_file_write_held_up_by_the_disk_leaves_sends_and_reads_on_time(broker, tmp_path):
+    """The raw files are written behind the measuring loop: with progress.json's write held
+    for 2 s mid-window, sends stay on time and nothing is lost. Written on the loop, the
+    hold stopped it (a busy disk held a small write and rename for 0.63 s here, and CI
+    saw a QoS 1 stage's loop stop for ~1.3 s with no other cause found)."""
+    out = tmp_path / "out"
+    process = start_driver(spec(broker.port, measure=3, drain=1), out)
+    try:
+        start_at = release(out, process)
+        time.sleep(max(0.0, start_at + 1.2 - time.time()))
+        written = hold_the_next_progress_write(out, 2.0)
+        assert process.wait(30) == 0, events(out)
+    finally:
+        process.kill()
+    assert "Traceback" not in process.stderr.read()
+    assert json.loads(written)["phase"] == "publish"  # the write held, then done in order
+    assert json.loads((out / PROGRESS_FILE).read_text())["phase"] == "drain"
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    totals = summary["totals"]
+    assert totals["published"] == 20 * 50 * 4 == totals["received"]
+    assert sum(r["published"] for r in counters(out)) == totals["published"]
+    # on the loop, 2 s of 1,000 msgs/s went late; a stall of the whole process of up to
+    # ~0.3 s on a shared host keeps p90 under 25 ms (the tick test's measure)
+    kinds = histograms(out)
+    assert percentile(kinds["pub_delay"], 90) < 25_000
+    assert percentile(kinds["e2e"], 90) < 25_000
 
 
 def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losing_nothing(

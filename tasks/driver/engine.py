@@ -3,7 +3,8 @@
 The pieces: `tasks.driver.session` (paho sessions on one epoll loop, and the rules that
 keep paho's bytes and the fast path's apart), `tasks.driver.fastpath` (batched publishing
 and parsing), `tasks.driver.accounting` (counters, histograms, sequence tracking) and
-`tasks.driver.output` (the raw files, a contract with `spark/aggregate.py`).
+`tasks.driver.output` (the raw files, a contract with `spark/aggregate.py`, written on a
+thread of their own so a busy disk never holds up the measuring loop).
 
 Phases: connect every client at the paced rate (a connection burst overflows Mosquitto's
 ~100-connection listen backlog, and TCP then waits a second before retrying), write
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
 from .fastpath import Reader, Scheduler, stream_last_seqs
-from .output import PROGRESS_FILE, READY_FILE, START_FILE, RawWriter, write_json
+from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
 from .session import CONNECTED, DEAD, READY, Sessions
 from .spec import ProcessSpec
@@ -167,7 +168,7 @@ class Engine:
     def write_progress(self) -> None:
         """Cumulative counters for the orchestrator's fail-fast rules and live progress."""
         totals = self.acct.totals()
-        write_json(self.out_dir / PROGRESS_FILE, {
+        self.acct.writer.progress({
             "t": round(time.time(), 3), "phase": self.phase, "clients": len(self.sessions.conns),
             **{k: totals[k] for k in ("published", "received", "errors", "connects_ok",
                                       "connects_failed")}})

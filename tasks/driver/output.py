@@ -120,9 +120,12 @@ the stage early on a fail-fast rule (`tasks.analysis.failfast`); the stage is th
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
-from collections.abc import Iterable, Mapping
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 COUNTER_COLUMNS = (
@@ -152,36 +155,97 @@ STAGE_FILE = "stage.json"
 FAILFAST_FILE = "failfast.json"
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as handle:
-        write(handle)
-    os.replace(tmp, path)
-
-
 def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable]) -> None:
-    def write(handle):
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        writer.writerows(rows)
-
-    _atomic_write(path, write)
+    _replace_text(path, _csv_text([columns]) + _csv_text(rows))
 
 
 def write_json(path: Path, document: Mapping) -> None:
-    _atomic_write(path, lambda handle: json.dump(document, handle, indent=1, sort_keys=True))
+    _replace_text(path, _json_text(document))
+
+
+def _csv_text(rows: Iterable[Iterable]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(rows)
+    return buffer.getvalue()
+
+
+def _json_text(document: Mapping) -> str:
+    return json.dumps(document, indent=1, sort_keys=True)
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """`path` replaced whole, atomically: a reader sees the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _append_text(path: Path, header: str, text: str) -> None:
+    with open(path, "a", newline="") as handle:
+        if handle.tell() == 0:
+            handle.write(header)
+        handle.write(text)
+
+
+class FileThread:
+    """Runs file writes one after another on a thread of their own, so a write the kernel
+    holds up never stops the caller: the driver's measuring loop, which would send late and
+    read late for as long. A busy disk does hold small writes up: a small file written and
+    renamed and 20 lines appended took 0.7 ms at the median and 0.63 s at worst on a 2-core
+    VM (ext4) while another process wrote 3 GB with fsync. Callers format their text; the
+    thread only opens, writes and renames, calls that release the GIL while they wait.
+
+    Writes run in the order given. A write that fails is raised to the caller at its next
+    `put` or `wait` (once), as a failing write on the loop would have been."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        threading.Thread(target=self._work, name="raw-files", daemon=True).start()
+
+    def put(self, write: Callable[..., object], *args: object) -> None:
+        self._raise_error()
+        self._queue.put((write, args))
+
+    def wait(self) -> None:
+        """Return when every write put so far is done."""
+        done = threading.Event()
+        self._queue.put((done.set, ()))
+        done.wait()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _work(self) -> None:
+        while True:
+            write, args = self._queue.get()
+            try:
+                write(*args)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller by put or wait
+                self._error = self._error or exc
 
 
 class RawWriter:
-    """Writes one driver process's raw files into its directory."""
+    """Writes one driver process's raw files into its directory, through a `FileThread`:
+    the data is copied and formatted by the caller, written behind it, and `summary` (the
+    file that marks a process complete) is written after everything before it."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._events = open(self.out_dir / EVENTS_FILE, "a")
+        self._files = FileThread()
 
     def event(self, record: Mapping) -> None:
-        self._events.write(json.dumps(record, sort_keys=True) + "\n")
+        self._files.put(self._events.write, json.dumps(record, sort_keys=True) + "\n")
+
+    def progress(self, document: Mapping) -> None:
+        """``progress.json`` replaced with `document`."""
+        self._files.put(_replace_text, self.out_dir / PROGRESS_FILE, _json_text(document))
 
     def counters(self, per_second: Mapping[int, Mapping[str, int]], *,
                  append: bool = False) -> None:
@@ -205,16 +269,13 @@ class RawWriter:
 
     def _csv(self, name: str, columns: Iterable[str], rows: Iterable[Iterable],
              append: bool) -> None:
-        path = self.out_dir / name
-        if not append:
-            write_csv(path, columns, rows)
-            return
-        with open(path, "a", newline="") as handle:
-            writer = csv.writer(handle)
-            if handle.tell() == 0:
-                writer.writerow(columns)
-            writer.writerows(rows)
+        header, body = _csv_text([columns]), _csv_text(rows)
+        if append:
+            self._files.put(_append_text, self.out_dir / name, header, body)
+        else:
+            self._files.put(_replace_text, self.out_dir / name, header + body)
 
     def summary(self, document: Mapping) -> None:
+        self._files.wait()
         self._events.close()
         write_json(self.out_dir / SUMMARY_FILE, document)
