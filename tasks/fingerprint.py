@@ -3,8 +3,9 @@ one list of host facts), and a stage's setup. Pure.
 
 A host's hash covers the facts that change performance (CPU, memory, kernel, OS, Python,
 paho), not its clock offset or the time of day. The tuning read back on a host is a hash
-of its own. A run's fingerprint combines every host's hash, every tuning hash and the
-broker kind; comparisons key on it, and the report shows the host hashes it is made of.
+of its own. A run's fingerprint combines every host's hash, every tuning hash, the
+broker kind and perfpipe's measurement version; comparisons key on it, and the report
+shows the host hashes it is made of.
 Within a fingerprint, two nights of a stage are comparable while its setup (what its
 recorded params say it measured) is the same (`setup_changes`).
 """
@@ -44,11 +45,25 @@ def tuning_hash(entries: Iterable[dict]) -> str:
     return fingerprint_hash(sorted([e["kind"], e["key"], e["after"]] for e in entries))
 
 
-def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_kind: str) -> str:
-    """A run's fingerprint. The broker version is deliberately not in it: a new broker build
-    must be compared with the history of the old one, or a regression it brings could never
-    be seen."""
-    return fingerprint_hash([list(host_hashes), list(tuning_hashes), broker_kind])
+# perfpipe's own way of measuring. Raise it with a change that moves what a metric reads
+# for the same broker (how the driver times or counts sends and receives, how the
+# aggregation defines a metric), so that the nights before and after it are not compared:
+# a new history starts, as on new hosts. Version 1 is in no hash, so the fingerprints
+# recorded before this version existed still match the nights after it.
+MEASUREMENT_VERSION = 1
+
+
+def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_kind: str,
+             measurement: int | None = None) -> str:
+    """A run's fingerprint: its hosts, their tuning, the broker kind and perfpipe's
+    measurement version (`MEASUREMENT_VERSION` unless given). The broker version is
+    deliberately not in it: a new broker build must be compared with the history of the
+    old one, or a regression it brings could never be seen."""
+    document: list = [list(host_hashes), list(tuning_hashes), broker_kind]
+    measurement = MEASUREMENT_VERSION if measurement is None else measurement
+    if measurement != 1:
+        document.append(f"measurement {measurement}")
+    return fingerprint_hash(document)
 
 
 # What a stage's recorded params say it measured: two nights of a stage are comparable only

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 
-from tasks.fingerprint import run_hash
+from tasks import fingerprint
+from tasks.fingerprint import fingerprint_hash, run_hash
 from tasks.steps.provision import run_fingerprint
 from tasks.steps.report import render_stored
 from tests.conftest import unmanaged_run
 
 
 def test_the_host_hash_the_report_shows_is_the_one_comparisons_key_on(tiny_suite, broker,
-                                                                       tmp_path):
+                                                                       tmp_path, monkeypatch):
     ctx = unmanaged_run(tmp_path, broker.port, "tiny")
 
     written = json.loads((ctx.run_dir / "hosts" / "localhost.json").read_text())
@@ -22,3 +23,10 @@ def test_the_host_hash_the_report_shows_is_the_one_comparisons_key_on(tiny_suite
     assert f">{stored['hash']}<" in html  # the report shows it
     # and the run fingerprint that stages are compared by is built from that same hash
     assert run_fingerprint(ctx) == run_hash([stored["hash"]], [], "mosquitto")
+
+    # perfpipe's measurement version: 1 keeps the fingerprints recorded before it existed
+    # (hosts, tuning and broker kind only); raised, the run is another history
+    assert run_fingerprint(ctx) == fingerprint_hash([[stored["hash"]], [], "mosquitto"])
+    monkeypatch.setattr(fingerprint, "MEASUREMENT_VERSION", 2)
+    assert run_fingerprint(ctx) == run_hash([stored["hash"]], [], "mosquitto", measurement=2)
+    assert run_fingerprint(ctx) != run_hash([stored["hash"]], [], "mosquitto", measurement=1)
