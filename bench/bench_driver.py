@@ -60,7 +60,7 @@ sockets, so it reads ~30 messages per system call (with receive times as late), 
 here at 100 subscribers: perfpipe's user time per message is about half of MQTT.js's, its
 system time about two to three times as much. At 1000 subscribers the broker cannot keep
 up with the feed and messages arrive late (hundreds of ms); perfpipe then holds each
-epoll pass for 1/128 of that latency (the histogram's own error, `fastpath.Reader.end_pass`),
+epoll pass for 1/128 of that latency (the histogram's own error, `receive.Reader.end_pass`),
 which took perfpipe from 118-124K to 164-170K msgs per CPU-second there (3 repetitions each),
 the broker delivering 143-147K/s instead of 103-109K/s. Never while messages are < 50 ms late.
 

@@ -6,7 +6,7 @@
 bench_driver.py's fixed-rate rows measure all the CPU a tool spends per message, and there
 the kernel's share (a `send` per message, which on loopback also wakes the broker) is about
 three quarters and varies by +-15% from repetition to repetition: a change to the
-scheduler's Python is lost in it. This runs the real `fastpath.Scheduler` and `Accounting`
+scheduler's Python is lost in it. This runs the real `send.Scheduler` and `Accounting`
 over simulated time, one `run` per tick as the driver's loop calls it, with a socket that
 takes every byte at once (a stand-in: it measures the Python, not the kernel). It prints the
 median CPU microseconds per message over the repetitions.
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tasks.driver.accounting import Accounting  # noqa: E402
-from tasks.driver.fastpath import Scheduler  # noqa: E402
+from tasks.driver.send import Scheduler  # noqa: E402
 from tasks.driver.session import READY, Conn, Sessions  # noqa: E402
 
 START_NS = 1_700_000_000 * 1_000_000_000

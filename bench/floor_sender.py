@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tasks.driver.fastpath import phase  # noqa: E402
+from tasks.driver.send import phase  # noqa: E402
 from tasks.driver.histogram import bucket_of, percentile  # noqa: E402
 from tasks.driver.wire import remaining_length  # noqa: E402
 

@@ -23,7 +23,7 @@ from tasks.catalog.placement import (
 )
 from tasks.catalog.scenarios import Scenario, load_catalog, load_suite, load_suites
 from tasks.catalog.stages import expand
-from tasks.driver.fastpath import stream_last_seqs
+from tasks.driver.send import stream_last_seqs
 from tasks.driver.output import READY_FILE, START_FILE, SUMMARY_FILE
 from tasks.driver.spec import SpecError, parse_spec
 

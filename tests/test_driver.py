@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.driver import fastpath
+from tasks.driver import receive, send
 from tasks.driver.accounting import C_PUBLISHED, Accounting
 from tasks.driver.histogram import (
     MAX_RELATIVE_ERROR,
@@ -393,8 +393,8 @@ class FastPathConn:
     qos, parked = 0, False
 
 
-def fast_path_reader(tmp_path: Path) -> fastpath.Reader:
-    return fastpath.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
+def fast_path_reader(tmp_path: Path) -> receive.Reader:
+    return receive.Reader(sessions=None, acct=Accounting(RawWriter(tmp_path), tag=9))
 
 
 def publishes(intended_us: list[int]) -> bytearray:
@@ -411,7 +411,7 @@ def test_fast_path_latency_buckets_and_percentiles_match_numpy(tmp_path, monkeyp
     """The parser inlines the histogram bucketing: it must agree with tasks.driver.histogram."""
     np = pytest.importorskip("numpy")
     now_ns = 1_800_000_000 * 10**9
-    monkeypatch.setattr(fastpath.time, "time_ns", lambda: now_ns)  # pin the receive clock
+    monkeypatch.setattr(receive.time, "time_ns", lambda: now_ns)  # pin the receive clock
     rng = np.random.default_rng(3)
     values = (rng.lognormal(7.0, 1.5, 20_000).astype(int) + 1).tolist() + [0, 1, 127, 128, 10**9]
     packets = publishes([now_ns // 1000 - value for value in values])
@@ -469,9 +469,9 @@ def test_the_scheduler_sends_every_message_once_at_the_first_run_at_or_after_its
         sessions.epoll.register(conn.fd, select.EPOLLIN)
         conns.append(conn)
     acct = Accounting(RawWriter(tmp_path), tag=7)
-    scheduler = fastpath.Scheduler(sessions, acct, conns, start, end, max_inflight=10)
+    scheduler = send.Scheduler(sessions, acct, conns, start, end, max_inflight=10)
     fills = []
-    scheduler.fill = lambda conn, now: fills.append(conn) or fastpath.Scheduler.fill(
+    scheduler.fill = lambda conn, now: fills.append(conn) or send.Scheduler.fill(
         scheduler, conn, now)
     stall = range(start + 300 * ms, start + 345 * ms)
     exact = [c.first + int(k * c.interval) for c in conns[:5] for k in range(int(c.total))]
@@ -525,7 +525,7 @@ def test_a_reader_holds_only_when_even_its_freshest_message_was_late(tmp_path):
     """The hold after a pass is the freshest message's latency times the bucket error, capped."""
     reader = fast_path_reader(tmp_path)
     cases = (((900_000, 400_000), 0.4 * MAX_RELATIVE_ERROR), ((900_000, 20_000), 0.0),
-             ((), 0.0), ((7200 * 10**6, 3600 * 10**6), fastpath.HOLD_MAX_S))
+             ((), 0.0), ((7200 * 10**6, 3600 * 10**6), receive.HOLD_MAX_S))
     for late_us, hold_s in cases:
         for subscriber_reads in (late_us[:1], late_us[1:]):  # two sockets in one pass
             if subscriber_reads:

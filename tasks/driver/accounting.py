@@ -1,6 +1,6 @@
 """Per-second counters, per-second latency histograms and sequence tracking of one process.
 
-Kept as plain lists so the hot paths (`tasks.driver.fastpath`) can update them with a few
+Kept as plain lists so the hot paths (`tasks.driver.send`, `tasks.driver.receive`) can update them with a few
 index operations per message: a counter row is a list indexed by the ``C_*`` constants, a
 histogram is a dense list of bucket counts (`tasks.driver.histogram` bucketing) per
 (second, kind); both are written sparse by `tasks.driver.output.RawWriter` at the end.
@@ -118,7 +118,7 @@ class Accounting:
     def deliver(self, tracks: dict[int, Track], payload: bytes, qos: int, now_ns: int) -> None:
         """One message received through paho (before the fast path owns the socket).
 
-        The fast path inlines the same logic (`tasks.driver.fastpath.parse`).
+        The fast path inlines the same logic (`tasks.driver.receive.Reader.parse`).
         """
         if not self.accepting:
             return

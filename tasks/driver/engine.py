@@ -1,8 +1,9 @@
 """One driver process running one stage: connect, barrier, publish open-loop, drain, report.
 
 The pieces: `tasks.driver.session` (paho sessions on one epoll loop, and the rules that
-keep paho's bytes and the fast path's apart), `tasks.driver.fastpath` (batched publishing
-and parsing), `tasks.driver.accounting` (counters, histograms, sequence tracking) and
+keep paho's bytes and the fast path's apart), the fast path itself: `tasks.driver.send`
+(open-loop publishing in batches) and `tasks.driver.receive` (parsing many packets per
+read), `tasks.driver.accounting` (counters, histograms, sequence tracking) and
 `tasks.driver.output` (the raw files, a contract with `spark/aggregate.py`, written on a
 thread of their own so a busy disk never holds up the measuring loop).
 
@@ -26,7 +27,8 @@ from collections import deque
 from pathlib import Path
 
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
-from .fastpath import Reader, Scheduler, stream_last_seqs
+from .receive import Reader
+from .send import Scheduler, stream_last_seqs
 from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
 from .session import CONNECTED, DEAD, READY, Sessions

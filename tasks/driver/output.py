@@ -17,7 +17,7 @@ measured; at the end both are rewritten whole, with any late event, before
                   received    messages received by subscribers (duplicates included:
                               delivered = received - duplicated), in the second they were
                               read, which can be just after the one they arrived in (their
-                              e2e latency ends at the arrival: fastpath.Reader.arrived)
+                              e2e latency ends at the arrival: receive.Reader.arrived)
                   lost        sequence gaps seen by subscribers in that second; the stage's
                               loss is computed from expected minus unique deliveries
                   duplicated  messages whose sequence number a subscriber had already seen
@@ -67,7 +67,7 @@ measured; at the end both are rewritten whole, with any late event, before
                               process, not the broker, was the bottleneck; null when the
                               stage never started publishing
                   read_hold   {held_passes, max_ms, stamped_reads, segments_in}: epoll
-                              passes held back (`fastpath.Reader.end_pass`: a backlogged
+                              passes held back (`receive.Reader.end_pass`: a backlogged
                               reader, only when even the freshest message read was 50 ms
                               late, each for at most 1/128 of that latency and at most 20
                               ms; with the spec's read_hold_us, every pass that read

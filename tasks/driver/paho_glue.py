@@ -33,7 +33,7 @@ PAHO_LOCKS = ("_in_callback_mutex", "_callback_mutex", "_msgtime_mutex", "_out_m
               "_in_message_mutex", "_reconnect_delay_mutex", "_mid_generate_mutex")
 SHARED_LOCK = threading.RLock()  # one thread drives every client: re-entrant, never contended
 # Linux's SO_TIMESTAMPNS (Python's socket module does not name it): every read of the
-# socket carries the CLOCK_REALTIME time its newest bytes arrived (`fastpath.Reader`)
+# socket carries the CLOCK_REALTIME time its newest bytes arrived (`receive.Reader`)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
 
 

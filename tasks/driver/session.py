@@ -6,7 +6,7 @@ CONNACK/SUBACK/PINGRESP and decides about keepalive. It is driven only through
 ``loop_read``/``loop_write``/``loop_misc`` from this loop (never ``loop_start`` or
 ``loop()``, so no thread or socket pair per client and no ``select()`` over 1024+ fds).
 
-Who touches a socket, and when (the fast path is `tasks.driver.fastpath`):
+Who touches a socket, and when (the fast path is `tasks.driver.send` and `tasks.driver.receive`):
 
 * Writes. paho's ``on_socket_register_write`` callback is set, so paho never sends from
   inside ``publish``/``subscribe``/``disconnect``/keepalive: it only queues and calls the
@@ -21,7 +21,7 @@ Who touches a socket, and when (the fast path is `tasks.driver.fastpath`):
 * Reads. paho reads until the client is ready (CONNACK, and SUBACK for subscribers).
   paho reads exactly one packet at a time (1 byte, the length, then the body), so when
   its ``_in_packet`` is empty the stream is on a packet boundary and the fast path takes
-  the socket over (``Conn.raw``): from then on only `fastpath.Reader` reads it. It handles
+  the socket over (``Conn.raw``): from then on only `receive.Reader` reads it. It handles
   PUBLISH/PUBACK/PUBREC/PUBREL/PUBCOMP of the packet ids it owns and hands every other
   packet (PINGRESP, SUBACK, ...) to paho's own handler (`paho_handle`), so paho's
   keepalive state stays right.
@@ -108,7 +108,7 @@ class Sessions:
         self._epfd = self.epoll.fileno()
         self.by_fd: dict[int, Conn] = {}
         self.conns: list[Conn] = []
-        self.reader = None  # a fastpath.Reader, set by the engine (avoids an import cycle)
+        self.reader = None  # a receive.Reader, set by the engine (avoids an import cycle)
         self._pass_at = 0.0  # monotonic time the last epoll pass that had events began
         self.on_window = None  # scheduler hook: a parked publisher may go on
         self.progress = 0  # paho callbacks run: tells readable() when to stop calling loop_read
@@ -120,7 +120,7 @@ class Sessions:
         # the reader's (kernel-stamped) reads of them, up to close_all (segments None if the
         # kernel does not count them). Each read takes at least one segment, so segments
         # less reads is how many reads at most took more than one: the only ones whose
-        # older messages got a newer segment's arrival time (`fastpath.Reader.arrived`).
+        # older messages got a newer segment's arrival time (`receive.Reader.arrived`).
         # A loose bound: the segments include each socket's CONNACK and SUBACK.
         self.segments_in: int | None = 0
         self.stamped_reads = 0
@@ -357,7 +357,7 @@ class Sessions:
         microsecond resolution, then ``poll(0)`` fetches the events: one more syscall per
         wake, so only then.
 
-        A backlogged reader asks to hold (`fastpath.Reader.hold_s`): the next pass starts no
+        A backlogged reader asks to hold (`receive.Reader.hold_s`): the next pass starts no
         sooner than that after the last one, or when `timeout` (a publish due) ends first.
         """
         epoll, reader = self.epoll, self.reader
