@@ -132,20 +132,38 @@ def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     assert progress["phase"] in ("publish", "drain") and progress["clients"] == 21
 
 
-def hold_the_next_progress_write(out: Path, seconds: float) -> bytes:
+def hold_the_next_progress_write(out: Path, process: subprocess.Popen, seconds: float) -> bytes:
     """Make the driver's next write of progress.json wait `seconds`, as a busy disk may:
     its temporary file is made a FIFO, whose open for writing waits for a reader. Returns
     what was written through it."""
     fifo = out / (PROGRESS_FILE + ".tmp")
+    deadline = time.monotonic() + 5
     while True:
         try:
             os.mkfifo(fifo)
             break
         except FileExistsError:  # the driver is writing it now: its rename comes next
+            assert time.monotonic() < deadline, "progress.json.tmp stayed"
             time.sleep(0.001)
     time.sleep(seconds)
-    with open(fifo, "rb") as handle:
-        return handle.read()
+    assert process.poll() is None, "the driver ended while its write was held"
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # never blocks: the test cannot hang
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:  # the writer is in, its bytes not yet
+                chunk = None
+            if chunk:
+                chunks.append(chunk)
+            elif chunk == b"" and chunks:  # the writer closed after writing
+                return b"".join(chunks)
+            time.sleep(0.005)  # b"" before any bytes: the writer's open has not returned
+    finally:
+        os.close(fd)
+    raise AssertionError(f"the held write did not finish within 10 s: {chunks}")
 
 
 def test_a_file_write_held_up_by_the_disk_leaves_sends_and_reads_on_time(broker, tmp_path):
@@ -158,13 +176,14 @@ def test_a_file_write_held_up_by_the_disk_leaves_sends_and_reads_on_time(broker,
     try:
         start_at = release(out, process)
         time.sleep(max(0.0, start_at + 1.2 - time.time()))
-        written = hold_the_next_progress_write(out, 2.0)
+        written = json.loads(hold_the_next_progress_write(out, process, 2.0))
         assert process.wait(30) == 0, events(out)
     finally:
         process.kill()
     assert "Traceback" not in process.stderr.read()
-    assert json.loads(written)["phase"] == "publish"  # the write held, then done in order
-    assert json.loads((out / PROGRESS_FILE).read_text())["phase"] == "drain"
+    assert written["phase"] == "publish"  # the write held, then the later ones in order
+    last = json.loads((out / PROGRESS_FILE).read_text())
+    assert last["t"] > written["t"] + 1.0
     summary = json.loads((out / SUMMARY_FILE).read_text())
     totals = summary["totals"]
     assert totals["published"] == 20 * 50 * 4 == totals["received"]
@@ -174,6 +193,20 @@ def test_a_file_write_held_up_by_the_disk_leaves_sends_and_reads_on_time(broker,
     kinds = histograms(out)
     assert percentile(kinds["pub_delay"], 90) < 25_000
     assert percentile(kinds["e2e"], 90) < 25_000
+
+
+def test_a_raw_file_that_cannot_be_written_ends_the_stage_as_an_error_with_a_summary(
+        broker, tmp_path):
+    """A write that fails on the file thread is told to the loop at its next second: the
+    stage stops as an error, says why in events.jsonl and still writes everything else."""
+    out = tmp_path / "out"
+    (out / COUNTERS_FILE).mkdir(parents=True)  # appending to it fails: a directory
+    code, summary = run_to_end(spec(broker.port, measure=2, drain=1), out)
+    assert code == 1 and summary["status"] == "error"
+    errors = [e for e in events(out) if e["event"] == "driver_error"]
+    assert errors and "IsADirectoryError" in errors[0]["error"], events(out)
+    assert summary["windows"] and summary["totals"]["published"] > 0
+    assert sum(histograms(out)["pub_delay"].values()) == summary["totals"]["published"]
 
 
 def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losing_nothing(

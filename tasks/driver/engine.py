@@ -38,6 +38,7 @@ from .wire import HEADER, run_tag
 __all__ = ["Engine", "HEADER", "raise_fd_limit", "run_tag"]
 HOUSEKEEPING_SLICES = 10  # paho keepalive for 1/10 of the clients every 100 ms
 PROGRESS_EVERY_S = 1.0
+CLOSE_TIMEOUT_S = 30.0  # for queued writes after a failure, before the process exits
 
 
 class Engine:
@@ -90,6 +91,7 @@ class Engine:
         """Report readiness, then wait for the orchestrator's common start time."""
         self.phase = "wait"
         self.write_progress()
+        _raise(self.acct.writer.wait())  # the orchestrator reads progress.json once ready
         conns = self.sessions.conns
         ready = sum(1 for c in conns if c.state == READY)
         write_json(self.out_dir / READY_FILE, {"ready": ready, "clients": len(conns)})
@@ -166,6 +168,7 @@ class Engine:
             self._progress_at = now
             self.write_progress()
             self.acct.checkpoint(int(time.time()))
+            _raise(self.acct.writer.failed())  # here, inside run's try: the stage errs
 
     def write_progress(self) -> None:
         """Cumulative counters for the orchestrator's fail-fast rules and live progress."""
@@ -200,7 +203,10 @@ class Engine:
                 self.acct.event("close_error", error=f"{type(exc).__name__}: {exc}")
         if self.stop_requested and self.status == "ok":
             self.status = "partial"
-        return self.finish(started, fd_limit)
+        try:
+            return self.finish(started, fd_limit)
+        finally:  # what is queued is written even if finish fails
+            self.acct.writer.close(timeout_s=CLOSE_TIMEOUT_S)
 
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True
@@ -209,6 +215,11 @@ class Engine:
     def finish(self, started: float, fd_limit: int) -> dict:
         acct, sessions = self.acct, self.sessions
         acct.write()
+        error = acct.writer.wait()
+        if error is not None:  # the files are as complete as the disk let them be
+            self.status = "error"
+            acct.event("driver_error", error=f"{type(error).__name__}: {error}",
+                       trace="".join(traceback.format_exception(error)))
         acct.tracks = [c.tracks for c in sessions.conns if c.role == "sub" and c.tracks]
         totals = acct.totals()
         if self.status == "ok" and totals["errors"]:
@@ -273,3 +284,9 @@ def raise_fd_limit() -> int:
             return soft
         return target
     return soft
+
+
+def _raise(error: BaseException | None) -> None:
+    """Raise a failed write's error where the caller can handle it (`RawWriter.failed`)."""
+    if error is not None:
+        raise error

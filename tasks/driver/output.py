@@ -156,7 +156,7 @@ FAILFAST_FILE = "failfast.json"
 
 
 def write_csv(path: Path, columns: Iterable[str], rows: Iterable[Iterable]) -> None:
-    _replace_text(path, _csv_text([columns]) + _csv_text(rows))
+    _replace_text(path, _csv_text([columns]), _csv_text(rows))
 
 
 def write_json(path: Path, document: Mapping) -> None:
@@ -173,11 +173,13 @@ def _json_text(document: Mapping) -> str:
     return json.dumps(document, indent=1, sort_keys=True)
 
 
-def _replace_text(path: Path, text: str) -> None:
-    """`path` replaced whole, atomically: a reader sees the old file or the new one."""
+def _replace_text(path: Path, *parts: str) -> None:
+    """`path` replaced whole by `parts` written one after another, atomically: a reader sees
+    the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as handle:
-        handle.write(text)
+        for part in parts:
+            handle.write(part)
     os.replace(tmp, path)
 
 
@@ -188,6 +190,9 @@ def _append_text(path: Path, header: str, text: str) -> None:
         handle.write(text)
 
 
+_STOP = object()
+
+
 class FileThread:
     """Runs file writes one after another on a thread of their own, so a write the kernel
     holds up never stops the caller: the driver's measuring loop, which would send late and
@@ -196,49 +201,68 @@ class FileThread:
     VM (ext4) while another process wrote 3 GB with fsync. Callers format their text; the
     thread only opens, writes and renames, calls that release the GIL while they wait.
 
-    Writes run in the order given. A write that fails is raised to the caller at its next
-    `put` or `wait` (once), as a failing write on the loop would have been."""
+    Writes run in the order given. `put` never raises (it runs in signal handlers and
+    paho callbacks too); a write that failed is told by `failed`, `wait` or `stop`, each
+    giving the first error not told yet, at a point of the caller's choosing."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
         self._error: BaseException | None = None
-        threading.Thread(target=self._work, name="raw-files", daemon=True).start()
+        self._thread = threading.Thread(target=self._work, name="raw-files", daemon=True)
+        self._thread.start()
 
     def put(self, write: Callable[..., object], *args: object) -> None:
-        self._raise_error()
         self._queue.put((write, args))
 
-    def wait(self) -> None:
-        """Return when every write put so far is done."""
+    def failed(self) -> BaseException | None:
+        """The first write that failed and was not told yet, without waiting."""
+        with self._lock:
+            error, self._error = self._error, None
+        return error
+
+    def wait(self) -> BaseException | None:
+        """Return when every write put so far is done, with `failed`."""
         done = threading.Event()
         self._queue.put((done.set, ()))
         done.wait()
-        self._raise_error()
+        return self.failed()
 
-    def _raise_error(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+    def stop(self, timeout_s: float | None = None) -> BaseException | None:
+        """Every write put so far done (or `timeout_s` passed), then the thread ends."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+        return self.failed()
 
     def _work(self) -> None:
-        while True:
-            write, args = self._queue.get()
+        while (item := self._queue.get()) is not _STOP:
+            write, args = item
             try:
                 write(*args)
-            except Exception as exc:  # noqa: BLE001 - handed to the caller by put or wait
-                self._error = self._error or exc
+            except Exception as exc:  # noqa: BLE001 - told by failed, wait or stop
+                with self._lock:
+                    self._error = self._error or exc
 
 
 class RawWriter:
     """Writes one driver process's raw files into its directory, through a `FileThread`:
-    the data is copied and formatted by the caller, written behind it, and `summary` (the
-    file that marks a process complete) is written after everything before it."""
+    the data is copied and formatted by the caller and written behind it; `summary` (the
+    file that marks a process complete) is written after everything before it, and `close`
+    ends the thread, `summary` or not."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._events = open(self.out_dir / EVENTS_FILE, "a")
         self._files = FileThread()
+
+    def failed(self) -> BaseException | None:
+        """`FileThread.failed`: the first write that failed and was not told yet."""
+        return self._files.failed()
+
+    def wait(self) -> BaseException | None:
+        """`FileThread.wait`: every write so far done, then `failed`."""
+        return self._files.wait()
 
     def event(self, record: Mapping) -> None:
         self._files.put(self._events.write, json.dumps(record, sort_keys=True) + "\n")
@@ -273,9 +297,20 @@ class RawWriter:
         if append:
             self._files.put(_append_text, self.out_dir / name, header, body)
         else:
-            self._files.put(_replace_text, self.out_dir / name, header + body)
+            self._files.put(_replace_text, self.out_dir / name, header, body)
 
     def summary(self, document: Mapping) -> None:
-        self._files.wait()
-        self._events.close()
+        """``summary.json``, once every write before it is done. A write that failed since
+        the caller last asked (`failed`, `wait`) is not raised here: the summary is written
+        all the same, and is the last file."""
+        self.close()
         write_json(self.out_dir / SUMMARY_FILE, document)
+
+    def close(self, timeout_s: float | None = None) -> BaseException | None:
+        """Every write put so far done (or `timeout_s` passed), the thread ended and the
+        events file closed; the first failed write not told yet. Safe to call again."""
+        if self._events.closed:
+            return None
+        error = self._files.stop(timeout_s)
+        self._events.close()
+        return error
