@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .. import bundle, rundir
-from ..fingerprint import host_facts, host_hash, run_hash
+from ..fingerprint import MEASUREMENT_VERSION, host_facts, host_hash, run_hash
 from ..hosts import Host, HostError, LocalHost
 from ..manifest import file_sha256
 from ..run_context import RunContext
@@ -141,6 +141,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     facts["roles"] = list(ctx.inventory.host(host_name).roles)
     facts["pythonpath"] = pythonpath
     facts["hash"] = host_hash(facts)
+    facts["measurement_version"] = MEASUREMENT_VERSION  # of the driver just shipped
     ctx.write_json(rundir.host_file(host_name), facts)
     ctx.store().record_fingerprint(ctx.run_id, host_name, host_facts(facts))
     return {"host": host_name, "hash": facts["hash"], "clock_offset_s": facts["clock_offset_s"]}
@@ -162,10 +163,13 @@ def host_cpus(ctx: RunContext) -> dict[str, int]:
 
 def run_fingerprint(ctx: RunContext) -> str:
     """The run's fingerprint (`tasks.fingerprint.run_hash`) from what provision and tune
-    recorded: every host's hash and every tuning hash."""
-    def hashes(folder: str, key: str) -> list[str]:
-        return [json.loads(path.read_text()).get(key, "")
+    recorded: every host's hash, every tuning hash and the measurement version of the
+    driver that was shipped (1 in a run folder of a perfpipe before it was recorded), so a
+    run loaded again by a later perfpipe keeps its own."""
+    def recorded(folder: str, key: str, default: object = "") -> list:
+        return [json.loads(path.read_text()).get(key, default)
                 for path in sorted((ctx.run_dir / folder).glob("*.json"))]
 
-    return run_hash(hashes(rundir.HOSTS_DIR, "hash"), hashes(rundir.TUNING_DIR, "values_hash"),
-                    ctx.broker()["kind"])
+    versions = recorded(rundir.HOSTS_DIR, "measurement_version", 1)
+    return run_hash(recorded(rundir.HOSTS_DIR, "hash"), recorded(rundir.TUNING_DIR, "values_hash"),
+                    ctx.broker()["kind"], measurement=max(versions, default=MEASUREMENT_VERSION))
