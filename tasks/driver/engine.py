@@ -27,10 +27,10 @@ from collections import deque
 from pathlib import Path
 
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
-from .receive import Reader
-from .send import Scheduler, stream_last_seqs
 from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
+from .receive import Reader
+from .send import Scheduler, stream_last_seqs
 from .session import CONNECTED, DEAD, READY, Sessions
 from .spec import ProcessSpec
 from .wire import HEADER, run_tag

@@ -223,9 +223,10 @@ class FileThread:
 
     def wait(self) -> BaseException | None:
         """Return when every write put so far is done, with `failed`."""
-        done = threading.Event()
-        self._queue.put((done.set, ()))
-        done.wait()
+        if self._thread.is_alive():  # not after `stop`: nothing would ever be done
+            done = threading.Event()
+            self._queue.put((done.set, ()))
+            done.wait()
         return self.failed()
 
     def stop(self, timeout_s: float | None = None) -> BaseException | None:
