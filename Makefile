@@ -42,7 +42,7 @@ airflow: deps
 # into the one `make run` and the UI use.
 TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 
-test: lint deps $(TEST_AIRFLOW_HOME)/.migrated
+test: lint os-deps venv $(TEST_AIRFLOW_HOME)/.migrated  # not make run's Airflow home
 	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 deps: os-deps venv airflow-db

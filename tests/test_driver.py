@@ -298,7 +298,8 @@ def test_a_held_read_keeps_the_time_the_message_arrived(broker, tmp_path, socket
 @pytest.mark.parametrize("qos", [1, 2])
 def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, qos):
     out = tmp_path / "out"
-    process = start_driver(spec(broker.port, qos=qos, publishers=10, rate=100), out)
+    process = start_driver(spec(broker.port, qos=qos, publishers=10, rate=100, measure=2,
+                                drain=1), out)
     release(out, process)
     assert process.wait(30) == 0, process.stderr.read()
     summary = json.loads((out / SUMMARY_FILE).read_text())
@@ -316,9 +317,9 @@ def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, q
 
 def test_broker_killed_mid_stage_gives_a_clean_partial_result(broker, tmp_path):
     out = tmp_path / "out"
-    process = start_driver(spec(broker.port, measure=4), out)
+    process = start_driver(spec(broker.port, measure=2, drain=1), out)
     release(out, process)
-    time.sleep(2.0)
+    time.sleep(1.5)
     broker.kill()
     code = process.wait(30)  # bounded: the stage ends on time even without a broker
     assert code == 1
