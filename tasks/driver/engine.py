@@ -192,9 +192,7 @@ class Engine:
             else:
                 self.publish_until(start_at)
         except Exception as exc:  # the partial result is still written, with the error
-            self.status = "error"
-            self.acct.event("driver_error", error=f"{type(exc).__name__}: {exc}",
-                            trace=traceback.format_exc())
+            self._failed(exc)
         finally:
             signal.signal(signal.SIGTERM, previous)
             try:
@@ -208,6 +206,12 @@ class Engine:
         finally:  # what is queued is written even if finish fails
             self.acct.writer.close(timeout_s=CLOSE_TIMEOUT_S)
 
+    def _failed(self, exc: BaseException) -> None:
+        """The stage ends as an error, and events.jsonl says which, with its trace."""
+        self.status = "error"
+        self.acct.event("driver_error", error=f"{type(exc).__name__}: {exc}",
+                        trace="".join(traceback.format_exception(exc)))
+
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True
         self.acct.event("stopped", signal=int(signum))
@@ -217,9 +221,7 @@ class Engine:
         acct.write()
         error = acct.writer.wait()
         if error is not None:  # the files are as complete as the disk let them be
-            self.status = "error"
-            acct.event("driver_error", error=f"{type(error).__name__}: {error}",
-                       trace="".join(traceback.format_exception(error)))
+            self._failed(error)
         acct.tracks = [c.tracks for c in sessions.conns if c.role == "sub" and c.tracks]
         totals = acct.totals()
         if self.status == "ok" and totals["errors"]:
