@@ -85,7 +85,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	@[ -x $(UV) ] || $(PY) -m pip install -q uv==$(UV_VERSION)
-	VIRTUAL_ENV=$(VENV) $(UV) pip install -q -r requirements.txt
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --compile-bytecode -r requirements.txt
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --no-deps -e .
 	@touch $@
 
