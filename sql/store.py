@@ -128,8 +128,9 @@ class Store:
 
     def _connect_retrying(self, dialect: Any, _record: Any, cargs: tuple,
                           cparams: dict) -> Any:
-        """Connect, trying again with growing pauses while the server cannot be reached;
-        past `retry_s`, one line that says how long it was tried."""
+        """Connect, trying again with growing pauses while the server cannot be reached,
+        the last time `retry_s` after the first; then one line that says how long it was
+        tried."""
         started, pause, tries = time.monotonic(), 0.5, 0
         while True:
             tries += 1
@@ -140,14 +141,15 @@ class Store:
                     raise  # e.g. a wrong password: no wait makes it right
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 waited = time.monotonic() - started
-                if waited + pause > self._retry_s:
+                if waited >= self._retry_s:
                     raise StoreUnavailable(
                         f"database {self.url_for_display} unreachable: {first} (tried "
                         f"{tries} times in {waited:.0f} s; PERFPIPE_DB_RETRY_S sets how "
                         "long)") from None
+                wait = min(pause, self._retry_s - waited)  # the last try at retry_s
                 log.warning("database %s unreachable (%s): trying again in %.1f s",
-                            self.url_for_display, first, pause)
-                time.sleep(pause)
+                            self.url_for_display, first, wait)
+                time.sleep(wait)
                 pause = min(2 * pause, 8.0)
 
     @property
