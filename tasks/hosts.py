@@ -289,6 +289,19 @@ class LocalHost(Host):
             shutil.copyfile(remote, local)
 
 
+def _socket_options(sock: socket.socket) -> None:
+    """An SSH connection's TCP options: the deadline above (`SshHost._deadlines`), and no
+    Nagle delay. Every command is a few small SSH messages each way; with Nagle on,
+    paramiko's small writes and the server's delayed ACKs cost ~40 ms per command (48 ms
+    against 4 ms for `true` on a lab host, raw paramiko; OpenSSH's own client sets
+    TCP_NODELAY for the same reason)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                        int(SSH_DEAD_AFTER_S * 1000))
+
+
 class SshHost(Host):
     """A host over SSH through fabric's Connection (same run model as LocalHost)."""
 
@@ -336,15 +349,15 @@ class SshHost(Host):
         """A link that stops answering is an error within about `SSH_DEAD_AFTER_S`, not a
         wait without end: SSH keepalives every `SSH_KEEPALIVE_S` put unanswered bytes on
         the wire, and the kernel gives the connection up when bytes stay unanswered that
-        long (TCP_USER_TIMEOUT); every channel on it then ends, and `_lost` says why."""
+        long (TCP_USER_TIMEOUT); every channel on it then ends, and `_lost` says why. The
+        options (`_socket_options`) go on the TCP connection to the host or, through a
+        gateway, on the one to the gateway, which carries this connection's keepalives."""
         transport = self._connection.transport
         transport.set_keepalive(SSH_KEEPALIVE_S)
-        sock = transport.sock
-        if isinstance(sock, socket.socket):  # not through a gateway's channel
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            if hasattr(socket, "TCP_USER_TIMEOUT"):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                int(SSH_DEAD_AFTER_S * 1000))
+        gateway = getattr(self._connection.gateway, "transport", None)
+        for sock in (transport.sock, gateway.sock if gateway else None):
+            if isinstance(sock, socket.socket):  # not a channel through a gateway
+                _socket_options(sock)
 
     def _lost(self) -> HostError | None:
         transport = self._connection.transport

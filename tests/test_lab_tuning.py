@@ -7,6 +7,7 @@ cgroup are per lab host (its own mount namespace and cgroup subtree).
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from tasks.catalog.inventory import connect, load_inventory
 from tasks.cli import main as perfpipe
-from tasks.hosts import SshHost
+from tasks.hosts import SSH_DEAD_AFTER_S, SshHost
 from tests.lab import INVENTORY, STATE
 
 NAMESPACED = ["net.ipv4.ip_local_port_range", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_rmem",
@@ -233,16 +234,20 @@ def test_ssh_key_from_an_airflow_connection_never_lands_on_disk(lab, perfpipe_en
     assert body[:40] not in out.out + out.err
 
 
-def test_a_host_behind_a_gateway_is_reached_through_it(lab, perfpipe_env, tmp_path, capsys):
-    client_key = STATE / "client_key"
-    common = f"transport: ssh, user: root, key_file: {client_key}, python: /usr/bin/python3"
-    inventory = tmp_path / "bastion.yml"
-    inventory.write_text(f"""
+def bastion_inventory(path: Path) -> Path:
+    """driver1 as a bastion, and driver2 (`inner`) reached only through it."""
+    common = f"transport: ssh, user: root, key_file: {STATE / 'client_key'}, python: /usr/bin/python3"
+    path.write_text(f"""
 hosts:
   - {{name: bastion, address: 10.250.77.12, roles: [broker], {common}}}
   - {{name: inner, address: 10.250.77.13, gateway: bastion, roles: [driver], {common}}}
 broker: {{host: bastion}}
 """)
+    return path
+
+
+def test_a_host_behind_a_gateway_is_reached_through_it(lab, perfpipe_env, tmp_path, capsys):
+    inventory = bastion_inventory(tmp_path / "bastion.yml")
     host = connect(load_inventory(inventory), "inner", work_root="/tmp")
     assert host.run(["hostname"]).stdout.strip() == "driver2"
     client_ip = host.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()[0]
@@ -250,3 +255,24 @@ broker: {{host: bastion}}
     code = perfpipe(["tune", "--inventory", str(inventory), "--profile", "lab-net", "--check",
                      "--host", "inner"])
     assert code == 0 and len(rows(capsys.readouterr().out.replace("inner ", "driver2 "))) == 8
+
+
+def test_ssh_connections_and_their_gateways_send_small_messages_at_once_and_give_up_a_dead_link(
+        lab, tmp_path):
+    """Every TCP connection perfpipe's SSH runs over, to a host or to its gateway: no Nagle
+    delay (each command is a few small SSH messages: with it, ~40 ms a command waits on the
+    server's delayed ACK), keepalives, and the kernel's deadline for unanswered bytes."""
+    inventory = load_inventory(bastion_inventory(tmp_path / "bastion.yml"))
+    direct, inner = (connect(inventory, name, work_root="/tmp") for name in ("bastion", "inner"))
+    try:
+        for host in (direct, inner):
+            host.run(["true"])
+        sockets = [direct._connection.transport.sock, inner._connection.gateway.transport.sock]
+        for sock in sockets:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == \
+                SSH_DEAD_AFTER_S * 1000
+    finally:
+        direct.close()
+        inner.close()
