@@ -67,6 +67,18 @@ def test_a_database_down_before_the_run_fails_in_one_line_and_leaves_no_run_fold
     assert not runs.exists() or not any(runs.iterdir())  # no folder without a run
 
 
+@pytest.mark.parametrize("value, why", [("nan", "finite number"), ("inf", "finite number"),
+                                        ("-1", "greater than or equal to 0")])
+def test_a_retry_window_that_is_no_number_of_seconds_is_refused_naming_it(
+        perfpipe_env: Path, monkeypatch, value: str, why: str):
+    """nan would never reach the window's end (every comparison with it is false): the
+    store would try again every 8 s without end."""
+    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", value)
+    done = _cli("show", "nightly-none")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "db_retry_s" in done.stderr and why in done.stderr, done.stderr
+
+
 @pytest.mark.slow  # about 35 s
 def test_a_database_outage_mid_run_is_waited_out_and_nothing_is_stored_twice(
         pg: Server, tiny_suite: Path, tmp_path: Path, monkeypatch, caplog, spark_connect):
