@@ -290,7 +290,7 @@ class LocalHost(Host):
 
 
 def _socket_options(sock: socket.socket) -> None:
-    """An SSH connection's TCP options: the deadline above (`SshHost._deadlines`), and no
+    """An SSH connection's TCP options: the deadline of `SshHost._deadlines`, and no
     Nagle delay. Every command is a few small SSH messages each way; with Nagle on,
     paramiko's small writes and the server's delayed ACKs cost ~40 ms per command (48 ms
     against 4 ms for `true` on a lab host, raw paramiko; OpenSSH's own client sets
@@ -350,14 +350,15 @@ class SshHost(Host):
         wait without end: SSH keepalives every `SSH_KEEPALIVE_S` put unanswered bytes on
         the wire, and the kernel gives the connection up when bytes stay unanswered that
         long (TCP_USER_TIMEOUT); every channel on it then ends, and `_lost` says why. The
-        options (`_socket_options`) go on the TCP connection to the host or, through a
-        gateway, on the one to the gateway, which carries this connection's keepalives."""
-        transport = self._connection.transport
-        transport.set_keepalive(SSH_KEEPALIVE_S)
-        gateway = getattr(self._connection.gateway, "transport", None)
-        for sock in (transport.sock, gateway.sock if gateway else None):
-            if isinstance(sock, socket.socket):  # not a channel through a gateway
-                _socket_options(sock)
+        options (`_socket_options`) go on the TCP connection to the host or, through
+        gateways (one behind another), on the one to the first gateway, which carries
+        this connection's keepalives."""
+        self._connection.transport.set_keepalive(SSH_KEEPALIVE_S)
+        hop = self._connection  # this connection, then each gateway's (a fabric Connection)
+        while (transport := getattr(hop, "transport", None)) is not None:
+            if isinstance(transport.sock, socket.socket):  # not a channel through a gateway
+                _socket_options(transport.sock)
+            hop = hop.gateway
 
     def _lost(self) -> HostError | None:
         transport = self._connection.transport
@@ -369,7 +370,8 @@ class SshHost(Host):
                          f"answer for {SSH_DEAD_AFTER_S:.0f} s")
 
     def fresh(self) -> SshHost:
-        return SshHost(**self._args)
+        gateway = self._args["gateway"]  # a gateway of its own: `close` closes it
+        return SshHost(**{**self._args, "gateway": gateway.fresh() if gateway else None})
 
     def _connection_error(self, exc: Exception) -> HostError | None:
         import paramiko
@@ -415,4 +417,7 @@ class SshHost(Host):
             raise self._connection_error(exc) or exc from None
 
     def close(self) -> None:
+        """Close the connection, and the gateway's (fabric leaves a gateway's open)."""
         self._connection.close()
+        if self._args["gateway"] is not None:
+            self._args["gateway"].close()

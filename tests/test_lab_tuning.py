@@ -257,22 +257,31 @@ def test_a_host_behind_a_gateway_is_reached_through_it(lab, perfpipe_env, tmp_pa
     assert code == 0 and len(rows(capsys.readouterr().out.replace("inner ", "driver2 "))) == 8
 
 
-def test_ssh_connections_and_their_gateways_send_small_messages_at_once_and_give_up_a_dead_link(
+def test_ssh_connections_and_their_gateways_have_no_nagle_delay_and_the_dead_link_deadline(
         lab, tmp_path):
-    """Every TCP connection perfpipe's SSH runs over, to a host or to its gateway: no Nagle
-    delay (each command is a few small SSH messages: with it, ~40 ms a command waits on the
-    server's delayed ACK), keepalives, and the kernel's deadline for unanswered bytes."""
-    inventory = load_inventory(bastion_inventory(tmp_path / "bastion.yml"))
-    direct, inner = (connect(inventory, name, work_root="/tmp") for name in ("bastion", "inner"))
+    """Every TCP connection perfpipe's SSH runs over, to a host or to a gateway (here two,
+    one behind the other): no Nagle delay (each command is a few small SSH messages: with
+    it, ~40 ms a command waits on the server's delayed ACK), keepalives, and the kernel's
+    deadline for unanswered bytes (`SSH_DEAD_AFTER_S`). Closing a host closes them all."""
+    path = bastion_inventory(tmp_path / "bastion.yml")
+    path.write_text(path.read_text().replace("broker: {", f"""  - {{name: innermost, \
+address: 10.250.77.11, gateway: inner, roles: [driver], transport: ssh, user: root, \
+key_file: {STATE / 'client_key'}, python: /usr/bin/python3}}
+broker: {{"""))
+    inventory = load_inventory(path)
+    hosts = [connect(inventory, name, work_root="/tmp") for name in ("bastion", "innermost")]
     try:
-        for host in (direct, inner):
-            host.run(["true"])
-        sockets = [direct._connection.transport.sock, inner._connection.gateway.transport.sock]
-        for sock in sockets:
+        assert hosts[0].run(["hostname"]).stdout.strip() == "driver1"
+        assert hosts[1].run(["hostname"]).stdout.strip() == "broker1"  # through both
+        hops = [hosts[0]._connection, hosts[1]._connection.gateway.gateway]
+        assert all(hop.transport.sock.getpeername()[0] == "10.250.77.12" for hop in hops)
+        for sock in (hop.transport.sock for hop in hops):
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == \
                 SSH_DEAD_AFTER_S * 1000
     finally:
-        direct.close()
-        inner.close()
+        for host in hosts:
+            host.close()
+    chain = [hosts[1]._connection, hosts[1]._connection.gateway, hops[1]]
+    assert not any(hop.is_connected for hop in [hops[0], *chain])  # gateways' closed too
