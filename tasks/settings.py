@@ -40,9 +40,9 @@ class Settings(BaseSettings):
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
     nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
     lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
-    # how long a database down or locked is waited for (seconds: not negative, nan or inf)
+    # how long a database down or locked is waited for, in seconds (not negative, nan or
+    # inf; default: the store's own, sql.store.DB_RETRY_S)
     db_retry_s: float | None = Field(None, ge=0, allow_inf_nan=False)
-    # (default: the store's own, sql.store.DB_RETRY_S)
 
     @property
     def runs_dir(self) -> Path:
