@@ -234,14 +234,17 @@ def test_ssh_key_from_an_airflow_connection_never_lands_on_disk(lab, perfpipe_en
     assert body[:40] not in out.out + out.err
 
 
-def bastion_inventory(path: Path) -> Path:
-    """driver1 as a bastion, and driver2 (`inner`) reached only through it."""
+def bastion_inventory(path: Path, *, innermost: bool = False) -> Path:
+    """driver1 as a bastion, driver2 (`inner`) reached only through it and, with
+    `innermost`, broker1 reached only through `inner`."""
     common = f"transport: ssh, user: root, key_file: {STATE / 'client_key'}, python: /usr/bin/python3"
+    third = (f"  - {{name: innermost, address: 10.250.77.11, gateway: inner, roles: [driver], "
+             f"{common}}}\n" if innermost else "")
     path.write_text(f"""
 hosts:
   - {{name: bastion, address: 10.250.77.12, roles: [broker], {common}}}
   - {{name: inner, address: 10.250.77.13, gateway: bastion, roles: [driver], {common}}}
-broker: {{host: bastion}}
+{third}broker: {{host: bastion}}
 """)
     return path
 
@@ -252,6 +255,7 @@ def test_a_host_behind_a_gateway_is_reached_through_it(lab, perfpipe_env, tmp_pa
     assert host.run(["hostname"]).stdout.strip() == "driver2"
     client_ip = host.run(["sh", "-c", "echo $SSH_CONNECTION"]).stdout.split()[0]
     assert client_ip == "10.250.77.12"  # the session came from the bastion, not from here
+    host.close()
     code = perfpipe(["tune", "--inventory", str(inventory), "--profile", "lab-net", "--check",
                      "--host", "inner"])
     assert code == 0 and len(rows(capsys.readouterr().out.replace("inner ", "driver2 "))) == 8
@@ -263,12 +267,7 @@ def test_ssh_connections_and_their_gateways_have_no_nagle_delay_and_the_dead_lin
     one behind the other): no Nagle delay (each command is a few small SSH messages: with
     it, ~40 ms a command waits on the server's delayed ACK), keepalives, and the kernel's
     deadline for unanswered bytes (`SSH_DEAD_AFTER_S`). Closing a host closes them all."""
-    path = bastion_inventory(tmp_path / "bastion.yml")
-    path.write_text(path.read_text().replace("broker: {", f"""  - {{name: innermost, \
-address: 10.250.77.11, gateway: inner, roles: [driver], transport: ssh, user: root, \
-key_file: {STATE / 'client_key'}, python: /usr/bin/python3}}
-broker: {{"""))
-    inventory = load_inventory(path)
+    inventory = load_inventory(bastion_inventory(tmp_path / "bastion.yml", innermost=True))
     hosts = [connect(inventory, name, work_root="/tmp") for name in ("bastion", "innermost")]
     try:
         assert hosts[0].run(["hostname"]).stdout.strip() == "driver1"
