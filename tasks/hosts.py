@@ -330,6 +330,7 @@ class SshHost(Host):
         self.code_root = code_root
         self.work_root = work_root
         self._connected = False  # a connection was made and its deadlines set
+        self._owns_gateway = True  # `close` closes it; not for a `fresh` login
         self._connection = fabric.Connection(
             address, user=user, port=port, connect_kwargs=connect_kwargs,
             connect_timeout=connect_timeout,
@@ -370,8 +371,10 @@ class SshHost(Host):
                          f"answer for {SSH_DEAD_AFTER_S:.0f} s")
 
     def fresh(self) -> SshHost:
-        gateway = self._args["gateway"]  # a gateway of its own: `close` closes it
-        return SshHost(**{**self._args, "gateway": gateway.fresh() if gateway else None})
+        """A new login through the same gateway connection, which stays this host's to close."""
+        host = SshHost(**self._args)
+        host._owns_gateway = False
+        return host
 
     def _connection_error(self, exc: Exception) -> HostError | None:
         import paramiko
@@ -417,7 +420,7 @@ class SshHost(Host):
             raise self._connection_error(exc) or exc from None
 
     def close(self) -> None:
-        """Close the connection, and the gateway's (fabric leaves a gateway's open)."""
+        """Close the connection, and the gateway's it owns (fabric leaves a gateway's open)."""
         self._connection.close()
-        if self._args["gateway"] is not None:
+        if self._owns_gateway and self._args["gateway"] is not None:
             self._args["gateway"].close()
