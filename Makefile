@@ -42,8 +42,12 @@ airflow: deps
 # into the one `make run` and the UI use.
 TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 
+# Two tests at a time (pytest-xdist): most of them wait on a stage's window, SSH or a broker's
+# start. Tests marked `alone` (timing, rates, CPU cost) run with nothing beside them, and
+# tests sharing state keep to one worker: tests/parallel.py. TEST_WORKERS=0 runs one at a time.
+TEST_WORKERS ?= 2
 test: lint os-deps venv $(TEST_AIRFLOW_HOME)/.migrated  # not make run's Airflow home
-	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q $(PYTEST_ARGS)
+	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 deps: os-deps venv airflow-db
 

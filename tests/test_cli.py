@@ -33,6 +33,7 @@ def test_an_inventory_no_run_can_use_is_one_line_too(perfpipe_env: Path, tmp_pat
     assert line.startswith(f"perfpipe: {inventory}") and "broker" in line, line
 
 
+@pytest.mark.xdist_group("airflow-db")
 @pytest.mark.slow  # a nightly DAG run whose plan task fails: about 15 s
 def test_a_plan_that_fails_under_airflow_is_said_in_one_line(perfpipe_env: Path, monkeypatch,
                                                              capsys) -> None:

@@ -400,6 +400,7 @@ def test_no_password_is_written_in_the_file():
     assert all("AIRFLOW_ADMIN_PASSWORD" not in env(n) for n in SERVICES if n != "airflow-apiserver")
 
 
+@pytest.mark.xdist_group("airflow-db")
 def test_the_admin_logs_in_with_the_password_from_the_environment(tmp_path: Path):
     """The api-server's own command writes the passwords file before `airflow api-server`;
     then Airflow's simple auth manager, configured as compose configures it, generates and

@@ -12,6 +12,8 @@ import pytest
 from tasks.steps import STEPS
 from tasks.steps.aggregate import SUBMIT_CONF, spark_job
 
+pytestmark = pytest.mark.xdist_group("airflow-db")
+
 REPO = Path(__file__).resolve().parent.parent
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 # Imported by the pipeline's steps; a DAG file must leave them to task run time.

@@ -79,6 +79,7 @@ def test_a_retry_window_that_is_no_number_of_seconds_is_refused_naming_it(
     assert "db_retry_s" in done.stderr and why in done.stderr, done.stderr
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # about 35 s
 def test_a_database_outage_mid_run_is_waited_out_and_nothing_is_stored_twice(
         pg: Server, tiny_suite: Path, tmp_path: Path, monkeypatch, caplog, spark_connect):

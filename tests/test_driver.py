@@ -105,6 +105,7 @@ def run_to_end(document: dict, out: Path, timeout: float = 30) -> tuple[int, dic
     return code, json.loads((out / SUMMARY_FILE).read_text())
 
 
+@pytest.mark.alone
 def test_rated_publish_delivers_within_two_percent_of_target(broker, tmp_path):
     out = tmp_path / "out"
     process = start_driver(spec(broker.port), out)
@@ -166,6 +167,7 @@ def hold_the_next_progress_write(out: Path, process: subprocess.Popen, seconds: 
     raise AssertionError(f"the held write did not finish within 10 s: {chunks}")
 
 
+@pytest.mark.alone
 def test_a_file_write_held_up_by_the_disk_leaves_sends_and_reads_on_time(broker, tmp_path):
     """The raw files are written behind the measuring loop: with progress.json's write held
     for 2 s mid-window, sends stay on time and nothing is lost. Written on the loop, the
@@ -209,6 +211,7 @@ def test_a_raw_file_that_cannot_be_written_ends_the_stage_as_an_error_with_a_sum
     assert sum(histograms(out)["pub_delay"].values()) == summary["totals"]["published"]
 
 
+@pytest.mark.alone
 def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losing_nothing(
         broker, tmp_path):
     """tick_us 20 ms: every message still goes (open loop, the last tick's too), up to 20 ms
@@ -248,6 +251,7 @@ def test_a_tick_and_a_read_hold_make_sends_and_reads_late_by_what_they_say_losin
         2.0 < hold["max_ms"] <= worst_ms * MAX_RELATIVE_ERROR, (hold, worst_ms)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("sockets, interval_ms", [(5, 50), (1, 15)])
 def test_a_held_read_keeps_the_time_the_message_arrived(broker, tmp_path, sockets,
                                                          interval_ms):
@@ -346,6 +350,7 @@ def test_bad_specs_are_rejected_naming_the_field(tmp_path, field, value, message
     assert message in process.stderr.read()
 
 
+@pytest.mark.alone
 def test_keepalive_and_raw_publishes_share_sockets_without_breaking_the_stream(broker, tmp_path):
     """paho's PINGREQ/PINGRESP interleave with batched raw publishes at packet boundaries.
 
@@ -590,6 +595,7 @@ def test_a_read_hold_pauses_after_every_pass_that_read_messages(tmp_path):
     assert reader.held_passes == 2 and reader.hold_max_s == pytest.approx(0.9 / 128, rel=0.05)
 
 
+@pytest.mark.alone
 def test_a_backlog_is_read_in_held_passes_within_the_bucket_error_then_promptly(
         broker, tmp_path):
     """The broker stopped for 1.5 s, then draining its backlog: late messages, held reads.

@@ -6,10 +6,14 @@ JVM with jcmd, and restore puts the default back.
 
 from __future__ import annotations
 
+import pytest
+
 from tasks.brokers.activemq import ActiveMQ, heap_bytes
 from tasks.catalog.inventory import connect, load_inventory
 from tasks.cli import main as perfpipe
 from tests.lab import INVENTORY
+
+pytestmark = pytest.mark.xdist_group("lab")
 
 
 def start_and_read_heap(host, run_dir: str) -> dict[str, int]:

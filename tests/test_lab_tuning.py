@@ -19,6 +19,8 @@ from tasks.cli import main as perfpipe
 from tasks.hosts import SSH_DEAD_AFTER_S, SshHost
 from tests.lab import INVENTORY, STATE
 
+pytestmark = pytest.mark.xdist_group("lab")
+
 NAMESPACED = ["net.ipv4.ip_local_port_range", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_rmem",
               "net.core.somaxconn"]
 

@@ -19,7 +19,7 @@ from infra.slowdown.slowdown import ThrottledProxy
 from sql import Store
 from tasks.driver.wire import Template
 
-pytestmark = pytest.mark.slow  # a pipeline run past the broker's capacity: about 20 s
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # a pipeline run past the broker's capacity: about 20 s
 
 TOPIC = "perfpipe/overload"
 SUBSCRIBERS = 20

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow  # a night and a nightly DAG run (about 50 s), a C
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.xdist_group("airflow-db")
 def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path, capfd,
                                                                    spark_connect, monkeypatch):
     from tasks.cli import main
@@ -63,6 +64,7 @@ def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: P
     assert f'id="history-{stages[0]["stage_id"]}-delivered_rate"' in report  # two nights drawn
 
 
+@pytest.mark.alone
 def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite, broker, tmp_path,
                                                                       spark_connect):
     from tasks.pipeline import run_pipeline

@@ -24,7 +24,7 @@ from tasks.driver.output import SAMPLER_FILE, STATS_FILE
 from tasks.ports import free_port
 from tests.checks import assert_plausible
 
-pytestmark = pytest.mark.slow  # a RabbitMQ node started per test: about 40 s each
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("rabbitmq")]  # a RabbitMQ node started per test: about 40 s each
 
 START_BOUND_S = 60.0
 

@@ -8,7 +8,11 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from sql import Store
+
+pytestmark = pytest.mark.xdist_group("airflow-db")
 
 REPO = Path(__file__).resolve().parent.parent
 

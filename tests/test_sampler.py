@@ -54,6 +54,7 @@ def test_a_broker_is_found_by_pid_file_session_or_command_line(spinning):
         procfs.ProcessFinder("name", "mosquitto")
 
 
+@pytest.mark.alone
 def test_cpu_is_read_in_nanoseconds_and_summed_over_the_processes(spinning):
     process, _ = spinning
     finder = procfs.ProcessFinder("pid", str(process.pid))
@@ -72,6 +73,7 @@ def test_cpu_is_read_in_nanoseconds_and_summed_over_the_processes(spinning):
     assert row["open_files"] >= 3
 
 
+@pytest.mark.alone
 def test_the_sampler_writes_the_processes_and_the_host(spinning, tmp_path):
     process, folder = spinning
     out = tmp_path / "sampler"
@@ -100,6 +102,7 @@ broken_line NaN
 """
 
 
+@pytest.mark.alone
 def test_a_prometheus_endpoint_becomes_the_brokers_own_view():
     state = {"runtime": 1000.0, "delivered": 100}
 

@@ -329,6 +329,7 @@ def test_the_watchdog_alerts_when_no_nightly_ran(nights: Nights, monkeypatch) ->
     assert len(nights.slack.posts()) == 2
 
 
+@pytest.mark.xdist_group("airflow-db")
 def test_under_airflow_the_slack_connection_is_used(nights: Nights, monkeypatch) -> None:
     conn = {"conn_type": "slack", "password": TOKEN,
             "extra": {"base_url": nights.slack.base_url}}
@@ -342,6 +343,7 @@ def test_under_airflow_the_slack_connection_is_used(nights: Nights, monkeypatch)
     assert not notifier_for(load_settings(), airflow=True).enabled  # no Connection, no token
 
 
+@pytest.mark.xdist_group("airflow-db")
 def test_under_airflow_a_summary_slack_refused_fails_the_alert_task_and_is_sent_later(
         tiny_suite: Path, slack, monkeypatch) -> None:
     """Fault: Slack answers invalid_auth to a release run's summary under Airflow. The alert

@@ -36,7 +36,7 @@ from sql import Store
 from tasks.driver.wire import Template
 from tests.conftest import Broker
 
-pytestmark = pytest.mark.slow  # 14 pipeline runs
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 14 pipeline runs
 
 A_NIGHTS, B_NIGHTS = 5, 2
 # The steps are large on purpose: with 5 nights of history a stage is still learning its
