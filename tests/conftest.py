@@ -14,7 +14,8 @@ import pytest
 
 from tasks.ports import free_port
 
-pytest_plugins = ["tests.parallel"]  # the `alone` marker and its lock under make test's workers
+# the `alone` marker and its lock under make test's workers; pytester for tests/test_parallel
+pytest_plugins = ["tests.parallel", "pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
 # Airflow reads its config when first imported: point it at the tests' own Airflow home

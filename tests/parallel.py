@@ -57,6 +57,19 @@ def _turn(folder: Path, exclusive: bool) -> Iterator[None]:
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `--dist loadgroup`, xdist tells the scheduler a test's group by appending it to
+    the test's ID; where that does not take, groups split silently (two workers bringing
+    the lab up at once, say): fail such a test, saying why."""
+    config = item.config
+    if (_lock_dir(config) and getattr(config.option, "loadgroup", False)
+            and item.get_closest_marker("xdist_group") and "@" not in item.nodeid):
+        pytest.fail("xdist_group did not take under this pytest: its tests may run on both "
+                    "workers (see pytest-dev/pytest-xdist#1386 and pyproject.toml's pytest "
+                    "pin)", pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     folder = _lock_dir(item.config)

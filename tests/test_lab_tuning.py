@@ -61,8 +61,8 @@ def test_check_apply_again_and_restore_over_ssh(lab, perfpipe_env, capsys):
     here = {key: sysctl_here(key) for key in NAMESPACED + ["fs.file-max"]}
     before = {h.name: host_state(h) for h in lab_hosts()}
 
-    code, out, _ = tune("check", capsys)
-    assert code == 0 and all(r[-1] in ("check-only", "unchanged") for r in rows(out))
+    code, out, err = tune("check", capsys)
+    assert code == 0 and all(r[-1] in ("check-only", "unchanged") for r in rows(out)), out + err
     assert {h.name: host_state(h) for h in lab_hosts()} == before  # check changes nothing
 
     code, out, _ = tune("apply", capsys)
