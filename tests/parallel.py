@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     folder = _lock_dir(item.config)
     if folder is None:
         return (yield)
-    with _turn(folder, exclusive=item.get_closest_marker(MARK) is not None):
-        return (yield)
+    exclusive = item.get_closest_marker(MARK) is not None
+    with _turn(folder, exclusive):
+        began = time.time()
+        try:
+            return (yield)
+        finally:
+            _journal(folder, began, exclusive, item.nodeid)
+
+
+def _journal(folder: Path, began: float, exclusive: bool, nodeid: str) -> None:
+    """One line per test in the run's journal (start, end, worker, alone or not, test): which
+    tests ran beside which, when a result needs explaining."""
+    line = (f"{began:.3f} {time.time():.3f} {os.environ['PYTEST_XDIST_WORKER']} "
+            f"{MARK if exclusive else 'shared'} {nodeid}\n")
+    with open(folder / "journal", "a") as journal:
+        journal.write(line)
 

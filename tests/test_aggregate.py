@@ -47,7 +47,8 @@ from tasks.metrics import (  # noqa: E402
     p99_per_s_series,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-aggregate")]  # runs Spark
+# runs Spark
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-aggregate")]
 
 RUN_ID = "run-test"
 START = 1_800_000_000

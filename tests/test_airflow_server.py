@@ -119,6 +119,7 @@ def wait_for(what: str, check, timeout_s: float, every_s: float = 1.0):
     raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
 
 
+@pytest.mark.alone
 def test_release_dag_runs_under_the_real_scheduler_through_the_rest_api(airflow_server):
     from tasks.airflow_glue.local_server import COMPONENTS
     from tasks.settings import load_settings

@@ -189,6 +189,7 @@ def _kill_in_windows(state: Path, victims: dict[str, tuple[float, Callable[[Path
         time.sleep(0.1)
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # about 20 s
 def test_a_driver_then_the_broker_killed_mid_stage_fail_the_run_and_lose_no_measured_second(
         tmp_path: Path, tiny_suite: Path, spark_connect):
@@ -331,6 +332,7 @@ def test_a_cli_run_that_cannot_get_the_lab_says_who_has_it_and_leaves_no_run(
     assert not settings.runs_dir.exists() or not any(settings.runs_dir.iterdir())
 
 
+@pytest.mark.alone
 @pytest.mark.slow  # about 12 s
 def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
         tmp_path: Path, tiny_suite: Path, broker, slack, spark_connect, monkeypatch, capsys):

@@ -19,7 +19,8 @@ import pytest
 from tasks.hosts import SSH_DEAD_AFTER_S
 from tests.lab import INVENTORY, STATE
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("lab")]  # a lab run and a link left down for ~25 s
+# a lab run and a link left down for ~25 s
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("lab")]
 
 SUITE = "suites: {linkdown: [{scenario: tiny_fanin, qos: [0], stages: {measure_s: 30}}]}\n"
 

@@ -18,7 +18,8 @@ from sql import Store
 from tests.lab import INVENTORY
 from tests.lab_nightly import check_rated_suite
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.xdist_group("lab")]  # a release DAG over SSH on the lab: about 135 s
+# a release DAG over SSH on the lab: about 135 s
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.xdist_group("lab")]
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,8 @@ from infra.slowdown.slowdown import ThrottledProxy
 from sql import Store
 from tasks.driver.wire import Template
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # a pipeline run past the broker's capacity: about 20 s
+# a pipeline run past the broker's capacity: about 20 s
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 TOPIC = "perfpipe/overload"
 SUBSCRIBERS = 20

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow  # a night and a nightly DAG run (about 50 s), a C
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.alone
 @pytest.mark.xdist_group("airflow-db")
 def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: Path, capfd,
                                                                    spark_connect, monkeypatch):

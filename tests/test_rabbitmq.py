@@ -24,7 +24,8 @@ from tasks.driver.output import SAMPLER_FILE, STATS_FILE
 from tasks.ports import free_port
 from tests.checks import assert_plausible
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("rabbitmq")]  # a RabbitMQ node started per test: about 40 s each
+# a RabbitMQ node started per test: about 40 s each; both count the machine's epmd processes
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.xdist_group("rabbitmq")]
 
 START_BOUND_S = 60.0
 
