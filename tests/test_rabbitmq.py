@@ -44,6 +44,17 @@ def epmd_pids() -> set[int]:
 
 
 @pytest.fixture
+def rabbit_suite(tiny_suite: Path, tmp_path: Path) -> Path:
+    """The tiny suite with 2 s of warmup: a QoS 1 stage's first second on a node started
+    outside the run delivered 266 and 335 of its 500 messages in two full parallel runs of
+    the tests, the rest in the next second, inside a 1 s warmup's window (the stage then
+    rightly invalid: 111.7% and 108.2% of the target delivered)."""
+    catalog = tmp_path / "scenarios" / "catalog" / "tiny_fanin.yml"
+    catalog.write_text(catalog.read_text().replace("warmup_s: 1,", "warmup_s: 2,"))
+    return tiny_suite
+
+
+@pytest.fixture
 def bystander_epmd():
     """An epmd perfpipe did not start (as a system one would be): it must survive the run."""
     process = subprocess.Popen(["epmd", "-port", str(free_port())])
@@ -52,7 +63,7 @@ def bystander_epmd():
     process.wait(5)
 
 
-def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(tiny_suite, tmp_path: Path,
+def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(rabbit_suite, tmp_path: Path,
                                                                  bystander_epmd, capsys, spark_connect):
     from tasks.brokers.rabbitmq import RabbitMQ
     from tasks.hosts import LocalHost
@@ -126,7 +137,7 @@ def column(path: Path, name: str) -> dict[str, float]:
 
 
 def test_a_node_reachable_only_over_the_network_is_costed_from_its_prometheus_endpoint(
-        tiny_suite, tmp_path: Path, spark_connect):
+        rabbit_suite, tmp_path: Path, spark_connect):
     """Somebody else's node (started here with the adapter, outside any run), no broker host
     in the inventory: the sampler reads the node's Prometheus endpoint from a driver host."""
     from tasks.brokers.rabbitmq import RabbitMQ
