@@ -25,7 +25,7 @@ export PATH := $(VENV)/bin:$(PATH)
 help:
 	@echo "make run   - run the nightly DAG once (localhost, Mosquitto, Spark local, SQLite, Slack to file)"
 	@echo "make airflow - Airflow's api-server, scheduler and dag-processor on make run's home (http://127.0.0.1:$(AIRFLOW_PORT)) until Ctrl-C"
-	@echo "make test  - lint (ruff), then run the test suite"
+	@echo "make test  - lint (ruff), then run the test suite on two workers (TEST_WORKERS=0: one at a time)"
 	@echo "make deps  - only install OS packages, the venv and the Airflow metadata DB"
 	@echo "make lab-up / lab-down - SSH test hosts in network namespaces (infra/inventories/lab.yml)"
 
