@@ -2,10 +2,10 @@
 
 `make test` runs the suite on two pytest-xdist workers: most tests spend their time waiting
 (a stage's window, an SSH round trip, a broker's start), so two of them overlap well on two
-cores. A test marked `alone` asserts on timing, rates or CPU cost that a busy neighbour
-would move; it runs with no other test beside it, its fixtures' setup and teardown
-included. Tests that share state (the lab, the Airflow metadata DB) are pinned to one
-worker with `xdist_group` instead (`--dist loadgroup`).
+cores. A test marked `alone` asserts on timing, rates, CPU cost or a stage's validity,
+which a busy neighbour would move; it runs with no other test beside it, its fixtures'
+setup and teardown included. Tests that share state (the lab, the tests' Airflow metadata
+DB) are pinned to one worker with `xdist_group` instead (`--dist loadgroup`).
 
 The rule is a readers-writer lock over two files shared by the run's workers: every test
 takes the room shared, an `alone` test takes it exclusive; both pass a gate first, which an
@@ -30,7 +30,7 @@ MARK = "alone"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARK}: asserts on timing, rates or CPU cost; runs with no other test "
+        "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; runs with no other test "
                    "beside it under make test's workers (tests/parallel.py)")
 
 
