@@ -43,7 +43,7 @@ airflow: deps
 TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 
 # Two tests at a time (pytest-xdist): most of them wait on a stage's window, SSH or a broker's
-# start. Tests marked `alone` (timing, rates, CPU cost) run with nothing beside them, and
+# start. Tests marked `alone` (timing, rates, CPU cost, a stage's validity) run by themselves, and
 # tests sharing state keep to one worker: tests/parallel.py. TEST_WORKERS=0 runs one at a time.
 TEST_WORKERS ?= 2
 test: lint os-deps venv $(TEST_AIRFLOW_HOME)/.migrated  # not make run's Airflow home

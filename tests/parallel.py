@@ -30,8 +30,8 @@ MARK = "alone"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; runs with no other test "
-                   "beside it under make test's workers (tests/parallel.py)")
+        "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; runs "
+                   "with no other test beside it under make test's workers (tests/parallel.py)")
 
 
 def _lock_dir(config: pytest.Config) -> Path | None:

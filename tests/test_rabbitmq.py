@@ -50,7 +50,9 @@ def rabbit_suite(tiny_suite: Path, tmp_path: Path) -> Path:
     the tests, the rest in the next second, inside a 1 s warmup's window (the stage then
     rightly invalid: 111.7% and 108.2% of the target delivered)."""
     catalog = tmp_path / "scenarios" / "catalog" / "tiny_fanin.yml"
-    catalog.write_text(catalog.read_text().replace("warmup_s: 1,", "warmup_s: 2,"))
+    text = catalog.read_text()
+    assert "warmup_s: 1," in text, "tests/conftest.py's TINY changed: set its warmup here anew"
+    catalog.write_text(text.replace("warmup_s: 1,", "warmup_s: 2,"))
     return tiny_suite
 
 
