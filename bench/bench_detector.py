@@ -385,17 +385,20 @@ def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None)
 
 
 def learned_bounds(cells: list[tuple[float, float]], rng: np.random.Generator,
-                   series: int = 40_000) -> list[tuple[float, float]]:
+                   series: int = 40_000) -> list[tuple[float, float, float]]:
     """Per (noise sigma, log step): recall within two nights of the best test that must
     learn the noise's scale (`scale_bound`), from the stage's own `WARM` nights and from
     all the suite's `SUITE` x `WARM` nights (as if known to share the noise), at the same
-    budget as the bound and with the level and noise law given."""
-    steps = sorted({delta / (sigma / T_ROBUST) for sigma, delta in cells})
+    budget as the bound and with the level and noise law given; and of the candidate rule
+    that is given nothing (`scale_bound.rule_recall`, own nights)."""
+    keys = [delta / (sigma / T_ROBUST) for sigma, delta in cells]
+    steps = sorted(set(keys))
     common = {"history": WARM, "nights": AA_NIGHTS, "first": Policy().min_history,
               "tail": float(T_DOF), "rng": rng, "series": series}
     own = scale_bound.recall(steps, stages=1, **common)
     suite_wide = scale_bound.recall(steps, stages=SUITE, **common)
-    return [(own[k], suite_wide[k]) for k in (delta / (sigma / T_ROBUST) for sigma, delta in cells)]
+    rule = scale_bound.rule_recall(steps, **common)
+    return [(own[k], suite_wide[k], rule[k]) for k in keys]
 
 
 def bound_mde(sigma: float, rng: np.random.Generator, power: float = MDE_POWER) -> float:
@@ -567,8 +570,8 @@ def sensitivity(noise: Noise, series: int, rng: np.random.Generator) -> list[dic
                   + f" {100 * fa.alarms[metric] / fa.series:11.1f}")
     short = [c for c in cells if c["pass"] is False]
     learned = learned_bounds([(c["noise"], log_step(c["metric"], c["step"])) for c in short], rng)
-    for c, (own, suite_wide) in zip(short, learned):
-        c["learned_own"], c["learned_suite"] = own, suite_wide
+    for c, (own, suite_wide, rule) in zip(short, learned):
+        c["learned_own"], c["learned_suite"], c["rule"] = own, suite_wide, rule
     return cells
 
 
@@ -579,16 +582,19 @@ def learned_rows(short: list[dict]) -> None:
     own = [c for c in short if c["learned_own"] < 0.8 * c["bound"]]
     wide = [c for c in short if c["learned_suite"] < 0.8 * c["bound"]]
     mine = [c for c in short if c["recall2"] >= 0.8 * c["learned_own"]]
+    rule = [c for c in short if c["rule"] >= 0.8 * c["bound"]]
     print(f"        the best test that learns the noise's scale (the level and noise law given; "
           f"bench/scale_bound.py) reaches 80% of the bound in {len(short) - len(own)} of "
           f"them from the stage's own {WARM} nights, in {len(short) - len(wide)} from all "
-          f"{SUITE * WARM} of the suite's; perfpipe reaches 80% of the first in {len(mine)}:")
-    print(f"        {'cell':34} {'perfpipe':>8} {'pooled':>8} {'learned, own':>12} "
+          f"{SUITE * WARM} of the suite's; perfpipe reaches 80% of the first in {len(mine)}; "
+          f"the candidate rule (that test given nothing, own nights; not the pipeline's) "
+          f"reaches 80% of the bound in {len(rule)}:")
+    print(f"        {'cell':34} {'perfpipe':>8} {'pooled':>8} {'rule':>8} {'learned, own':>12} "
           f"{'learned, suite':>14} {'bound':>8}")
     for c in short:
         cell = f"{step_name(c['metric'], c['step'])} at {100 * c['noise']:.0f}%"
         print(f"        {cell:34} "
-              f"{fmt_pct(c['recall2']):>8} {fmt_pct(c['pooled']):>8} "
+              f"{fmt_pct(c['recall2']):>8} {fmt_pct(c['pooled']):>8} {fmt_pct(c['rule']):>8} "
               f"{fmt_pct(c['learned_own']):>12} {fmt_pct(c['learned_suite']):>14} "
               f"{fmt_pct(c['bound']):>8}")
 
@@ -630,11 +636,12 @@ def main() -> int:
         swept = Noise({**noise.night, metric: float(sd)}, noise.per_second_cv, noise.per_second_ar)
         got = run_step(perfpipe, swept, [metric], metric, float(size), n, rng)["recall2"]
         delta = log_step(metric, float(size))
-        own, suite_wide = learned_bounds([(float(sd), delta)], rng)[0]
+        own, suite_wide, rule = learned_bounds([(float(sd), delta)], rng)[0]
         print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
               f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
-              f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, learned from "
-              f"own / suite nights {fmt_pct(own).strip()} / {fmt_pct(suite_wide).strip()}, "
+              f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, candidate "
+              f"rule {fmt_pct(rule).strip()}, learned from own / suite nights "
+              f"{fmt_pct(own).strip()} / {fmt_pct(suite_wide).strip()}, "
               f"bound {fmt_pct(recall_bound(float(sd), delta, rng)[1]).strip()}")
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "

@@ -25,6 +25,10 @@ whose decision stays the same when every night's change is multiplied by one fac
   to share the noise, which a real suite cannot know (the mixed suite), so that column
   is generous.
 
+`rule_recall` is the same idea made a rule a detector could run, given nothing: the
+level estimated by the history's median, the step a mixture, the stage's own nights only.
+It is a candidate measured here, not what the pipeline runs (`tasks.analysis.detector`).
+
 The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 (log step / (robust sigma / the t's robust sigma)), the unit `recall_bound` keys by.
 """
@@ -75,6 +79,16 @@ def _alarms(fired: np.ndarray) -> np.ndarray:
     return fired[..., 0] + (fired[..., 1:] & ~fired[..., :-1]).sum(axis=-1)
 
 
+def _threshold(quiet: np.ndarray, budget: float) -> float:
+    """The statistic's threshold at which A/A series (rows of pairs) enter an alarm
+    `budget` of the time (bisection)."""
+    low, high = float(np.quantile(quiet.max(axis=1), 1 - 2 * budget)), float(quiet.max())
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _alarms(quiet >= mid).mean() > budget else (low, mid)
+    return high
+
+
 def recall(steps: list[float], *, stages: int, history: int, nights: int, first: int,
            tail: float, rng: np.random.Generator, series: int = 40_000,
            budget: float = 0.01) -> dict[float, float]:
@@ -87,13 +101,7 @@ def recall(steps: list[float], *, stages: int, history: int, nights: int, first:
         z = rng.standard_t(tail, (min(CHUNK, series - start), stages, nights))
         aa.append(_statistics(z, steps, first, tail))
     quiet = np.concatenate(aa, axis=1)  # (steps, series, pairs)
-    found = {}
-    for i, k in enumerate(steps):
-        low, high = float(np.quantile(quiet[i].max(axis=1), 1 - 2 * budget)), float(quiet[i].max())
-        for _ in range(40):
-            mid = (low + high) / 2
-            low, high = (mid, high) if _alarms(quiet[i] >= mid).mean() > budget else (low, mid)
-        found[k] = high
+    found = {k: _threshold(quiet[i], budget) for i, k in enumerate(steps)}
     hits = {k: 0 for k in steps}
     for start in range(0, series, CHUNK):
         z = rng.standard_t(tail, (min(CHUNK, series - start), stages, history + 2))
@@ -102,4 +110,55 @@ def recall(steps: list[float], *, stages: int, history: int, nights: int, first:
             shifted[:, 0, history:] += k
             stat = _statistics(shifted, [k], history, tail)[0, :, -1]
             hits[k] += int((stat >= found[k]).sum())
+    return {k: hits[k] / series for k in steps}
+
+
+# The candidate rule: what a detector could do with the same idea and nothing given.
+RULE_STEPS = np.geomspace(1.5, 30.0, 9)  # its alternative: a step of any of these, in noise scales
+
+
+def _rule_pair(history: np.ndarray, pair: np.ndarray, tail: float) -> np.ndarray:
+    """The candidate rule's evidence for one judged pair per series: history (series, n)
+    and the pair (series, 2), both centred on the history's median; the log of the
+    likelihood ratio with the step a mixture over `RULE_STEPS` (the worse direction), both
+    likelihoods integrated over the scale as above."""
+    scale = np.exp(LOG_C)
+    weight = (history.shape[1] + 2) * LOG_C
+    base = _logpdf(history[..., None] * scale, tail).sum(axis=1) + weight  # (series, grid)
+    tonight = pair[..., None] * scale  # (series, 2, grid)
+    h0 = _logsumexp(base + _logpdf(tonight, tail).sum(axis=1))
+    alts = np.stack([_logsumexp(base + _logpdf(tonight - k, tail).sum(axis=1))
+                     for k in RULE_STEPS])
+    return _logsumexp(alts.T) - np.log(len(RULE_STEPS)) - h0
+
+
+def _rule_series(z: np.ndarray, first: int, tail: float) -> np.ndarray:
+    """The rule's evidence on every judged pair of each series z (series, nights): the
+    pair ending on night t against the nights before t - 1, all centred on their median."""
+    out = []
+    for end in range(first + 1, z.shape[1]):
+        history = z[:, :end - 1]
+        centre = np.median(history, axis=1, keepdims=True)
+        out.append(_rule_pair(history - centre, z[:, end - 1:end + 1] - centre, tail))
+    return np.stack(out, axis=1)
+
+
+def rule_recall(steps: list[float], *, history: int, nights: int, first: int, tail: float,
+                rng: np.random.Generator, series: int = 40_000,
+                budget: float = 0.01) -> dict[float, float]:
+    """step -> recall within two nights of a candidate rule that is given nothing: the
+    invariant likelihood ratio over the stage's own nights only (no peers, so a noisier
+    stage borrows nothing), the level estimated by the history's median, the step a mixture
+    (`RULE_STEPS`). Location- and scale-invariant, so its A/A law is the same at every
+    noise: one threshold, set as the bound's, holds its budget everywhere."""
+    quiet = np.concatenate([_rule_series(rng.standard_t(tail, (min(CHUNK, series - s), nights)),
+                                         first, tail) for s in range(0, series, CHUNK)])
+    threshold = _threshold(quiet, budget)
+    hits = dict.fromkeys(steps, 0)
+    for start in range(0, series, CHUNK):
+        z = rng.standard_t(tail, (min(CHUNK, series - start), history + 2))
+        for k in steps:
+            shifted = z.copy()
+            shifted[:, history:] += k
+            hits[k] += int((_rule_series(shifted, history, tail)[:, -1] >= threshold).sum())
     return {k: hits[k] / series for k in steps}
