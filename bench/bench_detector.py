@@ -33,11 +33,13 @@ with the noise of all the suite's nights pooled (as if known equal) says how muc
 cost is left when the rule has every night the suite gives it, estimated about as well as
 they allow: on t3 noise a night is worth at most half a degree of freedom to an unbiased
 noise estimate, asymptotically (`fisher_dof_per_night`), and t_scale takes 0.47 at 30
-nights. And for those cells, the bound for a detector that must learn the noise's scale
-(`scale_bound.py`: the best scale-invariant test, the level and noise law still given)
+nights. And for those cells, the best test that must learn the noise's scale
+(`scale_bound.py`: the best scale-invariant test, the level and noise law still given),
 from the stage's own nights and from all the suite's: where even that is under 80% of
-the bound, the bar asks for more than those nights can tell. What a noise estimate from n nights is worth (its degrees of freedom, MAD against
-the detector's t scale) is printed first. The MDE table sets what the pipeline reports
+the bound, the bar asks for more than those nights tell the test best at using them;
+beside it, a candidate rule built on that test with nothing given. What a noise estimate
+from n nights is worth (its degrees of freedom, MAD against the detector's t scale) is
+printed first. The MDE table sets what the pipeline reports
 beside the step the bound catches with 90% probability within two nights. Figures come
 from one run; nothing is timed.
 """
@@ -385,12 +387,14 @@ def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None)
 
 
 def learned_bounds(cells: list[tuple[float, float]], rng: np.random.Generator,
-                   series: int = 40_000) -> list[tuple[float, float, float]]:
+                   series: int = 100_000) -> list[tuple[float, float, float]]:
     """Per (noise sigma, log step): recall within two nights of the best test that must
     learn the noise's scale (`scale_bound`), from the stage's own `WARM` nights and from
     all the suite's `SUITE` x `WARM` nights (as if known to share the noise), at the same
     budget as the bound and with the level and noise law given; and of the candidate rule
-    that is given nothing (`scale_bound.rule_recall`, own nights)."""
+    that is given nothing (`scale_bound.rule_recall`, own nights). With 1 alarm per 100
+    series, 100,000 A/A series set each threshold on about 1,000 alarms: at 40,000 two
+    runs of one cell came out 2 points apart."""
     keys = [delta / (sigma / T_ROBUST) for sigma, delta in cells]
     steps = sorted(set(keys))
     common = {"history": WARM, "nights": AA_NIGHTS, "first": Policy().min_history,
@@ -576,19 +580,21 @@ def sensitivity(noise: Noise, series: int, rng: np.random.Generator) -> list[dic
 
 
 def learned_rows(short: list[dict]) -> None:
-    """The cells short of the bar against the bound for a detector that must learn its
-    noise (`scale_bound`): where even that is under 80% of the bound, no detector that
-    learns the noise from those nights meets the bar there."""
+    """The cells short of the bar against the best test that must learn its noise
+    (`scale_bound`): where even that is under 80% of the bound, the bar asks for more than
+    those nights tell the test best at using them."""
     own = [c for c in short if c["learned_own"] < 0.8 * c["bound"]]
     wide = [c for c in short if c["learned_suite"] < 0.8 * c["bound"]]
-    mine = [c for c in short if c["recall2"] >= 0.8 * c["learned_own"]]
+    mine = [c for c in short if c["recall2"] >= 0.8 * c["learned_suite"]]
     rule = [c for c in short if c["rule"] >= 0.8 * c["bound"]]
-    print(f"        the best test that learns the noise's scale (the level and noise law given; "
-          f"bench/scale_bound.py) reaches 80% of the bound in {len(short) - len(own)} of "
-          f"them from the stage's own {WARM} nights, in {len(short) - len(wide)} from all "
-          f"{SUITE * WARM} of the suite's; perfpipe reaches 80% of the first in {len(mine)}; "
-          f"the candidate rule (that test given nothing, own nights; not the pipeline's) "
-          f"reaches 80% of the bound in {len(rule)}:")
+    better = [c for c in short if c["rule"] > c["recall2"]]
+    print(f"        the best scale-invariant test, which must learn the noise's scale (the "
+          f"level and noise law given; bench/scale_bound.py), reaches 80% of the bound in "
+          f"{len(short) - len(own)} of them from the stage's own {WARM} nights, in "
+          f"{len(short) - len(wide)} from all {SUITE * WARM} of the suite's; perfpipe, which "
+          f"pools, reaches 80% of the second in {len(mine)}. The candidate rule (that test "
+          f"with the level estimated and the step a mixture, own nights; not the pipeline's) "
+          f"reaches 80% of the bound in {len(rule)} and beats perfpipe in {len(better)}:")
     print(f"        {'cell':34} {'perfpipe':>8} {'pooled':>8} {'rule':>8} {'learned, own':>12} "
           f"{'learned, suite':>14} {'bound':>8}")
     for c in short:
@@ -636,13 +642,14 @@ def main() -> int:
         swept = Noise({**noise.night, metric: float(sd)}, noise.per_second_cv, noise.per_second_ar)
         got = run_step(perfpipe, swept, [metric], metric, float(size), n, rng)["recall2"]
         delta = log_step(metric, float(size))
+        bound = recall_bound(float(sd), delta, rng)[1]
         own, suite_wide, rule = learned_bounds([(float(sd), delta)], rng)[0]
         print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
               f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
               f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, candidate "
               f"rule {fmt_pct(rule).strip()}, learned from own / suite nights "
               f"{fmt_pct(own).strip()} / {fmt_pct(suite_wide).strip()}, "
-              f"bound {fmt_pct(recall_bound(float(sd), delta, rng)[1]).strip()}")
+              f"bound {fmt_pct(bound).strip()}")
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
           f"seed {args.seed}, false_alarm_level {POLICY.false_alarm_level:g}, pool_level "

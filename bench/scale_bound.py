@@ -1,33 +1,40 @@
 """The recall bound when the noise must be learned from the nights at hand.
 
 `bench_detector.recall_bound` is the Neyman-Pearson test that is given the noise's scale.
-A detector is not: it learns the scale from the history. This module gives the most a
-test can catch when it, too, must learn it, and is given everything else (the noise law,
-the step, the baseline's level exactly): the most powerful *scale-invariant* test, one
-whose decision stays the same when every night's change is multiplied by one factor.
+A detector is not: it learns the scale from the history. This module measures what that
+learning costs the test best placed to pay it: the most powerful *scale-invariant* test
+(its decision the same when every night's change is multiplied by one factor), given
+everything else (the noise law, the step, the baseline's level exactly).
 
 - **The statistic.** By Wijsman's representation, the likelihood ratio of the maximal
   invariant is the ratio of the two likelihoods, each integrated over the scale factor c
-  with weight c^(N-1) dc (N values in all), which is evaluated on a grid of log c. The
-  history's nights enter both likelihoods alike; tonight's two nights enter the
-  alternative shifted by the step.
-- **Why it bounds.** The scale factors form an amenable group, so by the Hunt-Stein
-  theorem no test that keeps its false-alarm rate at every noise scale has a higher
-  recall at every scale for the same step in noise sigmas. A detector that beats this
-  bound in a cell does so only by doing worse at another noise level for the same step
-  in sigmas, or by breaking its false-alarm budget at some noise level.
-- **The budget.** As for the known-noise bound: one threshold, set on simulated A/A
-  series of `nights` nights from empty so that the test enters an alarm on `budget` of
-  them, judged from `first` nights of history on (a learned scale errs alike on
-  neighbouring nights, so its alarms come in runs, and runs count once).
+  with weight c^(N-1) dc (N values in all), evaluated on a grid of log c. The history's
+  nights enter both likelihoods alike; the judged pair enters the alternative shifted by
+  the step.
+- **The budget.** As for the known-noise bound: one threshold for every judged pair, set
+  on simulated A/A series of `nights` nights from empty so that the test enters an alarm
+  on `budget` of them, judged from `first` nights of history on (a learned scale errs
+  alike on neighbouring nights, so its alarms come in runs, and a run counts once).
+  Recall is counted as the known-noise bound counts it: on the two stepped nights.
+- **What it bounds, and what not.** The scale factors form an amenable group, so by the
+  Hunt-Stein theorem a test that holds its false-alarm rate at every noise scale cannot
+  beat an invariant one at every scale for the same step in noise sigmas: it can beat it
+  at one noise level only by losing at another. This is the best invariant test with one
+  threshold for every night, not a theorem about every detector: the learned statistic's
+  law changes with the history's length, and a rule could spend its budget unevenly over
+  the nights. Read a cell where even this falls short of the bar as one where the bar
+  asks for more than those nights tell the test best at using them; the level known
+  makes it generous to the bound (a detector must estimate it too).
 - **Which nights.** `stages` histories share the noise, the first one judged: 1 is a
   stage on its own nights; the suite's size is every stage's nights pooled as if known
   to share the noise, which a real suite cannot know (the mixed suite), so that column
-  is generous.
+  is generous as well. It is the ceiling of a detector that pools, as perfpipe does.
 
-`rule_recall` is the same idea made a rule a detector could run, given nothing: the
-level estimated by the history's median, the step a mixture, the stage's own nights only.
-It is a candidate measured here, not what the pipeline runs (`tasks.analysis.detector`).
+`rule_recall` is the same idea made into a rule a detector could run: the level
+estimated by the history's median, the scale's grid centred on the history's own spread,
+the step a mixture, the stage's own nights only. Exactly location- and scale-invariant,
+so one threshold holds its budget at every noise. A candidate measured here, not what the
+pipeline runs (`tasks.analysis.detector`).
 
 The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 (log step / (robust sigma / the t's robust sigma)), the unit `recall_bound` keys by.
@@ -35,10 +42,13 @@ The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
+from scipy.stats import t as student_t
 
 LOG_C = np.linspace(-3.0, 3.0, 241)  # the scale factor's log, about the true scale
-CHUNK = 2000  # series per array pass (about 0.5 GB at 30 nights)
+CHUNK = 2000  # series per array pass (up to ~2 GB of temporaries for a suite of 4)
 
 
 def _logpdf(z: np.ndarray, tail: float) -> np.ndarray:
@@ -57,13 +67,14 @@ def _statistics(z: np.ndarray, steps: list[float], first: int, tail: float) -> n
     z (series, stages, nights) in the t's scale units, the first stage judged; the pair
     ending on night t has every stage's nights before t - 1 as history. Returns
     (steps, series, pairs) for the pairs ending on nights first + 1 .. nights - 1."""
+    assert first >= 1, "a judged pair needs a history"
     series, stages, nights = z.shape
     scaled = z[..., None] * np.exp(LOG_C)  # (series, stages, nights, grid)
     history = np.cumsum(_logpdf(scaled, tail).sum(axis=1), axis=1)  # through night t
     own = scaled[:, 0]
     null = _logpdf(own, tail)
     ends = np.arange(first + 1, nights)
-    before = history[:, ends - 2]  # nights before the pair (first >= 1)
+    before = history[:, ends - 2]  # nights before the pair
     count = stages * (ends - 1) + 2  # N, values in the likelihood
     weight = count[:, None] * LOG_C  # c^(N-1) dc = c^N d(log c)
     h0 = _logsumexp(before + null[:, ends - 1] + null[:, ends] + weight)
@@ -92,20 +103,22 @@ def _threshold(quiet: np.ndarray, budget: float) -> float:
 def recall(steps: list[float], *, stages: int, history: int, nights: int, first: int,
            tail: float, rng: np.random.Generator, series: int = 40_000,
            budget: float = 0.01) -> dict[float, float]:
-    """step -> recall within two nights of the best scale-invariant test: two stepped
-    nights after `history` quiet ones, at the threshold where A/A series of `nights`
-    nights enter an alarm `budget` of the time (judged from `first` nights on)."""
+    """step -> recall on two stepped nights after `history` quiet ones of the best
+    scale-invariant test, at the threshold where A/A series of `nights` nights enter an
+    alarm `budget` of the time (judged from `first` nights on)."""
     steps = list(steps)
+    if not steps:
+        return {}
     aa = []
     for start in range(0, series, CHUNK):
         z = rng.standard_t(tail, (min(CHUNK, series - start), stages, nights))
         aa.append(_statistics(z, steps, first, tail))
     quiet = np.concatenate(aa, axis=1)  # (steps, series, pairs)
     found = {k: _threshold(quiet[i], budget) for i, k in enumerate(steps)}
-    hits = {k: 0 for k in steps}
+    hits = dict.fromkeys(steps, 0)
     for start in range(0, series, CHUNK):
         z = rng.standard_t(tail, (min(CHUNK, series - start), stages, history + 2))
-        for i, k in enumerate(steps):
+        for k in steps:
             shifted = z.copy()
             shifted[:, 0, history:] += k
             stat = _statistics(shifted, [k], history, tail)[0, :, -1]
@@ -113,19 +126,31 @@ def recall(steps: list[float], *, stages: int, history: int, nights: int, first:
     return {k: hits[k] / series for k in steps}
 
 
-# The candidate rule: what a detector could do with the same idea and nothing given.
+# The candidate rule: the same statistic with nothing given.
 RULE_STEPS = np.geomspace(1.5, 30.0, 9)  # its alternative: a step of any of these, in noise scales
+RULE_LOG_C = np.linspace(-3.0, 3.0 + np.log(30.0), 377)  # about the history's own scale
+
+
+@lru_cache(maxsize=8)
+def _t_mad(tail: float) -> float:
+    """The median absolute deviation of the standard Student t law."""
+    return float(student_t.ppf(0.75, tail))
 
 
 def _rule_pair(history: np.ndarray, pair: np.ndarray, tail: float) -> np.ndarray:
     """The candidate rule's evidence for one judged pair per series: history (series, n)
     and the pair (series, 2), both centred on the history's median; the log of the
     likelihood ratio with the step a mixture over `RULE_STEPS` (the worse direction), both
-    likelihoods integrated over the scale as above."""
-    scale = np.exp(LOG_C)
-    weight = (history.shape[1] + 2) * LOG_C
-    base = _logpdf(history[..., None] * scale, tail).sum(axis=1) + weight  # (series, grid)
-    tonight = pair[..., None] * scale  # (series, 2, grid)
+    likelihoods integrated over the scale. Values are put in units of the history's own
+    spread first (its MAD over the t law's), so the grid needs no knowledge of the
+    scale and the statistic is exactly invariant; the grid reaches far enough up for the
+    largest step to fit tonight's values."""
+    spread = np.median(np.abs(history), axis=1, keepdims=True) / _t_mad(tail)
+    spread = np.where(spread > 0, spread, 1.0)
+    scale = np.exp(RULE_LOG_C)
+    weight = (history.shape[1] + 2) * RULE_LOG_C
+    base = _logpdf((history / spread)[..., None] * scale, tail).sum(axis=1) + weight
+    tonight = (pair / spread)[..., None] * scale  # (series, 2, grid)
     h0 = _logsumexp(base + _logpdf(tonight, tail).sum(axis=1))
     alts = np.stack([_logsumexp(base + _logpdf(tonight - k, tail).sum(axis=1))
                      for k in RULE_STEPS])
@@ -146,11 +171,13 @@ def _rule_series(z: np.ndarray, first: int, tail: float) -> np.ndarray:
 def rule_recall(steps: list[float], *, history: int, nights: int, first: int, tail: float,
                 rng: np.random.Generator, series: int = 40_000,
                 budget: float = 0.01) -> dict[float, float]:
-    """step -> recall within two nights of a candidate rule that is given nothing: the
-    invariant likelihood ratio over the stage's own nights only (no peers, so a noisier
-    stage borrows nothing), the level estimated by the history's median, the step a mixture
-    (`RULE_STEPS`). Location- and scale-invariant, so its A/A law is the same at every
-    noise: one threshold, set as the bound's, holds its budget everywhere."""
+    """step -> recall within two nights of the candidate rule (`_rule_pair`, the stage's
+    own nights only, so a noisier stage borrows nothing), counted as the bench counts
+    perfpipe's: an alarm on the pair ending on the first stepped night (its history one
+    night shorter) or on the second. One threshold, set as the bound's."""
+    steps = list(steps)
+    if not steps:
+        return {}
     quiet = np.concatenate([_rule_series(rng.standard_t(tail, (min(CHUNK, series - s), nights)),
                                          first, tail) for s in range(0, series, CHUNK)])
     threshold = _threshold(quiet, budget)
@@ -160,5 +187,6 @@ def rule_recall(steps: list[float], *, history: int, nights: int, first: int, ta
         for k in steps:
             shifted = z.copy()
             shifted[:, history:] += k
-            hits[k] += int((_rule_series(shifted, history, tail)[:, -1] >= threshold).sum())
+            found = _rule_series(shifted, history - 1, tail) >= threshold
+            hits[k] += int(found.any(axis=1).sum())
     return {k: hits[k] / series for k in steps}
