@@ -618,7 +618,9 @@ def main() -> int:
                     help="skip the step rows at the measured noise (the A/A and sweep run)")
     ap.add_argument("--cell", metavar="METRIC:NOISE:STEP",
                     help="only one sensitivity cell, e.g. delivered_rate:0.015:0.05 (--series "
-                         "series): recall within two nights, perfpipe / noise known / bound")
+                         "series): recall within two nights, perfpipe / noise known / the "
+                         "candidate rule / the best test learning the noise from the stage's "
+                         "own and the suite's nights / bound")
     ap.add_argument("--pool-level", type=float, default=Policy().pool_level,
                     help="the detector's pool_level (the F test that keeps a noisier stage "
                          "from its peers' noise): to measure the trade between recall and the "
