@@ -326,15 +326,11 @@ def budget_rate(sigma: float, delta: float, rng: np.random.Generator, series: in
     judged = AA_NIGHTS - Policy().min_history
     each = _llr(scale * rng.standard_t(T_DOF, (series, judged)), delta, scale)
     fires_at = each[:, 1:] + each[:, :-1]
-
-    def alarms(threshold: float) -> float:
-        fired = fires_at >= threshold
-        return (fired[:, 0].sum() + (fired[:, 1:] & ~fired[:, :-1]).sum()) / series
-
     low, high = float(np.quantile(fires_at, 0.99)), float(fires_at.max())
     for _ in range(40):
         mid = (low + high) / 2
-        low, high = (mid, high) if alarms(mid) > budget else (low, mid)
+        entered = scale_bound.alarm_entries(fires_at >= mid).mean()
+        low, high = (mid, high) if entered > budget else (low, mid)
     return float((fires_at >= high).mean())
 
 

@@ -56,7 +56,8 @@ def main() -> int:
                                    first=bench.Policy().min_history, tail=float(bench.T_DOF),
                                    rng=np.random.default_rng(args.seed), series=args.series)
     for (metric, noise, step, got, bound), k in zip(cells, keys):
-        marks = ("perfpipe " if meets(got, bound) else "") + ("rule" if meets(rule[k], bound) else "")
+        marks = (("perfpipe " if meets(got, bound) else "")
+                 + ("rule" if meets(rule[k], bound) else ""))
         print(f"{bench.step_name(metric, step):30} at {100 * noise:2.0f}%: perfpipe "
               f"{100 * got:5.1f}%, rule {100 * rule[k]:5.1f}%, bound {100 * bound:5.1f}%; "
               f"80% of it: {marks or '-'}")

@@ -42,10 +42,10 @@ The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
-from scipy.stats import t as student_t
+from scipy.special import logsumexp
+
+from tasks.analysis.detector import t_robust_sigma
 
 LOG_C = np.linspace(-3.0, 3.0, 241)  # the scale factor's log, about the true scale
 CHUNK = 2000  # series per array pass (up to ~2 GB of temporaries for a suite of 4)
@@ -58,8 +58,8 @@ def _logpdf(z: np.ndarray, tail: float) -> np.ndarray:
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:
-    top = x.max(axis=-1, keepdims=True)
-    return (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))[..., 0]
+    """log(sum(exp)) over the last axis (the grid, or the steps)."""
+    return logsumexp(x, axis=-1)
 
 
 def _statistics(z: np.ndarray, steps: list[float], first: int, tail: float) -> np.ndarray:
@@ -85,7 +85,7 @@ def _statistics(z: np.ndarray, steps: list[float], first: int, tail: float) -> n
     return out
 
 
-def _alarms(fired: np.ndarray) -> np.ndarray:
+def alarm_entries(fired: np.ndarray) -> np.ndarray:
     """Alarms entered per series (a pair that fires after one that did not)."""
     return fired[..., 0] + (fired[..., 1:] & ~fired[..., :-1]).sum(axis=-1)
 
@@ -96,7 +96,7 @@ def _threshold(quiet: np.ndarray, budget: float) -> float:
     low, high = float(np.quantile(quiet.max(axis=1), 1 - 2 * budget)), float(quiet.max())
     for _ in range(40):
         mid = (low + high) / 2
-        low, high = (mid, high) if _alarms(quiet >= mid).mean() > budget else (low, mid)
+        low, high = (mid, high) if alarm_entries(quiet >= mid).mean() > budget else (low, mid)
     return high
 
 
@@ -131,21 +131,15 @@ RULE_STEPS = np.geomspace(1.5, 30.0, 9)  # its alternative: a step of any of the
 RULE_LOG_C = np.linspace(-3.0, 3.0 + np.log(30.0), 377)  # about the history's own scale
 
 
-@lru_cache(maxsize=8)
-def _t_mad(tail: float) -> float:
-    """The median absolute deviation of the standard Student t law."""
-    return float(student_t.ppf(0.75, tail))
-
-
 def _rule_pair(history: np.ndarray, pair: np.ndarray, tail: float) -> np.ndarray:
     """The candidate rule's evidence for one judged pair per series: history (series, n)
     and the pair (series, 2), both centred on the history's median; the log of the
     likelihood ratio with the step a mixture over `RULE_STEPS` (the worse direction), both
     likelihoods integrated over the scale. Values are put in units of the history's own
-    spread first (its MAD over the t law's), so the grid needs no knowledge of the
+    spread first (its robust sigma over the t law's), so the grid needs no knowledge of the
     scale and the statistic is exactly invariant; the grid reaches far enough up for the
     largest step to fit tonight's values."""
-    spread = np.median(np.abs(history), axis=1, keepdims=True) / _t_mad(tail)
+    spread = 1.4826 * np.median(np.abs(history), axis=1, keepdims=True) / t_robust_sigma(tail)
     spread = np.where(spread > 0, spread, 1.0)
     scale = np.exp(RULE_LOG_C)
     weight = (history.shape[1] + 2) * RULE_LOG_C
