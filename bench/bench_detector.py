@@ -28,15 +28,15 @@ with the true level and noise law given, its threshold set on simulated A/A seri
 it too raises 1 alarm per 100: `budget_rate`): where a bar is above it, the machine's
 noise, not the detector, is what fails it. Where perfpipe falls short, the best test
 that must learn the noise's scale (`scale_bound.py`: the best scale-invariant test, the
-level, the step and the noise law still given), from the stage's own nights (perfpipe's
-rule is that test with the level estimated and the step a mixture:
-`tasks/analysis/evidence.py`) and from all the suite's (as if known to share the noise:
-the ceiling of a rule that pools): where even the first is under 80% of the bound, the
-bar asks for more than a stage's own nights tell the test best at using them. What a noise estimate
-from n nights is worth (its degrees of freedom, MAD against the detector's t scale) is
-printed first. The MDE table sets what the pipeline reports
-beside the step the bound catches with 90% probability within two nights. Figures come
-from one run; nothing is timed.
+level, the step and the noise law still given), from the stage's own nights and from all
+the suite's (as if known to share the noise: the ceiling of perfpipe's rule, which is
+that test with the level estimated and the step a mixture, `tasks/analysis/evidence.py`,
+its peers' nights shared when in line): where even the first is under 80% of the bound,
+the bar asks for more than a stage's own nights tell the test best at using them. What a
+noise estimate from n nights is worth (its degrees of freedom, MAD against the detector's
+t scale) is printed first. The MDE table sets what the pipeline reports beside the step
+the bound catches with 90% probability within two nights. Figures come from one run;
+nothing is timed.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ everything else (the noise law, the step, the baseline's level exactly).
   is generous as well. It is the ceiling of a detector that pools, as perfpipe does.
 
 The pipeline's rule is this test made into one a detector can run, given nothing (the
-level estimated by the history's median, the step a mixture, the stage's own nights):
-`tasks/analysis/evidence.py`.
+level estimated by the history's median, the step a mixture, peers' nights shared only
+when in line with the stage's): `tasks/analysis/evidence.py`.
 
 The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 (log step / (robust sigma / the t's robust sigma)), the unit `recall_bound` keys by.

@@ -12,17 +12,23 @@ better-direction and a minimum practical effect) of a valid stage:
   likelihood scale of its nights' logs (`t_scale`, in the units of the robust sigma,
   1.4826 x MAD, that `bench/measure_noise.py` measures), worth 0.49 (n - 1) degrees of
   freedom on t3 noise against the MAD's 0.30 (`bench/bench_detector.py` measures both).
-  It is what the verdict reports, and what the MDE and a release night are scaled by.
-- **Rolling nights: the evidence.** A rolling night is judged on the stage's own nights
-  alone by an invariant likelihood ratio (`tasks.analysis.evidence`): the judged nights
-  against the history, the step a mixture, both likelihoods integrated over the noise's
-  scale, so no sigma is estimated and nothing is allowed for its error. Its law under no
-  change is the same at every noise, so one threshold holds the false-alarm budget for
-  every stage, and a stage borrows no other stage's noise (a suite once lent a noisier
-  stage its peers' quieter noise). The bench measured it against the rule it replaced
-  ("two bad nights against a threshold that allows for the sigma's error", with the
-  noise pooled over the run's stages): higher recall within two nights in every cell of
-  the sensitivity table that rule fell short in (bench/README.md).
+  It is what the verdict reports, what the MDE and a release night are scaled by, and
+  what decides pooling.
+- **Pooling.** A stage may share the noise of the run's other stages on its fingerprint
+  that are past learning (`pooled_noise`: their sigmas weighted by their d.o.f., and
+  their nights, each centred on its own median, for the evidence), unless it is noisier
+  than they are (a one-sided F test at `Policy.pool_level`): a stage never borrows a
+  quieter neighbour's noise. Nor before its own nights can show it: with 8 nights that
+  test misses a stage twice as noisy as its 3 peers 1 time in 5, so a stage pools only
+  once the test would catch that 9 times in 10 (`pool_power`, `pool_guard`: 14 nights
+  beside 3 peers with as many, 13 beside peers with 30). The judged nights never take
+  part in the test (a step would make the stage look noisier and keep it from its
+  peers' nights just when they help).
+- **Rolling nights: the evidence.** A rolling night is judged by an invariant likelihood
+  ratio (`tasks.analysis.evidence`): the judged nights against the history, the step a
+  mixture, both likelihoods integrated over the noise's scale, so no sigma is estimated
+  and nothing is allowed for its error. Its law under no change is the same at every
+  noise, so one threshold holds the false-alarm budget for every stage and every noise.
   - The pair: last night (held out or not: it is what was measured) and tonight, against
     the baseline nights before last night. At `evidence.PAIR` or more, with tonight's
     change at least the effect floor (`effect_floor` x the minimum practical effect),
@@ -39,11 +45,7 @@ better-direction and a minimum practical effect) of a valid stage:
   - An `improvement` needs the same evidence in the better direction: the pair.
   - Any other night is `unchanged`, and clears a suspicion.
 - **Release nights** are one night against the pinned release run's: tonight's change
-  has sd `sigma * sqrt(2)`, with the noise pooled over the other stages of the run that
-  share this stage's fingerprint and are past learning (`pooled_noise`), weighted by
-  their degrees of freedom, unless this stage is noisier than they are (a one-sided F
-  test at `Policy.pool_level`) or has too few nights to show it (`pool_power`,
-  `pool_guard`: 14 nights beside 3 peers with as many). The nights' noise is taken to be
+  has sd `sigma * sqrt(2)` (the noise pooled as above). The nights' noise is taken to be
   a Student t with `Policy.tail_dof` degrees of freedom and the sigma an estimate with
   the d.o.f. above; a night is bad when its change reaches the threshold at which two
   given nights judged against the same estimated sigma are both bad with probability
@@ -57,8 +59,9 @@ better-direction and a minimum practical effect) of a valid stage:
   row, is a `regression`. One such night is still `learning`, its detail says so.
 - **What it can see.** Each verdict carries the metric's minimum detectable effect
   (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
-  at the noise in use (rolling: the evidence's power at this many baseline nights,
-  `evidence.mde_steps`, times the noise). Above `too_noisy` x the minimum practical
+  at the noise in use (rolling: the evidence's power from this many baseline nights of
+  the stage's own, `evidence.mde_steps`, times the noise in use; the power peers' nights
+  add when pooled is not counted). Above `too_noisy` x the minimum practical
   effect the detail says the metric is too noisy to guard, and why.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
@@ -66,9 +69,11 @@ better-direction and a minimum practical effect) of a valid stage:
   pass of `tasks.analysis.changepoint` over the recent history, for the report.
 
 Each judged metric has its own false-alarm budget: at most one false alarm per 100 series
-of 30 nights, checked by the bench; the evidence's threshold spends 0.6 of it on t3 noise,
-keeping the rest for what the simulation does not model (flagged nights held out of the
-history, noise laws other than t3); a stage with m judged metrics has up to m times that.
+of 30 nights, checked by the bench (like suites, and a suite with one stage twice as noisy
+as its peers). The evidence's threshold spends 0.6 of it on a stage's own t3 nights,
+keeping the rest for what that simulation does not model (peers pooled, flagged nights
+held out of the history, noise laws other than t3); a stage with m judged metrics has up
+to m times that.
 """
 
 from __future__ import annotations
@@ -229,7 +234,10 @@ def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Nois
         return None
     own = [_noise_of(one, policy) for one in logs]
     dof = sum(n.dof for n in own)
-    shared = tuple(v - statistics.median(one) for one in logs for v in one)
+    # nights for the evidence's scale, from peers with a spread (most nights equal tells
+    # nothing of it)
+    shared = tuple(v - statistics.median(one) for one, n in zip(logs, own) if n.sigma > 0
+                   for v in one)
     return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in own) / dof), dof, len(own), shared)
 
 
@@ -401,9 +409,11 @@ def _last_night(metric: str, history: list[dict],
 
 def _evidence(history: list[float], judged: list[float], sign: float,
               shared: tuple[float, ...]) -> float:
-    """`evidence.evidence` of logs signed so that up is the direction tested."""
-    return float(ev.evidence(sign * np.array(history), sign * np.array(judged),
-                             shared=sign * np.array(shared)))
+    """`evidence.evidence` of logs signed so that up is the direction tested (no evidence
+    where it is undefined: a value that is not finite)."""
+    found = float(ev.evidence(sign * np.array(history), sign * np.array(judged),
+                              shared=sign * np.array(shared)))
+    return -math.inf if math.isnan(found) else found
 
 
 def _shared(logs: list[float], peers: Noise | None, policy: Policy) -> tuple[float, ...]:
@@ -433,6 +443,7 @@ def _judge(metric: str, value: float, history: list[dict], change: float, base: 
         if last is not None and len(earlier) >= policy.min_history:
             shared = _shared(earlier, peers, policy)
             weighed["pair"] = _evidence(earlier, [last, tonight], sign * direction, shared)
+            weighed["peer_nights"] = len(shared)
             if weighed["pair"] >= ev.PAIR:
                 return verdict, (max(prior, 1) + 1 if direction > 0 else 0), weighed
         if direction < 0:
@@ -441,9 +452,9 @@ def _judge(metric: str, value: float, history: list[dict], change: float, base: 
         weighed["night"] = _evidence(own, [tonight], sign, _shared(own, peers, policy))
         if weighed["night"] < ev.SINGLE:
             break
-        if before.get("verdict") == "regression":
-            return "regression", prior + 1, weighed  # a confirmed regression goes on
-        return ("regression" if _large(change, base, policy) else "suspected"), 1, weighed
+        if before.get("verdict") == "regression" or _large(change, base, policy):
+            return "regression", prior + 1, weighed  # a confirmed one goes on, or at once
+        return "suspected", 1, weighed
     return "unchanged", 0, weighed
 
 

@@ -12,16 +12,19 @@ and one threshold holds the false-alarm budget at every noise.
   negates a higher-is-better metric, and negates again to look for an improvement).
 - **Level and scale**: the history's median, and its robust sigma over the t law's; then
   the statistic depends on the values only through their ratios to that spread (exactly
-  location- and scale-invariant).
+  location- and scale-invariant: moving every night alike, or stretching it and any
+  shared nights alike, changes nothing).
 - **Noise law**: Student t with `TAIL` d.o.f. (the machine's nights are heavy-tailed:
   `bench/measure_noise.py`).
 - **The step** is not known: a mixture over `STEPS` noise scales (weights beside them).
 
+Other histories that share the noise (peers the caller found in line) may lend their
+nights to the scale, not to the level (`shared`).
+
 `bench/rule_table.py` sets the thresholds (`PAIR`, `SINGLE`) on simulated A/A
-histories and measures the power table (`MDE_STEPS`) this module holds; the thresholds
-are constants, not fitted to any machine, because the statistic's law does not depend on
-the noise. Invariance is why it can judge a stage on its own nights alone: it borrows no
-other stage's noise.
+histories of a stage's own nights and measures the power table (`MDE_STEPS`) this module
+holds; the thresholds are constants, not fitted to any machine, because the statistic's
+law does not depend on the noise.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from scipy.special import stdtrit
 
 TAIL = 3.0  # the nights' noise law: Student t with this many d.o.f.
 # The alternative: a step of any of these sizes, in noise scales. Nine tenths of the weight
-# on 1.5 to 30 (what a regression detector is for), a tenth spread up to 10^4 so that the
-# evidence keeps growing with the step (with the steps to 30 alone, a night at 200 noise
-# scales told less than one at 40).
+# on 1.5 to 30 (what a regression detector is for), a tenth spread up to 10^4 so that a
+# larger step still tells more (with the steps to 30 alone, two nights at 200 noise scales
+# told less than two at 40); beyond `BEYOND` the evidence is decided outright.
 STEPS = np.geomspace(1.5, 1e4, 25)
 _MAIN = STEPS <= 30.0
 _LOG_WEIGHTS = np.log(np.where(_MAIN, 0.9 / _MAIN.sum(), 0.1 / (~_MAIN).sum()))
+BEYOND = STEPS[-1] / 10  # judged values this many scales up are a step beyond doubt
 LOG_C = np.arange(-3.0, 3.0 + np.log(30.0), 0.05)  # the scale's grid, about the history's own
 
 # Thresholds of the log likelihood ratio, set by `bench/rule_table.py --series 50000
@@ -89,17 +93,26 @@ def evidence(history: np.ndarray, judged: np.ndarray, tail: float = TAIL, *,
     `history` (..., n): the step a mixture over `STEPS`, both likelihoods integrated over
     the scale on `LOG_C`. `shared` (..., s): other histories' nights, each already
     centred on its own median, that share the noise's scale but not the level (peers
-    pooled). A history with no spread (most nights equal) can tell nothing from the
-    scale: the judged values are then +inf when all are above its level, else -inf, and
-    the caller's effect floor decides."""
+    pooled).
+
+    Two ends the integral cannot judge are decided outright:
+    - a history with no spread of its own (most nights equal: its MAD is 0) tells nothing
+      of the scale: +inf when every judged value is above its level, else -inf, and the
+      caller's effect floor decides (as a noise estimate of 0 always did);
+    - judged values all at least `BEYOND` scales above the level are +inf: past the
+      mixture's steps both likelihoods are equally bad and the ratio would fall back
+      towards 0 (a night at 10^5 scales would tell less than one at 10)."""
     history, judged = np.asarray(history, float), np.asarray(judged, float)
     centre = np.median(history, axis=-1, keepdims=True)
     deviations, tonight = history - centre, judged - centre
+    own = _spread(deviations, tail)
     if shared is not None and np.shape(shared)[-1]:
-        deviations = np.concatenate([deviations, np.asarray(shared, float)], axis=-1)
-    scale = _spread(deviations, tail)
-    flat = scale <= 0
-    unit = np.where(flat, 1.0, scale)
+        shared = np.broadcast_to(np.asarray(shared, float),
+                                 deviations.shape[:-1] + np.shape(shared)[-1:])
+        deviations = np.concatenate([deviations, shared], axis=-1)
+    flat = own <= 0
+    pooled = _spread(deviations, tail)
+    unit = np.where(flat, 1.0, np.where(pooled > 0, pooled, own))
     grid = np.exp(LOG_C)
     weight = (deviations.shape[-1] + judged.shape[-1]) * LOG_C
     base = t_logpdf((deviations / unit)[..., None] * grid, tail).sum(axis=-2) + weight
@@ -108,6 +121,8 @@ def evidence(history: np.ndarray, judged: np.ndarray, tail: float = TAIL, *,
     shifted = scaled[..., None, :, :] - STEPS[:, None, None]  # (..., steps, m, grid)
     alts = _lse(base[..., None, :] + t_logpdf(shifted, tail).sum(axis=-2))
     stat = _lse(alts + _LOG_WEIGHTS) - null
+    beyond = np.all(tonight / unit >= BEYOND, axis=-1)
+    stat = np.where(beyond, np.inf, stat)
     above = np.all(tonight > 0, axis=-1)
     return np.where(flat[..., 0], np.where(above, np.inf, -np.inf), stat)
 
