@@ -246,23 +246,28 @@ def test_held_out_values_never_feed_the_baseline():
 
 
 def test_aa_noise_stays_quiet_over_many_nights():
-    """100 stages x 30 nights, every judged metric with 2% heavy-tailed night-to-night noise,
+    """100 stages x 30 nights in runs of 4 (each stage's noise pooled with its peers' as the
+    compare step pools it), every judged metric with 2% heavy-tailed night-to-night noise,
     through the lifecycle (flagged values held out, never released): at most one false
     alarm per 100 metric series, the bench's bar."""
     rng = random.Random(7)
     names = judged_metrics(Policy())
     alarms = 0
-    for _ in range(100):
-        history, previous = [], {}
+    for _ in range(25):
+        histories, previous = [[] for _ in range(4)], [{} for _ in range(4)]
         for night in range(30):
-            values = {m: 1000.0 * math.exp(0.02 * rng.gauss(0, 1) / max(0.3, rng.random()))
-                      for m in names}  # a normal divided by a uniform: a heavy tail
-            vs = compare_stage("s", values, "valid", history, run_id=f"n{night}",
-                               previous=previous)
-            alarms += sum(v.verdict == "regression" for v in vs)
-            previous.update({v.metric: v.to_dict() for v in vs if v.verdict != "no_baseline"})
-            history.insert(0, {"run_id": f"n{night}", "metrics": values,
-                               "held_out": [v.metric for v in vs if v.detail.get("hold")]})
+            for i in range(4):
+                values = {m: 1000.0 * math.exp(0.02 * rng.gauss(0, 1) / max(0.3, rng.random()))
+                          for m in names}  # a normal divided by a uniform: a heavy tail
+                peers = pooled_noise(histories[:i] + histories[i + 1:], Policy())
+                vs = compare_stage("s", values, "valid", histories[i], run_id=f"n{night}",
+                                   previous=previous[i], peers=peers)
+                alarms += sum(v.verdict == "regression" and previous[i].get(v.metric, {})
+                              .get("verdict") != "regression" for v in vs)
+                previous[i].update({v.metric: v.to_dict() for v in vs
+                                    if v.verdict != "no_baseline"})
+                histories[i].insert(0, {"run_id": f"n{night}", "metrics": values, "held_out":
+                                        [v.metric for v in vs if v.detail.get("hold")]})
     assert alarms <= len(names)  # 100 stages: len(names) x 100 metric series
 
 
