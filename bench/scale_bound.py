@@ -30,9 +30,11 @@ everything else (the noise law, the step, the baseline's level exactly).
   to share the noise, which a real suite cannot know (the mixed suite), so that column
   is generous as well. It is the ceiling of a detector that pools, as perfpipe does.
 
-The pipeline's rule is this test made into one a detector can run, given nothing (the
-level estimated by the history's median, the step a mixture, peers' nights shared only
-when in line with the stage's): `tasks/analysis/evidence.py`.
+`rule_recall` is the same idea made into a rule a detector could run: the level
+estimated by the history's median, the scale's grid centred on the history's own spread,
+the step a mixture, the stage's own nights only. Exactly location- and scale-invariant,
+so one threshold holds its budget at every noise. A candidate measured here, not what the
+pipeline runs (`tasks.analysis.detector`).
 
 The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 (log step / (robust sigma / the t's robust sigma)), the unit `recall_bound` keys by.
@@ -43,11 +45,16 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-from tasks.analysis.evidence import t_logpdf
-
+from tasks.analysis.detector import t_robust_sigma
 
 LOG_C = np.linspace(-3.0, 3.0, 241)  # the scale factor's log, about the true scale
 CHUNK = 2000  # series per array pass (up to ~2 GB of temporaries for a suite of 4)
+
+
+def _logpdf(z: np.ndarray, tail: float) -> np.ndarray:
+    """The Student t log density, up to its constant (the same count of values on both
+    sides of the ratio, so it cancels)."""
+    return -(tail + 1) / 2 * np.log1p(z * z / tail)
 
 
 def _logsumexp(x: np.ndarray) -> np.ndarray:
@@ -63,9 +70,9 @@ def _statistics(z: np.ndarray, steps: list[float], first: int, tail: float) -> n
     assert first >= 1, "a judged pair needs a history"
     series, stages, nights = z.shape
     scaled = z[..., None] * np.exp(LOG_C)  # (series, stages, nights, grid)
-    history = np.cumsum(t_logpdf(scaled, tail).sum(axis=1), axis=1)  # through night t
+    history = np.cumsum(_logpdf(scaled, tail).sum(axis=1), axis=1)  # through night t
     own = scaled[:, 0]
-    null = t_logpdf(own, tail)
+    null = _logpdf(own, tail)
     ends = np.arange(first + 1, nights)
     before = history[:, ends - 2]  # nights before the pair
     count = stages * (ends - 1) + 2  # N, values in the likelihood
@@ -73,7 +80,7 @@ def _statistics(z: np.ndarray, steps: list[float], first: int, tail: float) -> n
     h0 = _logsumexp(before + null[:, ends - 1] + null[:, ends] + weight)
     out = np.empty((len(steps), series, len(ends)))
     for i, k in enumerate(steps):
-        alt = t_logpdf(own - k, tail)
+        alt = _logpdf(own - k, tail)
         out[i] = _logsumexp(before + alt[:, ends - 1] + alt[:, ends] + weight) - h0
     return out
 
@@ -116,4 +123,64 @@ def recall(steps: list[float], *, stages: int, history: int, nights: int, first:
             shifted[:, 0, history:] += k
             stat = _statistics(shifted, [k], history, tail)[0, :, -1]
             hits[k] += int((stat >= found[k]).sum())
+    return {k: hits[k] / series for k in steps}
+
+
+# The candidate rule: the same statistic with nothing given.
+RULE_STEPS = np.geomspace(1.5, 30.0, 9)  # its alternative: a step of any of these, in noise scales
+RULE_LOG_C = np.linspace(-3.0, 3.0 + np.log(30.0), 377)  # about the history's own scale
+
+
+def _rule_pair(history: np.ndarray, pair: np.ndarray, tail: float) -> np.ndarray:
+    """The candidate rule's evidence for one judged pair per series: history (series, n)
+    and the pair (series, 2), both centred on the history's median; the log of the
+    likelihood ratio with the step a mixture over `RULE_STEPS` (the worse direction), both
+    likelihoods integrated over the scale. Values are put in units of the history's own
+    spread first (its robust sigma over the t law's), so the grid needs no knowledge of the
+    scale and the statistic is exactly invariant; the grid reaches far enough up for the
+    largest step to fit tonight's values."""
+    spread = 1.4826 * np.median(np.abs(history), axis=1, keepdims=True) / t_robust_sigma(tail)
+    spread = np.where(spread > 0, spread, 1.0)
+    scale = np.exp(RULE_LOG_C)
+    weight = (history.shape[1] + 2) * RULE_LOG_C
+    base = _logpdf((history / spread)[..., None] * scale, tail).sum(axis=1) + weight
+    tonight = (pair / spread)[..., None] * scale  # (series, 2, grid)
+    h0 = _logsumexp(base + _logpdf(tonight, tail).sum(axis=1))
+    alts = np.stack([_logsumexp(base + _logpdf(tonight - k, tail).sum(axis=1))
+                     for k in RULE_STEPS])
+    return _logsumexp(alts.T) - np.log(len(RULE_STEPS)) - h0
+
+
+def _rule_series(z: np.ndarray, first: int, tail: float) -> np.ndarray:
+    """The rule's evidence on every judged pair of each series z (series, nights): the
+    pair ending on night t against the nights before t - 1, all centred on their median."""
+    out = []
+    for end in range(first + 1, z.shape[1]):
+        history = z[:, :end - 1]
+        centre = np.median(history, axis=1, keepdims=True)
+        out.append(_rule_pair(history - centre, z[:, end - 1:end + 1] - centre, tail))
+    return np.stack(out, axis=1)
+
+
+def rule_recall(steps: list[float], *, history: int, nights: int, first: int, tail: float,
+                rng: np.random.Generator, series: int = 40_000,
+                budget: float = 0.01) -> dict[float, float]:
+    """step -> recall within two nights of the candidate rule (`_rule_pair`, the stage's
+    own nights only, so a noisier stage borrows nothing), counted as the bench counts
+    perfpipe's: an alarm on the pair ending on the first stepped night (its history one
+    night shorter) or on the second. One threshold, set as the bound's."""
+    steps = list(steps)
+    if not steps:
+        return {}
+    quiet = np.concatenate([_rule_series(rng.standard_t(tail, (min(CHUNK, series - s), nights)),
+                                         first, tail) for s in range(0, series, CHUNK)])
+    threshold = _threshold(quiet, budget)
+    hits = dict.fromkeys(steps, 0)
+    for start in range(0, series, CHUNK):
+        z = rng.standard_t(tail, (min(CHUNK, series - start), history + 2))
+        for k in steps:
+            shifted = z.copy()
+            shifted[:, history:] += k
+            found = _rule_series(shifted, history - 1, tail) >= threshold
+            hits[k] += int(found.any(axis=1).sum())
     return {k: hits[k] / series for k in steps}

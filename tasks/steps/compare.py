@@ -102,7 +102,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
               run_id: str) -> list[Verdict]:
     """Every stage's verdicts, each stage's noise pooled with the other stages of the run
-    on its fingerprint (when in line: `detector.pooled_noise`)."""
+    on its fingerprint."""
     verdicts: list[Verdict] = []
     for stage in stages:
         given = inputs[stage["stage_id"]]
