@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binom, binomtest
 from scipy.stats import t as student_t
 
 REPO = Path(__file__).resolve().parent.parent
@@ -401,6 +401,14 @@ def learned_bounds(cells: list[tuple[float, float]], rng: np.random.Generator,
     return [(own[k], suite_wide[k], rule[k]) for k in keys]
 
 
+def check_passes(rate: float, series: int, rates: int) -> float:
+    """How often the A/A bar passes a detector whose false-alarm rate is `rate` on every
+    metric: the worst of `rates` rates, each measured on `series` series, at most 1 per
+    100. A detector that spends the bound's whole budget fails it almost surely, so one
+    that passes spends about half: part of the gap to the bound is that."""
+    return float(binom.cdf(series // 100, series, rate) ** rates)
+
+
 def bound_mde(sigma: float, rng: np.random.Generator, power: float = MDE_POWER) -> float:
     """The smallest log step the Neyman-Pearson test catches within two nights with
     `power` probability at this noise: bisection on `recall_bound`."""
@@ -616,7 +624,8 @@ def main() -> int:
                     help="only one sensitivity cell, e.g. delivered_rate:0.015:0.05 (--series "
                          "series): recall within two nights, perfpipe / noise known / the "
                          "candidate rule / the best test learning the noise from the stage's "
-                         "own and the suite's nights / bound")
+                         "own and the suite's nights / bound, and the bound at half the "
+                         "budget beside how often the A/A bar passes a detector at each spend")
     ap.add_argument("--pool-level", type=float, default=Policy().pool_level,
                     help="the detector's pool_level (the F test that keeps a noisier stage "
                          "from its peers' noise): to measure the trade between recall and the "
@@ -642,12 +651,20 @@ def main() -> int:
         delta = log_step(metric, float(size))
         bound = recall_bound(float(sd), delta, rng)[1]
         own, suite_wide, rule = learned_bounds([(float(sd), delta)], rng)[0]
+        half = recall_bound(float(sd), delta, rng,
+                            rate=budget_rate(float(sd), delta, rng, budget=0.005))[1]
         print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
               f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
               f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, candidate "
               f"rule {fmt_pct(rule).strip()}, learned from own / suite nights "
               f"{fmt_pct(own).strip()} / {fmt_pct(suite_wide).strip()}, "
-              f"bound {fmt_pct(bound).strip()}")
+              f"bound {fmt_pct(bound).strip()}; the bound at 0.5 alarms per 100 series "
+              f"{fmt_pct(half).strip()}")
+        checked = 2 * len(metrics)
+        print("the A/A bar (the worst of the like and mixed suites' rates, each on 2000 series, "
+              "at most 1 per 100) passes a detector whose rate is the same on every metric: "
+              + ", ".join(f"at {100 * p:.1f} per 100 {100 * check_passes(p, 2000, checked):.0f}"
+                          f" times in 100" for p in (0.005, 0.006, 0.008, 0.01)))
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
           f"seed {args.seed}, false_alarm_level {POLICY.false_alarm_level:g}, pool_level "

@@ -6,8 +6,13 @@ BENCH_LOG is the output of `bench_detector.py` (its sensitivity table). For ever
 whose known-noise bound reaches 50%, prints perfpipe's recall within two nights and the
 bound from that log beside the recall of `scale_bound.rule_recall` (the stage's own
 nights, the level and noise learned, the step a mixture), and which of the two reach 80%
-of the bound. It answers whether the rule, which beats perfpipe in the cells perfpipe
-misses, gives anything up in the cells it meets. ~14 min at 100,000 series.
+of the bound. ~14 min at 100,000 series.
+
+Read it with its budget in mind: the rule's threshold spends the whole 1 alarm per 100
+A/A series, perfpipe's A/A spend is about half that (0.40 per 100 on like suites, 0.54
+on the mixed one), so the rule's lead here is in part the budget. Built into the
+pipeline at a spend like perfpipe's (`git show b436376`, reverted), it was no better
+(bench/README.md).
 """
 
 from __future__ import annotations
