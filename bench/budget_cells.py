@@ -25,28 +25,19 @@ import bench_detector as bench  # noqa: E402  (bench/, the script's own folder)
 from rule_cells import judged_cells, meets  # noqa: E402
 
 
-def bound_at(noise: float, step: float, budget: float, rng: np.random.Generator,
-             rates: dict[float, float]) -> float:
-    """The bound on recall within two nights at `budget` alarms per A/A series (the
-    nightly rate cached by the step in noise sigmas, as `recall_bound` caches it)."""
-    key = round(step / noise, 1)
-    if key not in rates:
-        rates[key] = bench.budget_rate(noise, step, rng, budget=budget)
-    return bench.recall_bound(noise, step, rng, draws=1_000_000, rate=rates[key])[1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", type=Path)
-    ap.add_argument("--budget", type=float, default=0.005,
+    ap.add_argument("--budget", type=float, default=bench.CHECKED_BUDGET,
                     help="alarms per A/A series the bound may spend (the log's: 0.01)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    rng, rates = np.random.default_rng(args.seed), {}
+    rng = np.random.default_rng(args.seed)
     cells = judged_cells(args.log.read_text())
     met = at_budget = 0
     for metric, noise, step, got, bound in cells:
-        low = bound_at(noise, bench.log_step(metric, step), args.budget, rng, rates)
+        low = bench.recall_bound(noise, bench.log_step(metric, step), rng, draws=1_000_000,
+                                 budget=args.budget)[1]
         met += meets(got, bound)
         at_budget += meets(got, low)
         print(f"{bench.step_name(metric, step):30} at {100 * noise:2.0f}%: perfpipe "
