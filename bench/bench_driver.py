@@ -31,9 +31,13 @@ Scenarios (256-byte payloads):
               Beside them, perfpipe reading in passes `--held-us` apart (read_hold_us:
               fewer, larger reads; receive times still the kernel's stamps, deliveries
               waiting for the reads' ACKs), with the e2e p50 and, for both, the share of
-              reads that may have taken more than one TCP segment. For every tool, the
-              broker's side of its sockets (`SendQueue`, from ss -ti): data segments per
-              delivered message and how long deliveries waited in its socket send queue
+              reads that may have taken more than one TCP segment; and the floor,
+              bench/floor_reader.py, a CPython loop of epoll and recv_into and nothing
+              else, reading as promptly: the most a prompt CPython reader can make of the
+              row, and what any prompt reader costs the broker (its bound). For every
+              tool, the broker's side of its sockets (`SendQueue`, from ss -ti): data
+              segments per delivered message and how long deliveries waited in its socket
+              send queue
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
 ``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
 kernel buffers of 1000 sockets hold seconds of traffic. Only the $SYS updates inside the
@@ -109,7 +113,8 @@ JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
 # rows: the floor (bench/floor_sender.py) at perfpipe's tick, the bound on the row's bar
 # for a CPython sender, then perfpipe sending each message at its intended time (tick_us 0,
-# the driver's default) and the floor doing the same; subscribe rows: perfpipe reading in
+# the driver's default) and the floor doing the same; subscribe rows: the floor
+# (bench/floor_reader.py) reading as promptly as the driver, then perfpipe reading in
 # passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
 FLOOR = "floor"
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
@@ -441,6 +446,13 @@ class Floor(MqttJs):
     command = [sys.executable, str(BENCH / "floor_sender.py")]
 
 
+class FloorReader(MqttJs):
+    """bench/floor_reader.py: the least a CPython prompt reader can spend (same protocol)."""
+
+    name = "floor"
+    command = [sys.executable, str(BENCH / "floor_reader.py")]
+
+
 # ---- scenarios -------------------------------------------------------------------------
 def driver_spec(stage: str, port: int, *, pubs: int = 0, subs: int = 0, qos: int = 0,
                 rate: float = 0.0, topic: str = "bench/p/{i}", sub_topic: str = "bench/s",
@@ -506,6 +518,13 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         if tool_name == "perfpipe":
             tool = Perfpipe(workdir, {**driver_spec(scenario, port, subs=clients, qos=qos,
                                                     timing=timing), **overrides})
+        elif tool_name == "floor":
+            if qos or set(overrides) - {"read_hold_us"}:
+                raise ValueError(f"{tool_name}: QoS 0 and read_hold_us only, not {overrides}")
+            tool = FloorReader({"port": port, "clients": clients, "topic": "bench/s",
+                                "delivery_bytes": DELIVERY_BYTES,
+                                "hold_us": overrides.get("read_hold_us", 0),
+                                "prefix": f"floor-{scenario}"})
         else:
             tool = MqttJs({"port": port, "mode": "sub", "clients": clients, "qos": qos,
                            "topic": "bench/s", "prefix": f"js-{scenario}"})
@@ -618,8 +637,8 @@ def connect_check(port: int, workdir: Path, clients: int) -> dict:
 
 # ---- report ------------------------------------------------------------------------------
 def tools_for(scenario: str) -> list[str]:
-    extra = (FLOOR, *ON_TIME) if scenario in FIXED_RATE else HELD if scenario in SUBSCRIBE \
-        else ()
+    extra = (FLOOR, *ON_TIME) if scenario in FIXED_RATE else (FLOOR, *HELD) \
+        if scenario in SUBSCRIBE else ()
     return ["perfpipe", "mqtt.js", *extra]
 
 
@@ -659,6 +678,11 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
           f"{med('perfpipe', 'e2e_p50_us') / 1000:.2f} ms, longest read hold "
           f"{med('perfpipe', 'hold_max_ms'):.2f} ms, kernel-stamped reads that may have taken "
           f"more than one TCP segment <= {med('perfpipe', 'multi_segment_pct'):.1f}%")
+    print(f"  the floor (epoll and recv only, bench/floor_reader.py: the most a CPython reader "
+          f"reading as promptly can make of the row): {fmt(med(FLOOR, 'per_cpu_s'))} "
+          f"msgs/CPU-s, over MQTT.js {ratio(FLOOR, 'mqtt.js', 'per_cpu_s'):.2f}; broker per "
+          f"message over MQTT.js's {ratio(FLOOR, 'mqtt.js', 'broker_per_10k'):.2f}; perfpipe "
+          f"over the floor {ratio('perfpipe', FLOOR, 'per_cpu_s'):.2f}")
     for held in HELD:
         print(f"  reading in passes {tool_variant(held)[1]['read_hold_us']} us apart "
               "(read_hold_us): "
@@ -669,7 +693,7 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
               f"{med(held, 'multi_segment_pct'):.1f}%")
     print("  the broker's side (ss -ti on its sockets, SendQueue): data segments per delivered "
           "message / mean wait of a delivered byte in its socket send queue / broker CPU-s per 10K:")
-    for tool in ("perfpipe", *HELD, "mqtt.js"):
+    for tool in ("perfpipe", FLOOR, *HELD, "mqtt.js"):
         print(f"    {tool:<28} {med(tool, 'segs_per_msg'):.2f} / "
               f"{med(tool, 'queue_wait_ms'):.3f} ms / {med(tool, 'broker_per_10k'):.4f}")
 
