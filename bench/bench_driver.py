@@ -31,10 +31,11 @@ Scenarios (256-byte payloads):
               Beside them, perfpipe reading in passes `--held-us` apart (read_hold_us:
               fewer, larger reads; receive times still the kernel's stamps, deliveries
               waiting for the reads' ACKs), with the e2e p50 and, for both, the share of
-              reads that may have taken more than one TCP segment; and the floor,
+              reads that may have taken more than one TCP segment; and "floor",
               bench/floor_reader.py, a CPython loop of epoll and recv_into and nothing
-              else, reading as promptly: the most a prompt CPython reader can make of the
-              row, and what any prompt reader costs the broker (its bound). For every
+              else, reading as early as epoll allows: what a reader's own work per message
+              has to do with the bars (not a bound: a reader that spends more per message
+              reads later, in larger reads, and can cost itself and the broker less). For every
               tool, the broker's side of its sockets (`SendQueue`, from ss -ti): data
               segments per delivered message and how long deliveries waited in its socket
               send queue
@@ -113,8 +114,8 @@ JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
 # rows: the floor (bench/floor_sender.py) at perfpipe's tick, the bound on the row's bar
 # for a CPython sender, then perfpipe sending each message at its intended time (tick_us 0,
-# the driver's default) and the floor doing the same; subscribe rows: the floor
-# (bench/floor_reader.py) reading as promptly as the driver, then perfpipe reading in
+# the driver's default) and the floor doing the same; subscribe rows: a reader that does
+# nothing per message (bench/floor_reader.py) reading as early as it can, then perfpipe reading in
 # passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
 FLOOR = "floor"
 ON_TIME = ("perfpipe@tick_us=0", "floor@tick_us=0")
@@ -447,7 +448,7 @@ class Floor(MqttJs):
 
 
 class FloorReader(MqttJs):
-    """bench/floor_reader.py: the least a CPython prompt reader can spend (same protocol)."""
+    """bench/floor_reader.py: a reader that does nothing per message (same protocol)."""
 
     name = "floor"
     command = [sys.executable, str(BENCH / "floor_reader.py")]
@@ -519,12 +520,10 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             tool = Perfpipe(workdir, {**driver_spec(scenario, port, subs=clients, qos=qos,
                                                     timing=timing), **overrides})
         elif tool_name == "floor":
-            if qos or set(overrides) - {"read_hold_us"}:
-                raise ValueError(f"{tool_name}: QoS 0 and read_hold_us only, not {overrides}")
+            if qos or overrides:
+                raise ValueError(f"{tool_name}: QoS 0 and no settings, not {overrides}")
             tool = FloorReader({"port": port, "clients": clients, "topic": "bench/s",
-                                "delivery_bytes": DELIVERY_BYTES,
-                                "hold_us": overrides.get("read_hold_us", 0),
-                                "prefix": f"floor-{scenario}"})
+                                "delivery_bytes": DELIVERY_BYTES, "prefix": f"floor-{scenario}"})
         else:
             tool = MqttJs({"port": port, "mode": "sub", "clients": clients, "qos": qos,
                            "topic": "bench/s", "prefix": f"js-{scenario}"})
@@ -678,8 +677,8 @@ def print_held(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
           f"{med('perfpipe', 'e2e_p50_us') / 1000:.2f} ms, longest read hold "
           f"{med('perfpipe', 'hold_max_ms'):.2f} ms, kernel-stamped reads that may have taken "
           f"more than one TCP segment <= {med('perfpipe', 'multi_segment_pct'):.1f}%")
-    print(f"  the floor (epoll and recv only, bench/floor_reader.py: the most a CPython reader "
-          f"reading as promptly can make of the row): {fmt(med(FLOOR, 'per_cpu_s'))} "
+    print(f"  the floor (epoll and recv only, bench/floor_reader.py: a reader that does nothing "
+          f"per message, reading as early as it can): {fmt(med(FLOOR, 'per_cpu_s'))} "
           f"msgs/CPU-s, over MQTT.js {ratio(FLOOR, 'mqtt.js', 'per_cpu_s'):.2f}; broker per "
           f"message over MQTT.js's {ratio(FLOOR, 'mqtt.js', 'broker_per_10k'):.2f}; perfpipe "
           f"over the floor {ratio('perfpipe', FLOOR, 'per_cpu_s'):.2f}")

@@ -37,9 +37,10 @@ from tasks.driver.wire import remaining_length  # noqa: E402
 LATE_BUCKET_US = 10
 
 
-def connect_packet(client_id: str) -> bytes:
+def connect_packet(client_id: str, keepalive_s: int = 60) -> bytes:
+    """CONNECT, MQTT 3.1.1, clean session."""
     name = client_id.encode()
-    variable = b"\x00\x04MQTT\x04\x02\x00\x3c"  # MQTT 3.1.1, clean session, keepalive 60 s
+    variable = b"\x00\x04MQTT\x04\x02" + struct.pack("!H", keepalive_s)
     body = variable + struct.pack("!H", len(name)) + name
     return bytes([0x10, len(body)]) + body
 
