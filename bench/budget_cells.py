@@ -17,8 +17,8 @@ suite's 80 as if known to share the noise, the ceiling of a detector that pools)
 how many of those cells perfpipe reaches 80% of each: the part of the gap the best
 scale-invariant test that learns its noise from these nights could not close at this
 spend, against the part that is the rule's; and in how many the suite's test reaches 80%
-of the log's bound, the bar as written. Took 22 min in all on 12 cells (`learned_bounds` also computes the
-candidate rule's recall, unused here).
+of the log's bound, the bar as written. Took 22 min in all on 12 cells (`learned_bounds`
+also computes the candidate rule's recall, unused here).
 """
 
 from __future__ import annotations
