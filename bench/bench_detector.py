@@ -384,23 +384,24 @@ def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None)
 
 
 def learned_bounds(cells: list[tuple[float, float]], rng: np.random.Generator,
-                   series: int = 100_000, budget: float = 0.01
-                   ) -> list[tuple[float, float, float]]:
+                   series: int = 100_000, budget: float = 0.01, with_rule: bool = True
+                   ) -> list[tuple[float, float, float | None]]:
     """Per (noise sigma, log step): recall within two nights of the best test that must
     learn the noise's scale (`scale_bound`), from the stage's own `WARM` nights and from
     all the suite's `SUITE` x `WARM` nights (as if known to share the noise), at the same
     budget as the bound (or `budget` alarms per A/A series) and with the level and noise
     law given; and of the candidate rule that is given nothing (`scale_bound.rule_recall`,
-    own nights). With 1 alarm per 100 series, 100,000 A/A series set each threshold on
-    about 1,000 alarms: at 40,000 two runs of one cell came out 2 points apart."""
+    own nights; None without `with_rule`, which saves its simulation and draws last, so the
+    other two come out the same). With 1 alarm per 100 series, 100,000 A/A series set each
+    threshold on about 1,000 alarms: at 40,000 two runs of one cell came out 2 points apart."""
     keys = [delta / (sigma / T_ROBUST) for sigma, delta in cells]
     steps = sorted(set(keys))
     common = {"history": WARM, "nights": AA_NIGHTS, "first": Policy().min_history,
               "tail": float(T_DOF), "rng": rng, "series": series, "budget": budget}
     own = scale_bound.recall(steps, stages=1, **common)
     suite_wide = scale_bound.recall(steps, stages=SUITE, **common)
-    rule = scale_bound.rule_recall(steps, **common)
-    return [(own[k], suite_wide[k], rule[k]) for k in keys]
+    rule = scale_bound.rule_recall(steps, **common) if with_rule else {}
+    return [(own[k], suite_wide[k], rule.get(k)) for k in keys]
 
 
 def check_passes(rate: float, series: int, rates: int) -> float:
