@@ -38,6 +38,11 @@ OUT_BUDGET = 16 << 20  # bytes queued in output buffers of all publishers of a p
 OUT_RANGE = (16 << 10, 128 << 10)  # per client: parked above this many bytes
 BATCH = 256  # messages encoded per client per tick at most (fairness between clients)
 _GOLDEN = 0.6180339887498949
+# A heap entry is one int, (intended ns - start_ns) << INDEX_BITS | client index: the same
+# order as a (time, index) tuple, compared in one step (tuples compare element by element:
+# bench_scheduler.py at 10,000 x 5 msgs/s, 2.88 -> 2.49 us a message; 1000 x 50 unchanged)
+INDEX_BITS = 20  # a process's client indexes (limits.DRIVER_HOST_CLIENTS is far below)
+INDEX_MASK = (1 << INDEX_BITS) - 1
 
 
 class Scheduler:
@@ -48,7 +53,14 @@ class Scheduler:
         self.sessions = sessions
         self.acct = acct
         self.max_inflight = max_inflight
-        self.heap: list[tuple[int, int, Conn]] = []  # (intended ns of message seq+1, index, conn)
+        self.heap: list[int] = []  # one key (INDEX_BITS) per scheduled publisher: its next message
+        self.start_ns = start_ns
+        size = max((c.index for c in publishers), default=-1) + 1
+        if size > INDEX_MASK + 1:
+            raise ValueError(f"{size} clients in one driver process: at most {INDEX_MASK + 1}")
+        self.by_index: list[Conn | None] = [None] * size
+        for conn in publishers:
+            self.by_index[conn.index] = conn
         self.out_limit = min(max(OUT_BUDGET // max(1, len(publishers)), OUT_RANGE[0]),
                              OUT_RANGE[1])
         self.second = -1  # the counter row and pub_delay histogram of this second:
@@ -72,12 +84,12 @@ class Scheduler:
                 conn.inflight = {}
             if conn.total and conn.state != DEAD:
                 conn.scheduled = True
-                self.heap.append((conn.first, conn.index, conn))  # index: ties, never conn
+                self.heap.append(self._key(conn.first, conn))
         heapq.heapify(self.heap)
         sessions.on_window = self.wake
 
     def next_due(self) -> int | None:
-        return self.heap[0][0] if self.heap else None
+        return (self.heap[0] >> INDEX_BITS) + self.start_ns if self.heap else None
 
     def run(self, now: int) -> None:
         """Encode and send every message due by `now` (each client at most once).
@@ -104,12 +116,15 @@ class Scheduler:
         published = 0
         pop, replace, fill, flush = heapq.heappop, heapq.heapreplace, self.fill, self.sessions.flush
         delays, limit, sent_us = self.delays, self.out_limit, now // 1000
+        start, by_index = self.start_ns, self.by_index
+        stop = ((now - start + 1) << INDEX_BITS)  # keys below this are due by now
         while heap:
             entry = heap[0]
-            due = entry[0]
-            if due > now:
+            if entry >= stop:
                 break
-            conn = entry[2]
+            index = entry & INDEX_MASK
+            conn = by_index[index]
+            due = (entry >> INDEX_BITS) + start
             if conn.state == DEAD or conn.parked:
                 conn.scheduled = False
                 pop(heap)
@@ -132,12 +147,11 @@ class Scheduler:
                     published += 1
                     filled.append(conn)
                     if seq < conn.total:
-                        replace(heap, (after, entry[1], conn))
+                        replace(heap, ((after - start) << INDEX_BITS) | index)
                     else:
                         conn.scheduled = False
                         pop(heap)
                     continue
-            index = entry[1]
             n = fill(conn, now)
             if n:
                 published += n
@@ -148,10 +162,10 @@ class Scheduler:
                 continue
             due = conn.first + int(conn.seq * conn.interval)
             if due > now:  # its next turn is in a later run: one sift instead of two
-                replace(heap, (due, index, conn))
+                replace(heap, ((due - start) << INDEX_BITS) | index)
             else:  # still behind: once a run, so not before this one ends
                 pop(heap)
-                later.append((due, index, conn))
+                later.append(((due - start) << INDEX_BITS) | index)
         for conn in filled:  # back to back, after the encoding work
             flush(conn)
         self.row[C_PUBLISHED] += published
@@ -166,8 +180,12 @@ class Scheduler:
             conn.parked = False
             if not conn.scheduled:
                 conn.scheduled = True
-                heapq.heappush(self.heap, (conn.first + int(conn.seq * conn.interval),
-                                           conn.index, conn))
+                heapq.heappush(self.heap,
+                               self._key(conn.first + int(conn.seq * conn.interval), conn))
+
+    def _key(self, due: int, conn: Conn) -> int:
+        """The heap key of `conn`'s message intended at `due` (`run` writes it inline)."""
+        return ((due - self.start_ns) << INDEX_BITS) | conn.index
 
     def _window(self, conn, seq: int, n: int, inflight) -> int:
         """How many of `n` QoS 1/2 messages the in-flight window lets out now; 0 parks the
