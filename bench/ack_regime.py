@@ -1,7 +1,7 @@
 """What a sender pays per message either side of the broker's quick-ACK threshold.
 
     .state/venv/bin/python bench/ack_regime.py [--rates 4.5 5 5.5] [--reps 3] [--clients 10000]
-        [--tools floor@tick_us=2000 perfpipe@tick_us=2000 mqtt.js]
+        [--tools floor perfpipe mqtt.js]
 
 bench_driver.py's 10,000-client fixed-rate row, at 50K msgs/s in total (5 a client) until
 2026-11-27, swung from run to run for every Python sender, perfpipe and the floor alike
@@ -17,11 +17,12 @@ socket is locked, so the sender processes it on release (perf: ``tcp_ack`` under
 ``__release_sock`` in ``__sys_sendto``): system time of the sender's, taken off the broker,
 which otherwise ACKs when it reads. A client whose message leaves later than the one before
 by more than about a jiffy crosses the line, so at exactly 5 msgs/s a client the row
-measures how steady the sender's sends are as much as what a send costs.
+measured how steady the sender's sends were as much as what a send cost.
 
 This runs the floor sender (bench/floor_sender.py) and perfpipe's driver, each at the
-fixed-rate row's 2 ms tick (``--tools``: any of bench_driver's, MQTT.js too), at rates per
-client either side of 5 (gaps of 222 and 182 ms at 4.5 and 5.5), alternated, against one
+fixed-rate rows' 2 ms tick at every rate (``--tools``: any of bench_driver's names, MQTT.js
+too, which always runs on its 2 ms timer; ``perfpipe@tick_us=0`` for another tick), at
+rates per client either side of 5 (gaps of 222 and 182 ms at 4.5 and 5.5), alternated, against one
 Mosquitto as bench_driver starts it, and prints the median CPU microseconds per message of
 the tool and of the broker at each rate. Figures from one run only: this machine's own
 level moves between runs by more than the threshold's effect.
@@ -38,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_driver as bd  # noqa: E402
 
-TOOLS = ("floor@tick_us=2000", "perfpipe@tick_us=2000")  # the fixed-rate rows' 2 ms tick
+TOOLS = ("floor", "perfpipe")  # at the fixed-rate rows' 2 ms tick (`main`), unless name@tick_us=N
 
 
 def scenario(clients: int, rate: float) -> str:
@@ -65,10 +66,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--tools", nargs="+", default=list(TOOLS),
-                        help="bench_driver's tool names (mqtt.js runs on its 2 ms timer)")
+                        help="bench_driver's tool names: floor, perfpipe (both at a 2 ms tick "
+                             "unless given as name@tick_us=N), mqtt.js (its 2 ms timer)")
     args = parser.parse_args()
     rows = [scenario(args.clients, rate) for rate in args.rates]
     bd.raise_nofile()
+    bd.PP_TICK_US = bd.JS_TICK_US  # every rate at the fixed-rate rows' tick, not only theirs
+    if any(bd.tool_variant(tool)[0] == "mqtt.js" for tool in args.tools):
+        bd.ensure_mqttjs()
     timing = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
     workdir = Path(tempfile.mkdtemp(prefix="perfpipe-ack-"))
     broker = bd.Broker(workdir)
@@ -78,7 +83,12 @@ def main() -> None:
         for rep in range(args.reps):
             order = [(t, r) for r in rows for t in args.tools]
             for tool, row in order if rep % 2 == 0 else reversed(order):
-                figure = bd.run_once(tool, row, broker, sys_counter, workdir, timing)
+                figure = bd.run_undisturbed(tool, row, broker, sys_counter, workdir, timing,
+                                            f"rep {rep + 1}")
+                if not figure["rate"] or figure["errors"]:
+                    print(f"  rep {rep + 1} {row} {tool}: disturbed three times, left out",
+                          flush=True)
+                    continue
                 tool_us, sys_us, broker_us = us_per_message(figure)
                 figures.setdefault((tool, row), []).append((tool_us, sys_us, broker_us))
                 print(f"  rep {rep + 1} {row} {tool}: {figure['rate'] / 1e3:.1f}K msgs/s, "
