@@ -97,16 +97,16 @@ def main() -> None:
                       f"{(figure.get('late_us') or {}).get('p99', 0) / 1000:.2f} ms", flush=True)
     finally:
         broker.stop()
-    print(f"\nmedian of {args.reps}, CPU microseconds per message (load generator / its system "
-          "time / broker):")
+    print(f"\nmedian of {args.reps} (fewer where a run was left out), CPU microseconds per "
+          "message (load generator / its system time / broker):")
     for rate, row in zip(args.rates, rows):
         cells = []
         for tool in args.tools:
             runs = figures.get((tool, row), [])
             if runs:
                 tool_us, sys_us, broker_us = (statistics.median(x) for x in zip(*runs))
-                cells.append(f"{bd.tool_variant(tool)[0]} {tool_us:.2f} / {sys_us:.2f} / "
-                             f"{broker_us:.2f}")
+                of = f" ({len(runs)} runs)" if len(runs) < args.reps else ""
+                cells.append(f"{tool} {tool_us:.2f} / {sys_us:.2f} / {broker_us:.2f}{of}")
         print(f"  {rate:g} msgs/s a client (a {1000 / rate:.0f} ms gap): " + "; ".join(cells))
 
 
