@@ -34,7 +34,7 @@ import struct
 import sys
 import time
 
-from floor_sender import connect_packet
+from floor_sender import connect, exactly
 
 RECV_BYTES = 1 << 20  # the driver's shared receive buffer (receive.RECV_BYTES)
 
@@ -46,31 +46,19 @@ def subscribe_packet(topic: str) -> bytes:
     return bytes([0x82, len(body)]) + body
 
 
-CONNACK_OK = b"\x20\x02\x00\x00"  # session not present, accepted
 SUBACK_OK = b"\x90\x03\x00\x01\x00"  # packet id 1, QoS 0 granted
 
 
 def subscribe_all(port: int, clients: int, prefix: str, topic: str) -> list[socket.socket]:
     socks = []
     for i in range(clients):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(connect_packet(f"{prefix}-{i}", keepalive_s=0))
-        if _exactly(sock, len(CONNACK_OK)) != CONNACK_OK:
-            sys.exit(f"client {i}: CONNACK refused or missing")
+        sock = connect(port, f"{prefix}-{i}", keepalive_s=0)
         sock.sendall(subscribe_packet(topic))
-        if _exactly(sock, len(SUBACK_OK)) != SUBACK_OK:
+        if exactly(sock, len(SUBACK_OK)) != SUBACK_OK:
             sys.exit(f"client {i}: SUBACK refused or missing")
         sock.setblocking(False)
         socks.append(sock)
     return socks
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    """n bytes from a blocking socket (fewer only if it closed)."""
-    got = b""
-    while len(got) < n and (part := sock.recv(n - len(got))):
-        got += part
-    return got
 
 
 def read(socks: list[socket.socket], windows: dict) -> tuple[int, int]:

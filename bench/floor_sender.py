@@ -51,14 +51,32 @@ def publish_packet(topic: str, payload_bytes: int) -> bytes:
     return bytes([0x30]) + remaining_length(len(body)) + body
 
 
+CONNACK_OK = b"\x20\x02\x00\x00"  # session not present, accepted
+
+
+def connect(port: int, client_id: str, keepalive_s: int = 60) -> socket.socket:
+    """A blocking TCP_NODELAY connection (as the driver's) whose CONNACK was exactly
+    `CONNACK_OK`; exits naming the client otherwise. The floor reader connects the same way."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(connect_packet(client_id, keepalive_s))
+    if exactly(sock, len(CONNACK_OK)) != CONNACK_OK:
+        sys.exit(f"client {client_id}: CONNACK refused or missing")
+    return sock
+
+
+def exactly(sock: socket.socket, n: int) -> bytes:
+    """n bytes from a blocking socket (fewer only if it closed)."""
+    got = b""
+    while len(got) < n and (part := sock.recv(n - len(got))):
+        got += part
+    return got
+
+
 def connect_all(port: int, clients: int, prefix: str) -> list[socket.socket]:
     socks = []
     for i in range(clients):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(connect_packet(f"{prefix}-{i}"))
-        if sock.recv(4)[:1] != b"\x20":
-            sys.exit(f"client {i}: no CONNACK")
+        sock = connect(port, f"{prefix}-{i}")
         sock.setblocking(False)
         socks.append(sock)
     return socks
