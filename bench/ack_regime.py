@@ -51,13 +51,6 @@ def scenario(clients: int, rate: float) -> str:
     return f"pub-q0-c{clients}-r{int(total)}k"
 
 
-def us_per_message(figure: dict) -> tuple[float, float, float]:
-    """(tool, tool's system time, broker) CPU microseconds per message of one run, from
-    bench_driver's own per-message figures (`run_once`: per_cpu_s, broker_per_10k)."""
-    return (1e6 / figure["per_cpu_s"], 1e4 * figure["sys_pct"] / figure["rate"],
-            100 * figure["broker_per_10k"])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,7 +82,7 @@ def main() -> None:
                     print(f"  rep {rep + 1} {row} {tool}: disturbed three times, left out",
                           flush=True)
                     continue
-                tool_us, sys_us, broker_us = us_per_message(figure)
+                tool_us, sys_us, broker_us = bd.us_per_message(figure)
                 figures.setdefault((tool, row), []).append((tool_us, sys_us, broker_us))
                 print(f"  rep {rep + 1} {row} {tool}: {figure['rate'] / 1e3:.1f}K msgs/s, "
                       f"tool {tool_us:.2f} us/msg (sys {sys_us:.2f}), broker "

@@ -160,6 +160,22 @@ def cpu_split(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+def wakeups(pid: int) -> int:
+    """How many times a process has gone to sleep and been woken (its voluntary context
+    switches, all threads'): on the publish rows, each is a send that found the broker
+    idle and paid to wake it."""
+    return sum(int(line.split()[1]) for status in Path(f"/proc/{pid}/task").glob("*/status")
+               for line in status.read_text().splitlines()
+               if line.startswith("voluntary_ctxt_switches"))
+
+
+def us_per_message(figure: dict) -> tuple[float, float, float]:
+    """(tool, tool's system time, broker) CPU microseconds per message of one run
+    (`run_once`'s figure), from its own per-message figures (per_cpu_s, broker_per_10k)."""
+    return (1e6 / figure["per_cpu_s"], 1e4 * figure["sys_pct"] / figure["rate"],
+            100 * figure["broker_per_10k"])
+
+
 def rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
 
@@ -567,8 +583,10 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
                  if role == "sub" else None)
         sleep_until(windows["measure_start"])
         t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
+        woken0 = wakeups(broker_pid)
         sleep_until(windows["measure_end"])
         t1, tool1, broker1 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
+        woken1 = wakeups(broker_pid)
         measured = tool.result(windows, column)
         if feeder:
             feeder.result(windows, "published")
@@ -593,7 +611,9 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             "e2e_p50_us": measured["e2e_p50_us"],
             **(queue.result() if queue else SendQueue.UNMEASURED),
             # broker CPU-seconds per 10,000 messages it took or delivered
-            "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf")}
+            "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf"),
+            "broker_wakes_per_msg": ((woken1 - woken0) / (rate * (t1 - t0)) if rate > 0
+                                     else float("inf"))}
 
 
 def sleep_until(unix_s: float) -> None:
@@ -788,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{fmt(figure['per_cpu_s']):>7} msgs/CPU-s  "
                           f"broker {figure['broker_pct']:5.1f}% "
                           f"({figure['broker_per_10k']:.3f} CPU-s/10K)  errors {figure['errors']}  "
-                          + (f"send late p50/p99 {late_text(figure['late_us'])}  "
+                          + (f"send late p50/p99 {late_text(figure['late_us'])}, broker woke "
+                             f"{figure['broker_wakes_per_msg']:.3f}/msg  "
                              if figure["late_us"] and scenario in FIXED_RATE else "")
                           + (f"e2e p50 {figure['e2e_p50_us'] / 1000:.2f} ms, longest read hold "
                              f"{figure['hold_max_ms']:.2f} ms, reads over one segment <= "
