@@ -10,8 +10,8 @@ perfpipe on the row (its tick, its spec; ``--tool perfpipe@tick_us=0`` for anoth
 setting) against one Mosquitto. It prints every run (msgs per CPU-second; the driver's CPU,
 its system time and the broker's CPU in microseconds a message; how often a message found
 the broker asleep; send lateness p99) and the medians, with the median of the paired
-B / A ratios of msgs per CPU-second. On a subscribe row the feeding publishers are
-perfpipe's too, from the same checkout as the subscribers.
+B / A ratios of msgs per CPU-second. On a subscribe row the feeding publishers are this
+checkout's driver for both.
 
 Only the pairs compare, and even they move: on this 2-vCPU VM an A/A run (B = HEAD) of
 the 1000-client fixed-rate row gave paired ratios from 0.91 to 1.03, the same driver
@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_driver as bd  # noqa: E402
+from broker_side import Broker, SysCounter, raise_nofile  # noqa: E402
+from load_tools import REPO  # noqa: E402
 
 
 def checkout(stack: ExitStack, where: str) -> Path:
@@ -46,12 +48,12 @@ def checkout(stack: ExitStack, where: str) -> Path:
     parent = Path(tempfile.mkdtemp(prefix="ab-driver-"))
     stack.callback(shutil.rmtree, parent, ignore_errors=True)
     worktree = parent / "tree"
-    made = subprocess.run(["git", "-C", str(bd.REPO), "worktree", "add", "--detach", "-q",
+    made = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q",
                            str(worktree), where], capture_output=True, text=True)
     if made.returncode:
-        raise SystemExit(f"{where}: neither a directory nor a git revision of {bd.REPO} "
+        raise SystemExit(f"{where}: neither a directory nor a git revision of {REPO} "
                          f"({made.stderr.strip()})")
-    stack.callback(subprocess.run, ["git", "-C", str(bd.REPO), "worktree", "remove",
+    stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove",
                                     "--force", str(worktree)], check=False)
     return worktree
 
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("b", help="the changed driver: a checkout or a git revision")
-    parser.add_argument("--a", default=str(bd.REPO),
+    parser.add_argument("--a", default=str(REPO),
                         help="the driver to compare with (default: this checkout)")
     parser.add_argument("--row", default="pub-q0-c1000-r50k", help="a bench_driver row")
     parser.add_argument("--tool", default="perfpipe",
@@ -82,21 +84,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tool {args.tool}: only perfpipe's driver comes from a checkout")
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
-    bd.raise_nofile()
+    raise_nofile()
     figures: dict[str, list[dict]] = {"A": [], "B": []}
     with ExitStack() as stack:
         trees = {"A": checkout(stack, args.a), "B": checkout(stack, args.b)}
         print(f"A {trees['A']}\nB {trees['B']}\n{args.tool} on {args.row}, "
               f"{args.reps} alternated pairs", flush=True)
         workdir = Path(tempfile.mkdtemp(prefix="perfpipe-ab-"))
-        broker = bd.Broker(workdir)
+        broker = Broker(workdir)
         stack.callback(broker.stop)
-        counter = bd.SysCounter(broker.port)
+        counter = SysCounter(broker.port)
         for rep in range(args.reps):
             for tag in ("A", "B") if rep % 2 == 0 else ("B", "A"):
-                bd.REPO = trees[tag]  # the directory bench_driver.Perfpipe runs the driver in
                 figure = bd.run_undisturbed(args.tool, args.row, broker, counter, workdir,
-                                            timing, f"rep {rep + 1} {tag}")
+                                            timing, f"rep {rep + 1} {tag}", trees[tag])
                 figures[tag].append(figure)
                 print(line(tag, figure), flush=True)
     print()

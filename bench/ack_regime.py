@@ -38,6 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_driver as bd  # noqa: E402
+from broker_side import Broker, SysCounter, raise_nofile  # noqa: E402
+from load_tools import ensure_mqttjs  # noqa: E402
 
 TOOLS = ("floor", "perfpipe")  # at the fixed-rate rows' 2 ms tick (`main`), unless name@tick_us=N
 
@@ -63,16 +65,16 @@ def main() -> None:
                              "unless given as name@tick_us=N), mqtt.js (its 2 ms timer)")
     args = parser.parse_args()
     rows = [scenario(args.clients, rate) for rate in args.rates]
-    bd.raise_nofile()
+    raise_nofile()
     bd.PP_TICK_US = bd.JS_TICK_US  # every rate at the fixed-rate rows' tick, not only theirs
     if any(bd.tool_variant(tool)[0] == "mqtt.js" for tool in args.tools):
-        bd.ensure_mqttjs()
+        ensure_mqttjs()
     timing = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
     workdir = Path(tempfile.mkdtemp(prefix="perfpipe-ack-"))
-    broker = bd.Broker(workdir)
+    broker = Broker(workdir)
     figures: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     try:
-        sys_counter = bd.SysCounter(broker.port)
+        sys_counter = SysCounter(broker.port)
         for rep in range(args.reps):
             order = [(t, r) for r in rows for t in args.tools]
             for tool, row in order if rep % 2 == 0 else reversed(order):

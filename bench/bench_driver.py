@@ -78,35 +78,33 @@ the broker delivering 143-147K/s instead of 103-109K/s. Never while messages are
 Memory: RSS per connection from one driver process holding 1,000 then 5,000 idle
 connected clients ((RSS5000 - RSS1000) / 4000), and a 10,000-client connect check.
 Traffic goes only to 127.0.0.1; every process has a time bound.
+
+The broker and what is read from it (`Broker`, `SysCounter`, `SendQueue`, /proc) are in
+bench/broker_side.py, the tools' processes in bench/load_tools.py; this file has the rows,
+one run of a tool on a row (`run_once`), the bars and the report.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
-import re
-import resource
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(REPO))
-from tasks.driver.histogram import percentile  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from broker_side import (  # noqa: E402
+    TICKS, Broker, SendQueue, SysCounter, cpu_split, cpu_ticks, raise_nofile, rss_bytes,
+    sleep_until, wakeups,
+)
+from load_tools import REPO, Floor, FloorReader, MqttJs, Perfpipe, ensure_mqttjs  # noqa: E402
 from tasks.driver.limits import MAX_RATE  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
-from tasks.ports import free_port  # noqa: E402
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
+
 FEED_RATE = 150_000  # deliveries/s into the subscribing process
 PAYLOAD = 256
 DELIVERY_BYTES = len(Template("bench/s", 0, PAYLOAD, 0, 0).packet)  # a subscribe row's PUBLISH
@@ -150,332 +148,11 @@ BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SU
 BROKER_BARS = dict.fromkeys(SUBSCRIBE, 1.1)
 
 
-def cpu_ticks(pid: int) -> int:
-    return sum(cpu_split(pid))
-
-
-def cpu_split(pid: int) -> tuple[int, int]:
-    """(user, system) CPU ticks of a process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
-
-
-def wakeups(pid: int) -> int:
-    """How many times a process has gone to sleep and been woken (its voluntary context
-    switches, all threads'): on the publish rows, each is a send that found the broker
-    idle and paid to wake it."""
-    return sum(int(line.split()[1]) for status in Path(f"/proc/{pid}/task").glob("*/status")
-               for line in status.read_text().splitlines()
-               if line.startswith("voluntary_ctxt_switches"))
-
-
 def us_per_message(figure: dict) -> tuple[float, float, float]:
     """(tool, tool's system time, broker) CPU microseconds per message of one run
     (`run_once`'s figure), from its own per-message figures (per_cpu_s, broker_per_10k)."""
     return (1e6 / figure["per_cpu_s"], 1e4 * figure["sys_pct"] / figure["rate"],
             100 * figure["broker_per_10k"])
-
-
-def rss_bytes(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-
-
-def raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # inherited by the broker
-
-
-class Broker:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        conf = workdir / "mosquitto.conf"
-        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                        "persistence false\nmax_queued_messages 1000000\n"
-                        "max_inflight_messages 0\nlog_dest none\nsys_interval 1\n")
-        binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() \
-            else shutil.which("mosquitto")
-        if not binary:
-            sys.exit("mosquitto is not installed (apt-get install mosquitto)")
-        self.process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        sys.exit(f"mosquitto did not listen on {self.port}")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    def settle(self, limit_s: float = 60.0) -> None:
-        """Wait until the broker is idle (< 5% CPU over 0.5 s): no backlog from the last run."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            before = cpu_ticks(self.pid)
-            time.sleep(0.5)
-            if (cpu_ticks(self.pid) - before) / TICKS < 0.025:
-                return
-
-
-class SysCounter:
-    """The broker's count of PUBLISH packets received, from $SYS (updated every second)."""
-
-    TOPIC = "$SYS/broker/publish/messages/received"
-
-    def __init__(self, port: int) -> None:
-        import paho.mqtt.client as mqtt
-
-        self.samples: list[tuple[float, int]] = []
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-sys")
-        self.client.on_message = lambda c, u, m: self.samples.append(
-            (time.time(), int(m.payload)))
-        self.client.on_connect = lambda c, u, f, r, p: c.subscribe(self.TOPIC)
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        deadline = time.monotonic() + 5
-        while not self.samples and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def rate(self, start: float, end: float) -> float:
-        """msgs/s between the first and the last update inside [start, end]
-        (`window_rate`)."""
-        return window_rate(self.samples, start, end)
-
-    def bracketing_rate(self, start: float, end: float) -> float:
-        """What the bench counted before: from the last update at or before `start` to the
-        first after `end`. Mosquitto 2.0 updates $SYS about every 2 s whatever sys_interval
-        says, so that update often comes after the tools stopped, and the idle seconds
-        count: printed beside `rate` to show the bias, never judged."""
-        deadline = time.time() + 3
-        while not any(t >= end for t, _ in self.samples) and time.time() < deadline:
-            time.sleep(0.05)
-        before = [s for s in self.samples if s[0] <= start] or self.samples[:1]
-        after = [s for s in self.samples if s[0] >= end] or self.samples[-1:]
-        (t0, v0), (t1, v1) = before[-1], after[0]
-        return (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
-
-    def stop(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
-
-
-class SendQueue:
-    """The broker's side of all its established sockets over the measure window (the
-    subscribers', and the feeders' and the $SYS client's, which carry next to nothing), from
-    `ss -ti` (tcp_info), whichever tool reads them: data segments sent, bytes sent, and
-    bytes written but not yet sent (``notsent``: under Nagle, waiting for the reader's ACK
-    of the last segment; or for the congestion or receive window), sampled every `PERIOD`
-    s in a thread. By Little's law the mean not-sent backlog over the bytes sent per second
-    is how long a delivered byte waited in the broker's socket send queue: the delivery
-    delay a reader's ACK pattern makes, which no receive time can see (a broker that falls
-    behind also queues deliveries in its own memory first; this does not see that)."""
-
-    PERIOD = 0.2  # a fork of ss each time: 60 samples in a 12 s window
-    FIELDS = ("bytes_sent", "data_segs_out", "notsent")
-    UNMEASURED = {"segs_per_msg": None, "queue_wait_ms": None}  # publish rows, or ss failed
-
-    def __init__(self, port: int, start: float, end: float) -> None:
-        import threading
-
-        self.port, self.start, self.end = port, start, end
-        self.samples: list[tuple[float, dict[str, dict[str, int]]]] = []
-        self.error: str | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def sample(self) -> dict[str, dict[str, int]]:
-        """{peer address: {field: value}} of every established socket on the broker's port."""
-        text = subprocess.run(["ss", "-tinH", "state", "established",
-                               f"( sport = :{self.port} )"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout
-        sockets, peer = {}, None
-        for line in text.splitlines():
-            if line and not line[0].isspace():  # "Recv-Q Send-Q local peer"
-                peer = line.split()[-1]
-            elif peer is not None:  # the socket's tcp_info line
-                sockets[peer] = {f: int(m.group(1)) if (m := re.search(rf"\b{f}:(\d+)", line))
-                                 else 0 for f in self.FIELDS}
-                peer = None
-        return sockets
-
-    def _run(self) -> None:
-        try:
-            sleep_until(self.start)
-            while True:
-                now = time.time()
-                self.samples.append((now, self.sample()))
-                if now >= self.end:
-                    return
-                time.sleep(min(self.PERIOD, max(0.0, self.end - time.time())))
-        except (OSError, subprocess.SubprocessError) as exc:
-            self.error = f"ss: {exc}"
-
-    def result(self) -> dict:
-        """Data segments per delivered message and the mean wait (ms) of a delivered byte
-        in the broker's socket send queue, over the sockets open the whole window; None
-        if ss failed, the window had no deliveries, or no sample came at its end."""
-        self.thread.join(30)
-        if self.error or len(self.samples) < 2 or self.samples[-1][0] < self.end:
-            why = self.error or "no samples over the window"
-            print(f"  the broker's send queue not measured: {why}")
-            return dict(self.UNMEASURED)
-        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
-        kept = first.keys() & last.keys()
-        delta = lambda f: sum(last[p][f] - first[p][f] for p in kept)  # noqa: E731
-        sent = delta("bytes_sent")
-        if sent <= 0 or t1 <= t0:
-            return dict(self.UNMEASURED)
-        backlog = statistics.fmean(sum(s["notsent"] for s in sockets.values())
-                                   for _, sockets in self.samples)
-        return {"segs_per_msg": delta("data_segs_out") / (sent / DELIVERY_BYTES),
-                "queue_wait_ms": 1000 * backlog / (sent / (t1 - t0))}
-
-
-def window_rate(samples: list[tuple[float, int]], start: float, end: float) -> float:
-    """msgs/s from a counter's (receive time, value) updates, between the first and the
-    last update inside [start, end]: only seconds in which both tools were sending count.
-    0.0 when fewer than two updates fell inside (a window too short for $SYS's period)."""
-    inside = [s for s in samples if start <= s[0] <= end]
-    if len(inside) < 2:
-        return 0.0
-    (t0, v0), (t1, v1) = inside[0], inside[-1]
-    return (v1 - v0) / (t1 - t0)
-
-
-def ensure_mqttjs() -> None:
-    if (BENCH / "node_modules" / "mqtt" / "package.json").exists():
-        return
-    if not shutil.which("npm"):
-        sys.exit("npm is needed for the MQTT.js side (apt-get install npm)")
-    command = ["npm", "ci"] if (BENCH / "package-lock.json").exists() else ["npm", "install"]
-    print(f"installing MQTT.js: {' '.join(command)} in {BENCH}", flush=True)
-    subprocess.run(command + ["--no-audit", "--no-fund"], cwd=BENCH, check=True, timeout=300)
-
-
-# ---- the two tools ---------------------------------------------------------------------
-class Perfpipe:
-    """One `python -m tasks.driver` process, run through its ready/start file protocol."""
-
-    name = "perfpipe"
-
-    def __init__(self, workdir: Path, spec: dict) -> None:
-        self.out = workdir / f"pp-{spec['stage_id']}-{time.monotonic_ns()}"
-        self.out.mkdir(parents=True)
-        (self.out / "spec.json").write_text(json.dumps(spec))
-        self.log = open(self.out / "driver.log", "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tasks.driver", "--spec", str(self.out / "spec.json"),
-             "--out", str(self.out)], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
-        self.pid = self.process.pid
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"driver exited early: {(self.out / 'driver.log').read_text()}")
-        return (self.out / "ready.json").exists()
-
-    def start(self, windows: dict) -> None:
-        (self.out / "start.json").write_text(json.dumps({"start_at": windows["start"]}))
-
-    def result(self, windows: dict, column: str) -> dict:
-        """`column` counted in the measure window, errors, send lateness p50/p90/p99 (us),
-        the e2e p50 (us), the longest read hold (ms) and the share of kernel-stamped reads
-        that may have taken more than one TCP segment (%, an upper bound: their older
-        messages got a newer segment's arrival time); None where nothing was measured."""
-        self.process.wait(60)
-        self.log.close()
-        window = range(windows["measure_start"], windows["measure_end"])
-        with open(self.out / "counters.csv") as handle:
-            rows = list(csv.DictReader(handle))
-        count = sum(int(r[column]) for r in rows if int(r["second"]) in window)
-        errors = sum(int(r["errors"]) for r in rows)
-        delays: dict[int, int] = {}
-        e2e: dict[int, int] = {}
-        with open(self.out / "histograms.csv") as handle:
-            for r in csv.DictReader(handle):
-                kind = {"pub_delay": delays, "e2e": e2e}.get(r["kind"])
-                if kind is not None and int(r["second"]) in window:
-                    bucket = int(r["bucket"])
-                    kind[bucket] = kind.get(bucket, 0) + int(r["count"])
-        late = {f"p{q}": percentile(delays, q) for q in (50, 90, 99)} if delays else None
-        hold = json.loads((self.out / "summary.json").read_text())["read_hold"]
-        reads, segments = hold["stamped_reads"], hold["segments_in"]
-        return {"count": count, "errors": errors, "late_us": late,
-                "e2e_p50_us": percentile(e2e, 50) if e2e else None,
-                "hold_max_ms": hold["max_ms"],
-                "multi_segment_pct": (100 * max(0, segments - reads) / reads
-                                      if reads and segments is not None else None)}
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(5)
-
-
-class MqttJs:
-    """One Node process running bench/mqttjs_bench.js."""
-
-    name = "mqtt.js"
-    command = ["node", str(BENCH / "mqttjs_bench.js")]
-
-    def __init__(self, config: dict) -> None:
-        self.process = subprocess.Popen([*self.command, json.dumps(config)], cwd=BENCH, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL)
-        self.pid = self.process.pid
-        self._ready = False
-
-    def ready(self) -> bool:
-        if not self._ready:
-            line = self.process.stdout.readline()  # blocks until READY (bounded by caller)
-            if not line:
-                raise RuntimeError(f"{self.name} exited before it was ready")
-            self._ready = line.strip() == "READY"
-        return self._ready
-
-    def start(self, windows: dict) -> None:
-        self.process.stdin.write(json.dumps(windows) + "\n")
-        self.process.stdin.flush()
-
-    def result(self, windows: dict, column: str) -> dict:
-        """As `Perfpipe.result`, from the JSON line the process prints."""
-        line = self.process.stdout.readline()
-        self.process.wait(30)
-        doc = json.loads(line)
-        return {"count": int(doc["count"]), "errors": int(doc["errors"]),
-                "late_us": doc.get("late_us"), "e2e_p50_us": None, "hold_max_ms": None,
-                "multi_segment_pct": None}
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(5)
-
-
-class Floor(MqttJs):
-    """bench/floor_sender.py: the least a CPython sender can spend (same protocol)."""
-
-    name = "floor"
-    command = [sys.executable, str(BENCH / "floor_sender.py")]
-
-
-class FloorReader(MqttJs):
-    """bench/floor_reader.py: a reader that does nothing per message (same protocol)."""
-
-    name = "floor"
-    command = [sys.executable, str(BENCH / "floor_reader.py")]
 
 
 # ---- scenarios -------------------------------------------------------------------------
@@ -504,11 +181,11 @@ def tick_for(scenario: str) -> int:
 
 
 def run_undisturbed(tool: str, scenario: str, broker: Broker, sys_counter: SysCounter,
-                    workdir: Path, timing: dict, label: str) -> dict:
+                    workdir: Path, timing: dict, label: str, repo: Path = REPO) -> dict:
     """`run_once`, run again (at most 3 times in all) while a run is disturbed: nothing
     counted, or errors. The last figure is returned either way."""
     for _ in range(3):
-        figure = run_once(tool, scenario, broker, sys_counter, workdir, timing)
+        figure = run_once(tool, scenario, broker, sys_counter, workdir, timing, repo)
         if figure["rate"] > 0 and not figure["errors"]:
             break
         print(f"  {label} {scenario} {tool}: disturbed run ({figure}), running it again",
@@ -517,7 +194,10 @@ def run_undisturbed(tool: str, scenario: str, broker: Broker, sys_counter: SysCo
 
 
 def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCounter,
-             workdir: Path, timing: dict) -> dict:
+             workdir: Path, timing: dict, repo: Path = REPO) -> dict:
+    """One tool on one row against `broker`: its rate, CPU, the broker's CPU and what else
+    the row measures. perfpipe's driver runs from `repo` (a subscribe row's feeder from
+    this checkout)."""
     role, q, c, *rated = scenario.split("-")
     fixed = int(rated[0][1:-1]) * 1000 if rated else 0  # "r50k": 50,000 msgs/s in total
     tool_name, overrides = tool_variant(tool_name)
@@ -534,7 +214,7 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             # driver's own per-publisher limit)
             rate = fixed / clients if fixed else min(3_000_000 / clients, MAX_RATE)
             spec = driver_spec(scenario, port, pubs=clients, qos=qos, rate=rate, timing=timing)
-            tool = Perfpipe(workdir, {**spec, "tick_us": tick_us, **overrides})
+            tool = Perfpipe(workdir, {**spec, "tick_us": tick_us, **overrides}, repo)
         elif tool_name == "floor":
             if set(overrides) - {"tick_us"}:
                 raise ValueError(f"{tool_name}: only tick_us can be set, not {overrides}")
@@ -552,10 +232,10 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         feed = driver_spec(scenario, port, pubs=10, rate=FEED_RATE / clients / 10,
                            topic="bench/s", timing=timing, prefix="feed")
         feed["tick_us"] = 1000  # batches: the feeder must not be what limits the rate
-        feeder = Perfpipe(workdir, feed)
+        feeder = Perfpipe(workdir, feed)  # this checkout's, whichever driver subscribes
         if tool_name == "perfpipe":
             tool = Perfpipe(workdir, {**driver_spec(scenario, port, subs=clients, qos=qos,
-                                                    timing=timing), **overrides})
+                                                    timing=timing), **overrides}, repo)
         elif tool_name == "floor":
             if qos or overrides:
                 raise ValueError(f"{tool_name}: QoS 0 and no settings, not {overrides}")
@@ -579,8 +259,8 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
         # the feeder's windows come from its own spec (same timing, same start)
         for proc in procs:
             proc.start(windows)
-        queue = (SendQueue(port, windows["measure_start"], windows["measure_end"])
-                 if role == "sub" else None)
+        queue = (SendQueue(port, windows["measure_start"], windows["measure_end"],
+                           DELIVERY_BYTES) if role == "sub" else None)
         sleep_until(windows["measure_start"])
         t0, tool0, broker0 = time.time(), cpu_split(tool.pid), cpu_ticks(broker_pid)
         woken0 = wakeups(broker_pid)
@@ -614,11 +294,6 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
             "broker_per_10k": 10_000 * broker_share / rate if rate > 0 else float("inf"),
             "broker_wakes_per_msg": ((woken1 - woken0) / (rate * (t1 - t0)) if rate > 0
                                      else float("inf"))}
-
-
-def sleep_until(unix_s: float) -> None:
-    while (left := unix_s - time.time()) > 0:
-        time.sleep(min(left, 0.5))
 
 
 # ---- memory ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import random
 import socket
+import time
 
 LOWEST = 10000  # below this sit well-known and registered services
 RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"  # per network namespace
@@ -80,6 +81,21 @@ def free_port(tries: int = 200, range_file: str = RANGE_FILE) -> int:
         if port not in _handed_out:
             _handed_out.add(port)
             return port
+
+
+def wait_listening(port: int, timeout_s: float, host: str = "127.0.0.1",
+                   poll_s: float = 0.05) -> bool:
+    """Whether a server took connections on `port` within `timeout_s` (a server perfpipe,
+    a bench or a test has just started on a `free_port`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=min(0.5, timeout_s)).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tasks.ports import free_port
+from tasks.ports import free_port, wait_listening
 
 # the `alone` marker and its lock under make test's workers; pytester for tests/test_parallel
 pytest_plugins = ["tests.parallel", "pytester"]
@@ -47,14 +45,8 @@ class Broker:
         self.log = open(workdir / "mosquitto.log", "w")
         self.process = subprocess.Popen([mosquitto_binary(), "-c", str(conf)],
                                         stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"mosquitto did not listen on {self.port}")
+        if not wait_listening(self.port, 10):
+            raise RuntimeError(f"mosquitto did not listen on {self.port}")
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -118,14 +110,7 @@ def spark_connect_server(tmp_path_factory):
                     "--conf", f"spark.connect.grpc.binding.port={port}"],
                    env=env, check=True, capture_output=True, timeout=60)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.25)
-        else:
+        if not wait_listening(port, 90, poll_s=0.25):
             pytest.fail(f"Spark Connect did not listen on {port}: see {work}")
         yield f"sc://127.0.0.1:{port}"
     finally:

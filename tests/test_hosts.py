@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,33 @@ def test_a_server_port_is_outside_the_range_outgoing_connections_take_their_port
     for port in picked:
         with socket.socket() as server:
             server.bind(("", port))  # free when handed out
+
+
+def test_waiting_for_a_server_sees_it_once_it_listens_and_gives_up_at_the_timeout():
+    """A server that binds and listens 0.3 s after the wait began is seen within the wait;
+    a port nobody listens on is reported as such once the timeout has passed, not before."""
+    port = ports.free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_late() -> None:
+        time.sleep(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+
+    thread = threading.Thread(target=listen_late)
+    began = time.monotonic()
+    thread.start()
+    try:
+        assert ports.wait_listening(port, 5)
+        assert 0.3 <= time.monotonic() - began < 5
+    finally:
+        thread.join()
+        server.close()
+    silent = ports.free_port()
+    began = time.monotonic()
+    assert not ports.wait_listening(silent, 0.4)
+    assert time.monotonic() - began >= 0.4
 
 
 def test_a_host_tuned_for_many_clients_still_gets_a_server_port(tmp_path: Path):
