@@ -23,7 +23,7 @@ This runs the floor sender (bench/floor_sender.py) and perfpipe's driver, each a
 fixed-rate rows' 2 ms tick at every rate (``--tools``: any of bench_driver's names, MQTT.js
 too, which always runs on its 2 ms timer; ``perfpipe@tick_us=0`` for another tick), at
 rates per client either side of 5 (gaps of 222 and 182 ms at 4.5 and 5.5), alternated, against one
-Mosquitto as bench_driver starts it, and prints the median CPU microseconds per message of
+Mosquitto as bench/broker_side.py starts it, and prints the median CPU microseconds per message of
 the tool and of the broker at each rate. Figures from one run only: this machine's own
 level moves between runs by more than the threshold's effect.
 """

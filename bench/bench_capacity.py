@@ -94,7 +94,7 @@ def night(suite: str, inventory: Path) -> dict:
 def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
     """`nights` A nights against a Mosquitto started here behind a bucket of CAPACITY msg/s
     (an unmanaged broker with a host), then two B nights with the bucket 5% smaller."""
-    from bench_driver import Broker
+    from broker_side import Broker
 
     packet = len(Template(TOPIC, 0, PAYLOAD, 0, 0).packet)
     broker = Broker(work)

@@ -28,9 +28,11 @@ Scenarios (256-byte payloads):
               on a 2 ms timer (`JS_TICK_US`), and perfpipe gets the same as its tick_us:
               each tool's send lateness is printed. Beside them the floor,
               bench/floor_sender.py, a CPython loop of select() and send() and nothing
-              else, at the same tick: the most any Python sender can make of the row (its
-              bound); and each message at its intended time (tick_us 0, the driver's
-              default): perfpipe, and the floor doing the same
+              else, at the same tick: the least Python a sender can run a message (not a
+              strict bound: its sends wake the broker more often than perfpipe's, and each
+              wake-up costs the sender; bench/README.md); and each message at its
+              intended time (tick_us 0, the driver's default): perfpipe, and the floor
+              doing the same
   pub-q1-c100 100 publishers, QoS 1, 1000 in flight per client
   sub-q0-cN   N subscribers in one process on one topic, fed by a separate perfpipe
               publisher process at 150K deliveries/s in total (fan-out 150K/N msgs/s).
@@ -48,7 +50,7 @@ Scenarios (256-byte payloads):
 A publish figure is counted by the broker (``$SYS/broker/publish/messages/received``,
 ``sys_interval 1``): what a tool hands to its sockets is not what the broker took, since
 kernel buffers of 1000 sockets hold seconds of traffic. Only the $SYS updates inside the
-measure window count (`window_rate`): Mosquitto 2.0 sends them about every 2 s whatever
+measure window count (`broker_side.window_rate`): Mosquitto 2.0 sends them about every 2 s whatever
 sys_interval says, and the first one after the window can come after the tools stopped,
 which read 6-14% low where no backlog kept the broker busy; each run prints that old
 figure beside the new one. Subscribe rows: bar 1.2x MQTT.js, and the broker's CPU per
@@ -116,8 +118,8 @@ PP_TICK_US: int | None = None  # --pp-tick-us
 # same send granularity (each tool's lateness is printed)
 JS_TICK_US = 2000
 # Beside the two tools, "tool@field=value" runs a tool with that spec field set. Fixed-rate
-# rows: the floor (bench/floor_sender.py) at perfpipe's tick, the bound on the row's bar
-# for a CPython sender, then perfpipe sending each message at its intended time (tick_us 0,
+# rows: the floor (bench/floor_sender.py) at perfpipe's tick, the least Python a sender can
+# run a message, then perfpipe sending each message at its intended time (tick_us 0,
 # the driver's default) and the floor doing the same; subscribe rows: a reader that does
 # nothing per message (bench/floor_reader.py) reading as early as it can, then perfpipe reading in
 # passes --held-us apart (deliveries wait for the reads; the driver's default is 0)
@@ -146,6 +148,8 @@ FIXED_RATE = ("pub-q0-c1000-r50k", "pub-q0-c10000-r45k")
 BARS = {"pub-q1-c100": 0.5, **dict.fromkeys(FIXED_RATE, 1.2), **dict.fromkeys(SUBSCRIBE, 1.2)}
 # broker CPU per delivered message with perfpipe subscribing over that with MQTT.js, at most
 BROKER_BARS = dict.fromkeys(SUBSCRIBE, 1.1)
+SCENARIOS = ("pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",
+             *SUBSCRIBE)  # every row, in the order a full run takes them
 
 
 def us_per_message(figure: dict) -> tuple[float, float, float]:
@@ -358,15 +362,15 @@ def tools_for(scenario: str) -> list[str]:
 
 
 def print_precise(scenario: str, rows: dict[str, list[dict]], reps: int) -> None:
-    """A fixed-rate row's send lateness, and its bound when each message leaves on time."""
+    """A fixed-rate row's send lateness, and the floor sender at the tick and on time."""
     med = lambda tool: statistics.median(r["per_cpu_s"] for r in rows[tool])  # noqa: E731
     ratio = lambda a, b: statistics.median(  # noqa: E731
         x["per_cpu_s"] / max(y["per_cpu_s"], 1e-9) for x, y in zip(rows[a], rows[b]))
     print(f"{scenario} (median of {reps}), send lateness p50/p99: perfpipe at tick_us "
           f"{tick_for(scenario)} {late_text(median_late(rows['perfpipe']))}, MQTT.js "
           f"{late_text(median_late(rows['mqtt.js']))}")
-    print(f"  the floor at the same tick (select and send only, the most a CPython sender can "
-          f"make of the row): {fmt(med(FLOOR))} msgs/CPU-s "
+    print(f"  the floor at the same tick (select and send only, the least Python a sender "
+          f"can run a message): {fmt(med(FLOOR))} msgs/CPU-s "
           f"({late_text(median_late(rows[FLOOR]))}), over MQTT.js "
           f"{ratio(FLOOR, 'mqtt.js'):.2f}; perfpipe over the floor {ratio('perfpipe', FLOOR):.2f}")
     pp0, floor0 = ON_TIME
@@ -457,8 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     HELD = held_tools(args.held_us)
     timing = ({"warmup_s": 1, "measure_s": 4, "drain_s": 1} if args.quick
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
-    scenarios = ["pub-q0-c1", "pub-q0-c100", "pub-q0-c1000", *FIXED_RATE, "pub-q1-c100",
-                 *SUBSCRIBE]
+    scenarios = list(SCENARIOS)
     if args.only:
         scenarios = [s for s in scenarios if s in args.only]
     raise_nofile()

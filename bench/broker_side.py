@@ -38,8 +38,8 @@ def cpu_split(pid: int) -> tuple[int, int]:
 
 def wakeups(pid: int) -> int:
     """How many times a process has gone to sleep and been woken (its voluntary context
-    switches, all threads'): on the publish rows, each is a send that found the broker
-    idle and paid to wake it."""
+    switches, all threads'). On the fixed-rate rows nearly every one of the broker's is a
+    send that found it idle and paid to wake it (its timers and $SYS add a few a second)."""
     return sum(int(line.split()[1]) for status in Path(f"/proc/{pid}/task").glob("*/status")
                for line in status.read_text().splitlines()
                if line.startswith("voluntary_ctxt_switches"))

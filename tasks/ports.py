@@ -8,6 +8,9 @@ a test) may take it, and the server fails with EADDRINUSE: RabbitMQ did so once 
 `make test`. Outside the range no connect() ever lands, so only another server choosing the
 same port at random, or one with a fixed port, could collide.
 
+`wait_listening` is the one wait for a server just started on such a port to take
+connections.
+
 Standard library only: `tasks.hosts` runs this file's source on remote hosts as it is.
 """
 from __future__ import annotations
@@ -90,7 +93,7 @@ def wait_listening(port: int, timeout_s: float, host: str = "127.0.0.1",
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection((host, port), timeout=min(0.5, timeout_s)).close()
+            socket.create_connection((host, port), timeout=max(min(0.5, timeout_s), 0.05)).close()
             return True
         except OSError:
             if time.monotonic() >= deadline:

@@ -91,7 +91,7 @@ def test_waiting_for_a_server_sees_it_once_it_listens_and_gives_up_at_the_timeou
     silent = ports.free_port()
     began = time.monotonic()
     assert not ports.wait_listening(silent, 0.4)
-    assert time.monotonic() - began >= 0.4
+    assert 0.4 <= time.monotonic() - began < 1.4  # it gives up, and not long after
 
 
 def test_a_host_tuned_for_many_clients_still_gets_a_server_port(tmp_path: Path):
