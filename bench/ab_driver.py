@@ -61,13 +61,8 @@ def checkout(stack: ExitStack, where: str, name: str) -> Path:
     return worktree
 
 
-def disturbed(figure: dict) -> bool:
-    """A run that counted nothing or had errors (after bench_driver's own retries)."""
-    return figure["rate"] <= 0 or bool(figure["errors"])
-
-
 def line(tag: str, figure: dict) -> str:
-    if disturbed(figure):
+    if bd.disturbed(figure):
         return f"  {tag}  disturbed three times (rate {figure['rate']:.0f}, errors " \
                f"{figure['errors']}): its pair is left out"
     tool_us, sys_us, broker_us = bd.us_per_message(figure)
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line(tag, figure), flush=True)
     print()
     pairs = [(a, b) for a, b in zip(figures["A"], figures["B"])
-             if not (disturbed(a) or disturbed(b))]
+             if not (bd.disturbed(a) or bd.disturbed(b))]
     if not pairs:
         print("no pair ran undisturbed: nothing to compare")
         return 1

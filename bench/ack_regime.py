@@ -80,7 +80,7 @@ def main() -> None:
             for tool, row in order if rep % 2 == 0 else reversed(order):
                 figure = bd.run_undisturbed(tool, row, broker, sys_counter, workdir, timing,
                                             f"rep {rep + 1}")
-                if not figure["rate"] or figure["errors"]:
+                if bd.disturbed(figure):
                     print(f"  rep {rep + 1} {row} {tool}: disturbed three times, left out",
                           flush=True)
                     continue

@@ -184,13 +184,18 @@ def tick_for(scenario: str) -> int:
     return JS_TICK_US if scenario in FIXED_RATE else 0
 
 
+def disturbed(figure: dict) -> bool:
+    """A run that counted nothing or had errors (`run_once`'s figure)."""
+    return figure["rate"] <= 0 or bool(figure["errors"])
+
+
 def run_undisturbed(tool: str, scenario: str, broker: Broker, sys_counter: SysCounter,
                     workdir: Path, timing: dict, label: str, repo: Path = REPO) -> dict:
     """`run_once`, run again (at most 3 times in all) while a run is disturbed: nothing
     counted, or errors. The last figure is returned either way."""
     for _ in range(3):
         figure = run_once(tool, scenario, broker, sys_counter, workdir, timing, repo)
-        if figure["rate"] > 0 and not figure["errors"]:
+        if not disturbed(figure):
             break
         print(f"  {label} {scenario} {tool}: disturbed run ({figure}), running it again",
               flush=True)

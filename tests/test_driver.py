@@ -40,7 +40,7 @@ from tasks.driver.output import (
 )
 from tasks.driver.session import READY, Conn, Sessions
 from tasks.driver.wire import HEADER, Template
-from tasks.ports import free_port
+from tasks.ports import free_port, wait_listening
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -641,16 +641,9 @@ def own_mosquitto(tmp_path: Path, name: str, config: str):
     conf.write_text(f"listener {port} 127.0.0.1\nmax_queued_messages 1000000\n{config}")
     log = open(tmp_path / f"{name}.log", "w")
     process = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError((tmp_path / f"{name}.log").read_text()) from None
-            time.sleep(0.05)
+    if not wait_listening(port, 10):
+        process.kill()
+        raise AssertionError((tmp_path / f"{name}.log").read_text())
 
     def stop() -> None:
         process.kill()
