@@ -291,7 +291,8 @@ def run_once(tool_name: str, scenario: str, broker: Broker, sys_counter: SysCoun
     cpu_share = (sum(tool1) - sum(tool0)) / TICKS / (t1 - t0)
     sys_share = (tool1[1] - tool0[1]) / TICKS / (t1 - t0)
     broker_share = (broker1 - broker0) / TICKS / (t1 - t0)
-    return {"rate": rate, "cpu_pct": 100 * cpu_share, "sys_pct": 100 * sys_share,
+    return {"window": (windows["measure_start"], windows["measure_end"]),
+            "rate": rate, "cpu_pct": 100 * cpu_share, "sys_pct": 100 * sys_share,
             "tool_count_rate": measured["count"] / (t1 - t0), "bracketing_rate": bracketing,
             "per_cpu_s": rate / cpu_share if cpu_share > 0 else float("inf"),
             "broker_pct": 100 * broker_share, "errors": measured["errors"],

@@ -159,17 +159,20 @@ def _number(text: str) -> float | None:
 
 def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int]) -> list[dict]:
     """The rows of a sampler CSV inside [start, end): column -> float, or None where empty.
-    Raises ValueError on a header that is not the contract's."""
+    A file written before the contract's last columns were added has a header that stops
+    short of them: they read as None. Raises ValueError on any other header."""
     with open(path, newline="") as handle:
         rows = list(csv.reader(handle))
-    if not rows or tuple(rows[0]) != columns:
+    header = tuple(rows[0]) if rows else ()
+    if len(header) < 2 or header != columns[:len(header)]:
         raise ValueError(f"header is not {','.join(columns)}")
     start, end = window
     out = []
     for row in rows[1:]:
-        if len(row) == len(columns) and (second := _number(row[0])) is not None \
+        if len(row) == len(header) and (second := _number(row[0])) is not None \
                 and start <= second < end:
-            out.append({c: _number(v) for c, v in zip(columns, row)})
+            values = dict(zip(header, row))
+            out.append({c: _number(values[c]) if c in values else None for c in columns})
     return out
 
 

@@ -222,6 +222,10 @@ def _max(values: list[float]) -> float | None:
     return max(values) if values else None
 
 
+def _median_us(values_ns: list[float]) -> float | None:
+    return statistics.median(values_ns) / 1000 if values_ns else None
+
+
 def _broker_source(stage: StageFiles) -> tuple[str, list[dict]]:
     """Where the broker's CPU and RSS come from, and those rows: its processes, else what it
     reports itself, else its host when the broker has that host to itself."""
@@ -277,7 +281,8 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
     metrics.update(host_cpu_avg=_avg(_column(host, "cpu_pct")),
                    host_mem_used_max=_max(_column(host, "mem_used_bytes")),
                    host_net_rx_avg=_avg(_column(host, "net_rx_bytes_per_s")),
-                   host_net_tx_avg=_avg(_column(host, "net_tx_bytes_per_s")))
+                   host_net_tx_avg=_avg(_column(host, "net_tx_bytes_per_s")),
+                   host_pace_us=_median_us(_column(host, "pace_ns")))
     return metrics
 
 

@@ -85,6 +85,9 @@ _DEFS: list[MetricDef] = [
     MetricDef("host_mem_used_max", "bytes", "none"),
     MetricDef("host_net_rx_avg", "bytes/s", "none"),
     MetricDef("host_net_tx_avg", "bytes/s", "none"),
+    # the median over the window of the CPU time a fixed piece of work took on the broker's
+    # host (tasks/driver/pace.py): more, a slower host; recorded, not judged
+    MetricDef("host_pace_us", "us", "none"),
     # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.
     MetricDef("max_rate", "msg/s", "higher", 0.05),

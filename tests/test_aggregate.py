@@ -31,6 +31,8 @@ from tasks.driver.output import (  # noqa: E402
     COUNTER_COLUMNS,
     COUNTERS_FILE,
     HISTOGRAMS_FILE,
+    HOST_COLUMNS,
+    HOST_FILE,
     SAMPLER_COLUMNS,
     SAMPLER_FILE,
     STAGE_FILE,
@@ -100,6 +102,7 @@ class Expect:
     unique: int = 0
     cpu: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)
+    pace: list[int] = field(default_factory=list)
     connect_phases: list[dict] = field(default_factory=list)
 
 
@@ -189,7 +192,8 @@ def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
     writer.summary(document)
 
 
-def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect) -> None:
+def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect,
+                 old_host: bool = False) -> None:
     # second, cpu %, rss, user %, sys %, processes, threads, open files, context switches/s
     rows = [(s, 999.0, 10**12, 999.0, 0.0, 1, 4, 10, 5.0) for s in OUTSIDE]
     for second in MEASURE:
@@ -199,6 +203,16 @@ def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect) -> N
         expect.rss.append(rss)
     (stage_dir / "h1" / "sampler").mkdir(parents=True)
     write_csv(stage_dir / "h1" / "sampler" / SAMPLER_FILE, SAMPLER_COLUMNS, rows)
+    # the host: second, cpu %, cpus, memory, rx, tx, pace (ns); a sampler from before the
+    # pace was read writes the same columns but the last
+    columns = HOST_COLUMNS[:-1] if old_host else HOST_COLUMNS
+    host = [(s, 999.0, 2, 10**9, 0, 0, 1) for s in OUTSIDE]
+    for second in MEASURE:
+        pace = int(rng.integers(200_000, 400_000))
+        host.append((second, 50.0, 2, 10**9, 0, 0, pace))
+        expect.pace.append(pace)
+    write_csv(stage_dir / "h1" / "sampler" / HOST_FILE, columns,
+              [row[:len(columns)] for row in host])
 
 
 def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
@@ -219,13 +233,13 @@ def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
                 del document["connect_phase"], document["publish_cpu"]
             if (host, number) != skip:
                 write_process(stage_dir / host / str(number), proc, document)
-    write_broker(stage_dir, rng, expect)
+    write_broker(stage_dir, rng, expect, old_host=no_phase is not None)
     write_json(stage_dir / STAGE_FILE, {
         "run_id": RUN_ID, "stage_id": stage_id, "scenario": "fanout", "qos": 1,
         "clients": 16, "windows": WINDOWS, "target_publish_rate": 4000,
         "expected_delivery_rate": 8000, "receivers": {p: RECEIVERS for p in publishers},
         "processes": [{"host": h, "proc": p} for h in HOSTS for p in PROCS],
-        "broker_host": "h1",
+        "broker_host": "h1", "sampler": {"processes": "pid 1", "host": True},
     })
     return expect
 
@@ -483,6 +497,14 @@ def test_broker_metrics_from_window_samples(run: Run):
     assert metrics["broker_rss_max"] == max(expect.rss)
     per_10k = np.mean(expect.cpu) / 100 / (metrics["delivered_rate"] / 10_000)  # CPU-seconds
     assert metrics["broker_cpu_s_per_10k"] == pytest.approx(per_10k, rel=1e-8)
+    assert metrics["host_cpu_avg"] == 50.0  # the host's file, its window only
+    assert metrics["host_pace_us"] == pytest.approx(np.median(expect.pace) / 1000, rel=1e-9)
+
+
+def test_a_host_file_from_before_the_pace_leaves_it_null(run: Run):
+    stage = run.stages["s5_no_phase"]
+    assert stage["metrics"]["host_pace_us"] is None and stage["metrics"]["host_cpu_avg"] == 50.0
+    assert not any("host.csv" in problem for problem in stage["problems"])
 
 
 def test_per_second_p99_broker_cpu_and_buckets_are_series_for_the_report(run: Run):

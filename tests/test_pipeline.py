@@ -91,6 +91,7 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
             metrics["broker_rss_avg"] / (21 / 1000), rel=1e-6)  # 20 publishers, 1 subscriber
         assert metrics["broker_connections_max"] >= 21  # $SYS: what the broker itself counts
         assert metrics["host_cpu_avg"] >= metrics["broker_cpu_avg"] * 0.5
+        assert 10 < metrics["host_pace_us"] < 50_000  # the host's pace was read each second
     output = "\n".join(lines)
     assert "no baseline yet" in output and outcome.report in output
     report = Path(outcome.report).read_text()

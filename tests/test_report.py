@@ -19,6 +19,7 @@ from sql import Store
 from tasks.driver.histogram import bucket_of
 from tasks.metrics import BROKER_CPU_SERIES, bucket_series, p99_per_s_series
 from tasks.steps.report import render_stored
+from tasks.views.charts import Night, history_chart
 from tasks.views.report import render
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -241,3 +242,13 @@ def test_a_quiet_night_says_nothing_needs_a_human(regressed, tmp_path):
     page = render(store.run(run_id), stages, [])
     box = page[page.index('id="attention"'):page.index("<h2>History</h2>")]
     assert "Nothing tonight" in box and 'id="regressions"' not in box
+
+
+def test_a_history_whose_nights_differ_by_a_rounding_error_is_drawn():
+    # two nights of delivered msg/s, 1000 and the next float up: the run of 2026-11-28
+    # that met them failed in its report step (the axis's tick step rounded to nothing)
+    nights = [Night(f"night {i}", value) for i, value in
+              enumerate((1000.0, math.nextafter(1000.0, 2000.0)))]
+    svg = history_chart(nights, title="delivered_rate night by night", y_label="msg/s")
+    assert svg.startswith("<svg") and "night 1" in svg
+    assert re.search(r">1(\.0+)?k<", svg)  # the value is on the axis

@@ -1,6 +1,6 @@
 """The broker sampler's readings on real processes and a real HTTP endpoint: finding a
 broker's processes without being told its pid, its CPU to the nanosecond, the host's
-counters, and a Prometheus endpoint's counters turned into rates."""
+counters and pace, and a Prometheus endpoint's counters turned into rates."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.driver import procfs, sampler
+from tasks.driver import pace, procfs, sampler
 from tasks.driver.broker_stats import PrometheusReader, evaluate, parse_prometheus
 from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE
 
@@ -88,6 +88,56 @@ def test_the_sampler_writes_the_processes_and_the_host(spinning, tmp_path):
     assert tuple(host[0]) == HOST_COLUMNS and [r["second"] for r in host] == [r["second"] for r in rows]
     assert all(float(r["cpu_pct"]) >= float(b["cpu_pct"]) * 0.8 for r, b in zip(host, rows))
     assert all(int(r["cpus"]) == os.cpu_count() and int(r["mem_used_bytes"]) > 0 for r in host)
+    # the host's pace each second: CPU time of the fixed work, a few hundred us on a core
+    assert all(10_000 < int(r["pace_ns"]) < 50_000_000 for r in host)
+
+
+def test_a_sampler_stopped_early_writes_what_it_sampled(spinning, tmp_path):
+    process, folder = spinning
+    out = tmp_path / "sampler"
+    run = subprocess.Popen([sys.executable, "-m", "tasks.driver.sampler", "--pid", str(process.pid),
+                            "--host-counters", "--no-sys", "--until", str(time.time() + 60),
+                            "--out", str(out)], cwd=Path(sampler.__file__).parents[2],
+                           stderr=subprocess.PIPE, text=True)
+    time.sleep(2.6)
+    run.terminate()
+    _, err = run.communicate(timeout=10)
+    assert run.returncode == 0, err
+    for name in (SAMPLER_FILE, HOST_FILE):
+        with open(out / name) as handle:
+            assert len(list(csv.DictReader(handle))) >= 1, name
+
+
+def test_the_pace_is_the_cpu_time_of_the_work_not_the_time_waited():
+    small, large = pace.pace_ns(steps=20_000), pace.pace_ns(steps=200_000)
+    assert 5 < large / small < 20  # ten times the work, about ten times the time
+    # more busy neighbours than CPUs: the work (about 10 ms) waits for a CPU about as long
+    # as it runs, and that wait is not counted
+    neighbours = [subprocess.Popen([sys.executable, "-c", SPIN])
+                  for _ in range((os.cpu_count() or 1) + 1)]
+    try:
+        time.sleep(0.3)
+        started = time.perf_counter_ns()
+        shared = pace.pace_ns(steps=200_000)
+        waited = time.perf_counter_ns() - started
+    finally:
+        for neighbour in neighbours:
+            neighbour.kill()
+            neighbour.wait(5)
+    assert waited > 1.5 * 3 * shared  # 3 rounds, each waiting for its CPU
+    assert shared < 1.5 * large
+    with pytest.raises(ValueError, match="rounds and steps must be at least 1"):
+        pace.pace_ns(rounds=0)
+
+
+def test_the_pace_probe_gives_the_median_of_its_readings_since_the_last_take():
+    probe = pace.PaceProbe(every_s=0.02).start()
+    time.sleep(0.3)
+    first = probe.take()
+    probe.stop()
+    probe.take()  # a reading that landed between the first take and the stop
+    assert first is not None and 10_000 < first < 50_000_000
+    assert probe.take() is None  # stopped: nothing read since
 
 
 EXPOSITION = """# HELP erlang_vm_statistics_runtime_milliseconds runtime

@@ -88,7 +88,8 @@ row per second:
 ``host.csv``      ``HOST_COLUMNS``, the broker host itself: CPU % of one core over all
                   its CPUs (busy: not idle, not iowait), CPUs, memory used (MemTotal -
                   MemAvailable), bytes per second received and sent on every interface
-                  but the loopback
+                  but the loopback, and its pace: the CPU ns a fixed piece of work took
+                  (`tasks.driver.pace`; more ns, a slower host)
 ``broker_stats.csv``  ``STATS_COLUMNS``, the broker's own view (`tasks.driver.broker_stats`:
                   its $SYS topics or its Prometheus endpoint): CPU % of one core, resident
                   bytes, connections, the backlog it holds, messages it delivers per
@@ -137,7 +138,7 @@ HISTOGRAM_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes", "cpu_user_pct", "cpu_sys_pct", "processes",
                    "threads", "open_files", "ctx_switches_per_s")
 HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per_s",
-                "net_tx_bytes_per_s")
+                "net_tx_bytes_per_s", "pace_ns")
 STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 

@@ -11,25 +11,29 @@ second that just ended):
 ``broker.csv``        the broker's processes (`tasks.driver.procfs`: found again every second),
                       when a way to find them is given
 ``host.csv``          the host's own CPU, memory and network, with --host-counters: a broker
-                      on a dedicated host is covered even when its processes cannot be found
+                      on a dedicated host is covered even when its processes cannot be found;
+                      and its pace (`tasks.driver.pace`): the median CPU time a fixed piece
+                      of work took, read four times a second
 ``broker_stats.csv``  the broker's own view (`tasks.driver.broker_stats`): from $SYS
                       (--sys, or with --pid the broker's first plain listener read from its
                       ``-c`` config, as Mosquitto's) or from a Prometheus endpoint
 ``broker_sys.csv``    Mosquitto's $SYS values as published (``SYS_COLUMNS``), beside it
 The first $SYS row can be partial: the broker sends its retained values as the sampler
 subscribes, and the first second may end before all arrived. When a source cannot be read
-the sampler still writes the others and says why on stderr.
+the sampler still writes the others and says why on stderr. SIGTERM stops it early, and it
+writes what it sampled.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
 
-from . import procfs
+from . import pace, procfs
 from .broker_stats import (
     SYS_COLUMNS,
     SYS_FILE,
@@ -60,10 +64,12 @@ class Sources:
         self.sys_listener, self.prometheus = sys_listener, prometheus
         self.rows: dict[str, list[dict]] = {"broker": [], "host": [], "stats": [], "sys": []}
         self.procs = self.host = None
+        self.pace: pace.PaceProbe | None = None
 
     def start(self) -> None:
         self.procs = self._processes()
         self.host = procfs.read_host() if self.host_counters else None
+        self.pace = pace.PaceProbe().start() if self.host_counters else None
         if self.prometheus is not None:
             self.prometheus.row()  # the first scrape: counters' rates start from here
 
@@ -81,7 +87,8 @@ class Sources:
             self.procs = procs
         if self.host_counters:
             host = procfs.read_host()
-            self.rows["host"].append({"second": second, **procfs.host_row(self.host, host, seconds)})
+            self.rows["host"].append({"second": second, **procfs.host_row(self.host, host, seconds),
+                                      "pace_ns": self.pace.take()})
             self.host = host
         if self.sys_listener is not None:
             previous = self.rows["sys"][-1] if self.rows["sys"] else None
@@ -92,6 +99,8 @@ class Sources:
             self.rows["stats"].append({"second": second, **self.prometheus.row()})
 
     def write(self, out_dir: Path) -> None:
+        if self.pace is not None:
+            self.pace.stop()
         out_dir.mkdir(parents=True, exist_ok=True)
 
         def put(name: str, columns: tuple[str, ...], rows: list[dict]) -> None:
@@ -108,19 +117,40 @@ class Sources:
             put(STATS_FILE, STATS_COLUMNS, self.rows["stats"])
 
 
+class Stopped(Exception):
+    """SIGTERM: stop sampling, and write what was sampled."""
+
+
+_writing = False  # SIGTERM while the files are written: they are finished first
+
+
+def _stop(signum: int, frame: object) -> None:
+    if not _writing:
+        raise Stopped
+
+
 def sample(sources: Sources, until: float, out_dir: Path) -> int:
-    """Sample every second, on whole seconds, until `until`; returns the rows written."""
+    """Sample every second, on whole seconds, until `until` (or `Stopped`); returns the
+    rows written."""
     sources.start()
     last_t, ticks = time.time(), 0
-    while time.time() < until:
-        time.sleep(1.0 - (time.time() % 1.0))
-        now = time.time()
-        sources.tick(int(now) - 1, now - last_t)
-        last_t, ticks = now, ticks + 1
-        if sources.finder is not None and not sources.procs.ticks \
-                and sources.finder.way in ("pid", "session"):
-            break  # the broker perfpipe started is gone
-    sources.write(out_dir)
+    try:
+        while time.time() < until:
+            time.sleep(1.0 - (time.time() % 1.0))
+            now = time.time()
+            sources.tick(int(now) - 1, now - last_t)
+            last_t, ticks = now, ticks + 1
+            if sources.finder is not None and not sources.procs.ticks \
+                    and sources.finder.way in ("pid", "session"):
+                break  # the broker perfpipe started is gone
+    except Stopped:
+        pass  # a row being read when it came is not kept; the ones before it are
+    global _writing
+    _writing = True
+    try:
+        sources.write(out_dir)
+    finally:
+        _writing = False
     return ticks
 
 
@@ -176,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
     prometheus = None
     if args.prometheus:
         columns = dict(item.split("=", 1) for item in args.prom)

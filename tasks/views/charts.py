@@ -59,7 +59,9 @@ class Scale:
                        "log")
         lo = min([0.0, *values]) if zero else min(values, default=0.0)
         hi = max(values, default=1.0)
-        if hi <= lo:  # one value, or all equal: in the middle
+        # one value, or all equal to within rounding (1000.0 and 1000.0000000000002 would
+        # make a tick step that rounds to nothing): in the middle
+        if hi - lo <= 1e-9 * max(abs(hi), abs(lo)):
             pad = abs(hi) * 0.05 or 1.0
             lo, hi = (lo if zero and lo == 0 else lo - pad), hi + pad
         if kind == "linear":
