@@ -7,17 +7,19 @@ run again and again, with the pipeline's broker sampler beside it.
 Each run is `bench_driver.run_once` with perfpipe's driver on the row, against one
 Mosquitto, while `python -m tasks.driver.sampler --pid BROKER --host-counters` samples
 as a stage's sampler does. From the measure window it takes the broker's CPU per message
-as the pipeline computes it (the sampler's CPU, over the rate the row was run at), the
+as the pipeline computes it (the sampler's CPU over the row's rate as run_once measured
+it: the broker's own count), the
 host's pace (the median of host.csv's pace_ns: `tasks.driver.pace`), and the driver's own
 CPU per message. It prints every run, then what the pace explains of the broker's cost:
 the correlation of their logs, the slope, and the spread of the log cost before and after
 the pace is taken out, each run's line fitted on the other runs only (what a detector
-fitting it on past nights would get). `bench/measure_noise.py` prints the same for the
-pipeline's own stages, night by night. The driver's CPU per message, on this host too, is
+fitting it on past nights would get). `bench/measure_noise.py` writes the same for the
+pipeline's own stages, night by night, into its output's ``host_pace``. The driver's CPU per message, on this host too, is
 printed beside it for comparison: a covariate only where driver and broker share a host.
 
 With --other-row, runs alternate between the two rows (another load on the same broker):
-their paces should agree if the pace measures the host and not the broker's load.
+the median of their paired paces' ratio should be 1 if the pace measures the host and not
+the broker's load.
 """
 
 from __future__ import annotations
@@ -79,11 +81,15 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return slope, my - slope * mx
 
 
+def rms(errors: list[float]) -> float:
+    return math.sqrt(statistics.fmean(e * e for e in errors))
+
+
 def explained(covariate: list[float], cost: list[float]) -> dict:
     """What `covariate` explains of the log of `cost`, pair by pair (at least 4 pairs): the
-    correlation of their logs, the slope on all pairs, the log cost's spread, and its
+    correlation of their logs, the slope on all pairs, the log cost's sample sd, and its
     spread left when each pair's line is fitted on the other pairs only (as a detector
-    fitting it on past nights would have it)."""
+    fitting it on past nights would have it; a root mean square)."""
     xs, ys = [math.log(v) for v in covariate], [math.log(v) for v in cost]
     slope, _ = fit(xs, ys)
     left = []
@@ -92,31 +98,30 @@ def explained(covariate: list[float], cost: list[float]) -> dict:
         b, a = fit([xs[j] for j in others], [ys[j] for j in others])
         left.append(ys[i] - (a + b * xs[i]))
     return {"pairs": len(xs), "r": statistics.correlation(xs, ys), "slope": slope,
-            "sd": statistics.stdev(ys), "left_sd": math.sqrt(statistics.fmean(e * e for e in left))}
+            "sd": statistics.stdev(ys), "left_sd": rms(left)}
 
 
-def pooled(stages: dict[str, list[tuple[str, float, float]]]) -> dict:
-    """`explained` with one slope for several stages, each centred on its own mean: each
-    night's (covariate, cost) pairs, (night, covariate, cost) per stage, are judged by the
-    line fitted on the other nights of every stage. The spreads are root mean squares of
-    the log costs' distances from their stage's mean (sd) and from the line (left_sd)."""
+def explained_pooled(stages: dict[str, list[tuple[str, float, float]]]) -> dict:
+    """`explained` with one slope for several stages: (night, covariate, cost) per stage,
+    each night's pairs judged by the other nights alone, every stage centred on its own
+    mean over them. Both spreads are out of sample (root mean squares of the log cost's
+    distance from its stage's mean, and from the line)."""
     nights = sorted({night for pairs in stages.values() for night, _, _ in pairs})
-    raw, left = [], []
-    for out in nights:
-        fitted = []
+    off_mean, left = [], []
+    for left_out in nights:
+        centred, means = [], []
         for pairs in stages.values():
-            kept = [(math.log(x), math.log(y)) for night, x, y in pairs if night != out]
-            fitted.append((statistics.fmean(x for x, _ in kept),
-                           statistics.fmean(y for _, y in kept), kept))
-        slope = (sum((x - mx) * (y - my) for mx, my, kept in fitted for x, y in kept)
-                 / sum((x - mx) ** 2 for mx, _, kept in fitted for x, _ in kept))
-        for (mx, my, _), pairs in zip(fitted, stages.values()):
+            kept = [(math.log(x), math.log(y)) for night, x, y in pairs if night != left_out]
+            mx, my = statistics.fmean(x for x, _ in kept), statistics.fmean(y for _, y in kept)
+            centred += [(x - mx, y - my) for x, y in kept]
+            means.append((mx, my))
+        slope, _ = fit([x for x, _ in centred], [y for _, y in centred])
+        for (mx, my), pairs in zip(means, stages.values()):
             for night, x, y in pairs:
-                if night == out:
-                    raw.append(math.log(y) - my)
+                if night == left_out:
+                    off_mean.append(math.log(y) - my)
                     left.append(math.log(y) - my - slope * (math.log(x) - mx))
-    rms = lambda errors: math.sqrt(statistics.fmean(e * e for e in errors))  # noqa: E731
-    return {"nights": len(nights), "sd": rms(raw), "left_sd": rms(left)}
+    return {"nights": len(nights), "sd_out_of_sample": rms(off_mean), "left_sd": rms(left)}
 
 
 def summary(runs: list[dict]) -> None:

@@ -18,8 +18,9 @@ reads the stored results and the raw latency histograms and writes, per metric:
   without the stall seconds) and the stall seconds per night (`tasks.analysis.tails`):
   what the judged tail was chosen by. The per-second tail metrics of runs stored before
   they existed are read from the raw histograms, as the Spark job reads them;
-- ``host_pace``: per stage, what the broker host's pace (`tasks.driver.pace`) explains of
-  the broker's CPU per message from night to night (`bench/host_pace.py`'s figures).
+- ``host_pace``: per stage and with one slope for all, what the broker host's pace
+  (`tasks.driver.pace`) explains of the broker's CPU per message from night to night
+  (`bench/host_pace.py`'s figures), in the output file.
 Load average and the busiest other processes are recorded before every run: this machine
 is shared, and the figures are only as quiet as it was.
 """
@@ -50,7 +51,7 @@ from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa:
 from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 
-from host_pace import explained, pooled  # noqa: E402  (bench/, this script's folder)
+from host_pace import explained, explained_pooled  # noqa: E402  (bench/, beside it)
 
 WINDOWS_S = (10, 60, 300)  # measure-window lengths projected by `window_projection`
 # (stall seconds per night are in `tail_estimators`: a log noise of counts that are
@@ -283,20 +284,20 @@ def analyse(state: Path) -> dict:
     return {"ok_runs": sum(s == "ok" for s in statuses.values()),
             "runs_measured": max((len(v) for k in nightly for v in nightly[k].values()), default=0),
             "run_statuses": statuses, "metrics": by_metric,
-            "tail_estimators": tail_estimators(tails), "host_pace": host_pace(paced)}
+            "tail_estimators": tail_estimators(tails), "host_pace": pace_figures(paced)}
 
 
-def host_pace(paced: dict[str, list[tuple[str, float, float]]]) -> dict:
+def pace_figures(paced: dict[str, list[tuple[str, float, float]]]) -> dict:
     """Per stage, what the host's pace explains of the broker's CPU per message from night
     to night (`host_pace.explained`: r, slope, the log cost's spread before and after, the
     line fitted on the other nights), and with one slope for every stage
-    (`host_pace.pooled`)."""
+    (`host_pace.explained_pooled`)."""
     stages = {key: pairs for key, pairs in sorted(paced.items()) if len(pairs) >= 4}
     out = {key: {k: _r(v) for k, v in explained([x for _, x, _ in pairs],
                                                   [y for _, _, y in pairs]).items()}
            for key, pairs in stages.items()}
     if stages:
-        out["all stages, one slope"] = {k: _r(v) for k, v in pooled(stages).items()}
+        out["all stages, one slope"] = {k: _r(v) for k, v in explained_pooled(stages).items()}
     return out
 
 

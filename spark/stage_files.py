@@ -20,6 +20,7 @@ from tasks.driver.output import (
     COUNTERS_FILE,
     HISTOGRAMS_FILE,
     HOST_COLUMNS,
+    HOST_COLUMNS_BEFORE,
     HOST_FILE,
     SAMPLER_COLUMNS,
     SAMPLER_FILE,
@@ -146,8 +147,10 @@ def _check_process(stage: StageFiles, stage_dir: Path, host: str, proc: str, lis
     _check_csv(stage, "histograms", proc_dir / HISTOGRAMS_FILE, label)
 
 
-SAMPLE_FILES = {"broker": (SAMPLER_FILE, SAMPLER_COLUMNS), "host": (HOST_FILE, HOST_COLUMNS),
-                "stats": (STATS_FILE, STATS_COLUMNS)}
+# kind -> file, its columns, and the headers it had before (files written then still read)
+SAMPLE_FILES = {"broker": (SAMPLER_FILE, SAMPLER_COLUMNS, ()),
+                "host": (HOST_FILE, HOST_COLUMNS, HOST_COLUMNS_BEFORE),
+                "stats": (STATS_FILE, STATS_COLUMNS, ())}
 
 
 def _number(text: str) -> float | None:
@@ -157,14 +160,15 @@ def _number(text: str) -> float | None:
         return None
 
 
-def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int]) -> list[dict]:
+def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int],
+                 before: tuple[tuple[str, ...], ...] = ()) -> list[dict]:
     """The rows of a sampler CSV inside [start, end): column -> float, or None where empty.
-    A file written before the contract's last columns were added has a header that stops
-    short of them: they read as None. Raises ValueError on any other header."""
+    A file with one of the `before` headers (the contract's, before its last columns were
+    added) reads too, the missing columns as None. Raises ValueError on any other header."""
     with open(path, newline="") as handle:
         rows = list(csv.reader(handle))
     header = tuple(rows[0]) if rows else ()
-    if len(header) < 2 or header != columns[:len(header)]:
+    if header != columns and header not in before:
         raise ValueError(f"header is not {','.join(columns)}")
     start, end = window
     out = []
@@ -185,12 +189,12 @@ def _check_samples(stage: StageFiles, stage_dir: Path) -> None:
     sampled = stage.doc.get("sampler") or {"processes": True}
     wanted = {"broker": sampled.get("processes"), "host": sampled.get("host"),
               "stats": sampled.get("stats")}
-    for kind, (name, columns) in SAMPLE_FILES.items():
+    for kind, (name, columns, before) in SAMPLE_FILES.items():
         if not wanted[kind] or stage.window is None:
             continue
         path = stage_dir / str(host) / SAMPLER_DIR / name
         try:
-            stage.samples[kind] = read_samples(path, columns, stage.window)
+            stage.samples[kind] = read_samples(path, columns, stage.window, before)
         except FileNotFoundError:
             stage.problem(f"no {name} from the broker sampler on {host} ({kind}: "
                           f"{wanted[kind]})")

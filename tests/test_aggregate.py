@@ -40,6 +40,7 @@ from tasks.driver.output import (  # noqa: E402
     write_csv,
     write_json,
 )
+from spark.stage_files import read_samples  # noqa: E402
 from tasks.metrics import (  # noqa: E402
     BROKER_CPU_SERIES,
     LATENCY_STATS,
@@ -499,6 +500,16 @@ def test_broker_metrics_from_window_samples(run: Run):
     assert metrics["broker_cpu_s_per_10k"] == pytest.approx(per_10k, rel=1e-8)
     assert metrics["host_cpu_avg"] == 50.0  # the host's file, its window only
     assert metrics["host_pace_us"] == pytest.approx(np.median(expect.pace) / 1000, rel=1e-9)
+
+
+def test_only_the_headers_a_sampler_once_wrote_are_read(tmp_path):
+    path = tmp_path / "broker.csv"
+    write_csv(path, SAMPLER_COLUMNS[:-1], [(MEASURE[0], *range(1, len(SAMPLER_COLUMNS) - 1))])
+    with pytest.raises(ValueError, match="header is not second,cpu_pct"):
+        read_samples(path, SAMPLER_COLUMNS, (MEASURE[0], MEASURE[-1] + 1))
+    rows = read_samples(path, SAMPLER_COLUMNS, (MEASURE[0], MEASURE[-1] + 1),
+                        before=(SAMPLER_COLUMNS[:-1],))
+    assert rows[0]["cpu_pct"] == 1 and rows[0][SAMPLER_COLUMNS[-1]] is None
 
 
 def test_a_host_file_from_before_the_pace_leaves_it_null(run: Run):

@@ -139,6 +139,7 @@ SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes", "cpu_user_pct", "cpu_sys_pc
                    "threads", "open_files", "ctx_switches_per_s")
 HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per_s",
                 "net_tx_bytes_per_s", "pace_ns")
+HOST_COLUMNS_BEFORE = (HOST_COLUMNS[:-1],)  # headers of host.csv files from before pace_ns
 STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 

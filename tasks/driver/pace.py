@@ -7,7 +7,8 @@ the pace, read beside it on the broker host, measures part of it: how much is in
 bench/README.md ("host_pace.py"). The work is interpreter work (a short loop of integer
 arithmetic), timed in this thread's CPU time, so time the sampler spends descheduled is not
 counted; in exploratory runs it followed the broker's cost more closely than hashing 512 KB
-or striding through 32 MB did. The sampler's `PaceProbe` reads it four times a second (one
+did, and more closely than striding through 32 MB in one batch of two (as closely in the
+other). The sampler's `PaceProbe` reads it four times a second (one
 round each: about 0.15% of a core), at whatever phase it started rather than on the
 sampler's whole seconds, and keeps the median of each second's readings.
 
@@ -16,6 +17,7 @@ Standard library only (this module ships to hosts).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -39,7 +41,7 @@ def pace_ns(rounds: int = ROUNDS, steps: int = WORK_STEPS) -> int:
         started = time.thread_time_ns()
         _work(steps)
         times.append(time.thread_time_ns() - started)
-    return sorted(times)[len(times) // 2]
+    return int(statistics.median(times))
 
 
 class PaceProbe:
@@ -56,21 +58,23 @@ class PaceProbe:
     def start(self) -> PaceProbe:
         """One reading now (so the first second has one, however soon it ends), then the
         thread's."""
-        self._readings.append(pace_ns(self.rounds))
+        self.add(pace_ns(self.rounds))
         self._thread.start()
         return self
 
     def _read(self) -> None:
         while not self._stopped.wait(self.every_s):
-            reading = pace_ns(self.rounds)
-            with self._lock:
-                self._readings.append(reading)
+            self.add(pace_ns(self.rounds))
+
+    def add(self, reading_ns: int) -> None:
+        with self._lock:
+            self._readings.append(reading_ns)
 
     def take(self) -> int | None:
         """The median reading since the last take, None when there was none."""
         with self._lock:
             readings, self._readings = self._readings, []
-        return sorted(readings)[len(readings) // 2] if readings else None
+        return int(statistics.median(readings)) if readings else None
 
     def stop(self) -> None:
         self._stopped.set()

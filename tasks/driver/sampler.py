@@ -121,20 +121,19 @@ class Stopped(Exception):
     """SIGTERM: stop sampling, and write what was sampled."""
 
 
-_writing = False  # SIGTERM while the files are written: they are finished first
-
-
 def _stop(signum: int, frame: object) -> None:
-    if not _writing:
-        raise Stopped
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the files are written next
+    raise Stopped
 
 
 def sample(sources: Sources, until: float, out_dir: Path) -> int:
-    """Sample every second, on whole seconds, until `until` (or `Stopped`); returns the
-    rows written."""
-    sources.start()
-    last_t, ticks = time.time(), 0
+    """Sample every second, on whole seconds, until `until` (or `Stopped`), then write the
+    files; returns the seconds sampled. A stop in the middle of a second can leave that
+    second in one file and not in another."""
+    ticks = 0
     try:
+        sources.start()
+        last_t = time.time()
         while time.time() < until:
             time.sleep(1.0 - (time.time() % 1.0))
             now = time.time()
@@ -144,13 +143,8 @@ def sample(sources: Sources, until: float, out_dir: Path) -> int:
                     and sources.finder.way in ("pid", "session"):
                 break  # the broker perfpipe started is gone
     except Stopped:
-        pass  # a row being read when it came is not kept; the ones before it are
-    global _writing
-    _writing = True
-    try:
-        sources.write(out_dir)
-    finally:
-        _writing = False
+        pass
+    sources.write(out_dir)
     return ticks
 
 
@@ -206,16 +200,21 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
-    prometheus = None
-    if args.prometheus:
-        columns = dict(item.split("=", 1) for item in args.prom)
-        prometheus = PrometheusReader(args.prometheus, columns)
-    listener = _sys_listener(args)
-    sources = Sources(_finder(args), args.host_counters, listener, prometheus)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    listener = None
     try:
+        prometheus = None
+        if args.prometheus:
+            columns = dict(item.split("=", 1) for item in args.prom)
+            prometheus = PrometheusReader(args.prometheus, columns)
+        listener = _sys_listener(args)
+        sources = Sources(_finder(args), args.host_counters, listener, prometheus)
         ticks = sample(sources, args.until, args.out)
+    except Stopped:
+        print("sampler: stopped before it began sampling: no files", file=sys.stderr)
+        return 1
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if listener is not None:
             listener.close()
     print(json.dumps({"rows": ticks, "processes": sources.finder and sources.finder.describe()}),
