@@ -8,13 +8,13 @@ Each run is `bench_driver.run_once` with perfpipe's driver on the row, against o
 Mosquitto, while `python -m tasks.driver.sampler --pid BROKER --host-counters` samples
 as a stage's sampler does. From the measure window it takes the broker's CPU per message
 as the pipeline computes it (the sampler's CPU over the row's rate as run_once measured
-it: the broker's own count), the
-host's pace (the median of host.csv's pace_ns: `tasks.driver.pace`), and the driver's own
-CPU per message. It prints every run, then what the pace explains of the broker's cost:
-the correlation of their logs, the slope, and the spread of the log cost before and after
-the pace is taken out, each run's line fitted on the other runs only (what a detector
-fitting it on past nights would get). `bench/measure_noise.py` writes the same for the
-pipeline's own stages, night by night, into its output's ``host_pace``. The driver's CPU per message, on this host too, is
+it: the broker's own count), the host's pace (the median of host.csv's pace_ns:
+`tasks.driver.pace`), and the driver's own CPU per message. It prints every run, then
+what the pace explains of the broker's cost: the correlation of their logs, the slope,
+and the spread of the log cost before and after the pace is taken out, each run's line
+fitted on the other runs only (what a detector fitting it on past nights would get).
+`bench/measure_noise.py` writes the same for the pipeline's own stages, night by night,
+into its output's ``host_pace``. The driver's CPU per message, on this host too, is
 printed beside it for comparison: a covariate only where driver and broker share a host.
 
 With --other-row, runs alternate between the two rows (another load on the same broker):
