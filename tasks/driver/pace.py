@@ -1,16 +1,16 @@
 """Host pace: how much CPU time this host takes, right now, for one fixed piece of work.
 
-On a shared VM the same broker spends more or less CPU per message from one run to the
-next as the host runs it faster or slower (other tenants on the same physical cores,
-presumably: not measured). A broker-cost figure judged night against night carries that;
-the pace, read beside it on the broker host, measures part of it: how much is in
-bench/README.md ("host_pace.py"). The work is interpreter work (a short loop of integer
-arithmetic), timed in this thread's CPU time, so time the sampler spends descheduled is not
-counted; in exploratory runs it followed the broker's cost more closely than hashing 512 KB
-did, and more closely than striding through 32 MB in one batch of two (as closely in the
-other). The sampler's `PaceProbe` reads it four times a second (one
-round each: about 0.15% of a core), at whatever phase it started rather than on the
-sampler's whole seconds, and keeps the median of each second's readings.
+On a shared VM the same broker spends more or less CPU per message from one run to the next
+as the host runs it faster or slower (other tenants on the same physical cores, presumably:
+not measured). A broker-cost figure judged night against night carries that; the pace, read
+beside it on the broker host, measures part of it: how much is in bench/README.md
+("host_pace.py"). The work is interpreter work (a short loop of integer arithmetic), timed
+in this thread's CPU time, so time the sampler spends descheduled is not counted; in
+exploratory runs it followed the broker's cost more closely than hashing 512 KB did, and
+more closely than striding through 32 MB in one batch of two (as closely in the other). The
+sampler's `PaceProbe` reads it four times a second (one round each: about 0.15% of a core),
+at whatever phase it started rather than on the sampler's whole seconds, and keeps the
+median of each second's readings.
 
 Standard library only (this module ships to hosts).
 """

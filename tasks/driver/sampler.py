@@ -144,6 +144,8 @@ def sample(sources: Sources, until: float, out_dir: Path) -> int:
                 break  # the broker perfpipe started is gone
     except Stopped:
         pass
+    if signal.getsignal(signal.SIGTERM) is _stop:  # a first SIGTERM now: the files go on
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (main() restores the handler after)
     sources.write(out_dir)
     return ticks
 
