@@ -25,7 +25,6 @@ the broker's load.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import subprocess
@@ -38,16 +37,17 @@ import bench_driver as bd  # noqa: E402
 from broker_side import Broker, SysCounter, raise_nofile  # noqa: E402
 from load_tools import REPO  # noqa: E402
 
-from tasks.driver.output import HOST_FILE, SAMPLER_FILE  # noqa: E402
+from spark.stage_files import read_samples  # noqa: E402
+from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE  # noqa: E402
 
 TIMING = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
 
 
-def sampled(out: Path, name: str, column: str, window: tuple[int, int]) -> list[float]:
-    """`column` of the sampler's file `name`, for the seconds inside the window."""
-    with open(out / name) as handle:
-        return [float(r[column]) for r in csv.DictReader(handle)
-                if window[0] <= int(r["second"]) < window[1] and r[column] != ""]
+def sampled(path: Path, columns: tuple[str, ...], column: str,
+            window: tuple[int, int]) -> list[float]:
+    """`column` of a sampler file, for the seconds inside the window, read as the Spark
+    job reads it (`spark.stage_files.read_samples`)."""
+    return [r[column] for r in read_samples(path, columns, window) if r[column] is not None]
 
 
 def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, run: int) -> dict:
@@ -65,8 +65,8 @@ def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, ru
     if not (out / HOST_FILE).exists():
         raise SystemExit(f"the sampler wrote no {HOST_FILE}: {err.strip()}")
     window = figure["window"]
-    cpu = sampled(out, SAMPLER_FILE, "cpu_pct", window)
-    pace = sampled(out, HOST_FILE, "pace_ns", window)
+    cpu = sampled(out / SAMPLER_FILE, SAMPLER_COLUMNS, "cpu_pct", window)
+    pace = sampled(out / HOST_FILE, HOST_COLUMNS, "pace_ns", window)
     tool_us, _, _ = bd.us_per_message(figure)
     return {"row": row, "rate": figure["rate"], "pace_us": statistics.median(pace) / 1000,
             "broker_us": 1e4 * statistics.fmean(cpu) / figure["rate"], "driver_us": tool_us,
