@@ -5,17 +5,20 @@ run again and again, with the pipeline's broker sampler beside it.
         [--other-row pub-q0-c100-r20k]
 
 Each run is `bench_driver.run_once` with perfpipe's driver on the row, against one
-Mosquitto, while `python -m tasks.driver.sampler --pid BROKER --host-counters` samples
-as a stage's sampler does. From the measure window it takes the broker's CPU per message
-as the pipeline computes it (the sampler's CPU over the row's rate as run_once measured
-it: the broker's own count), the host's pace (the median of host.csv's pace_ns:
-`tasks.driver.pace`), and the driver's own CPU per message. It prints every run, then
-what the pace explains of the broker's cost: the correlation of their logs, the slope,
-and the spread of the log cost before and after the pace is taken out, each run's line
-fitted on the other runs only (what a detector fitting it on past nights would get).
-`bench/measure_noise.py` writes the same for the pipeline's own stages, night by night,
-into its output's ``host_pace``. The driver's CPU per message, on this host too, is
-printed beside it for comparison: a covariate only where driver and broker share a host.
+Mosquitto, while `python -m tasks.driver.sampler --pid BROKER --host-counters` samples as
+a stage's sampler does. From the measure window it takes the broker's CPU per message as
+the pipeline computes it (the sampler's CPU over the row's rate as run_once measured it:
+the broker's own count), the host's pace (the median of host.csv's pace_ns:
+`tasks.driver.pace`), the host's steal (the mean of host.csv's steal_pct: the time the
+hypervisor ran something else while a virtual CPU was ready), and the driver's own CPU per
+message. It prints every run (with the broker's system time a message and the host's CPU,
+which tell the costly state bench/README.md describes), then what the pace and the steal
+each explain of the broker's cost: the correlation with its log, the slope, and the spread
+of the log cost before and after it is taken out, each run's line fitted on the other runs
+only (what a detector fitting it on past nights would get). `bench/measure_noise.py`
+writes the same for the pipeline's own stages, night by night, into its output's
+``host_pace``. The driver's CPU per message, on this host too, is printed beside it for
+comparison: a covariate only where driver and broker share a host.
 
 With --other-row, runs alternate between the two rows (another load on the same broker):
 the median of their paired paces' ratio should be 1 if the pace measures the host and not
@@ -65,11 +68,19 @@ def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, ru
     if not (out / HOST_FILE).exists():
         raise SystemExit(f"the sampler wrote no {HOST_FILE}: {err.strip()}")
     window = figure["window"]
-    cpu = sampled(out / SAMPLER_FILE, SAMPLER_COLUMNS, "cpu_pct", window)
+    def mean(path: Path, columns: tuple[str, ...], column: str) -> float:
+        return statistics.fmean(sampled(path, columns, column, window))
+
     pace = sampled(out / HOST_FILE, HOST_COLUMNS, "pace_ns", window)
     tool_us, _, _ = bd.us_per_message(figure)
+    per_message = 1e4 / figure["rate"]  # % of a core -> us a message
     return {"row": row, "rate": figure["rate"], "pace_us": statistics.median(pace) / 1000,
-            "broker_us": 1e4 * statistics.fmean(cpu) / figure["rate"], "driver_us": tool_us,
+            "steal_pct": mean(out / HOST_FILE, HOST_COLUMNS, "steal_pct"),
+            "host_pct": mean(out / HOST_FILE, HOST_COLUMNS, "cpu_pct"),
+            "broker_us": per_message * mean(out / SAMPLER_FILE, SAMPLER_COLUMNS, "cpu_pct"),
+            "broker_sys_us": per_message * mean(out / SAMPLER_FILE, SAMPLER_COLUMNS,
+                                                "cpu_sys_pct"),
+            "driver_us": tool_us,
             "wakes": figure["broker_wakes_per_msg"], "seconds": len(pace), "window": window}
 
 
@@ -85,12 +96,14 @@ def rms(errors: list[float]) -> float:
     return math.sqrt(statistics.fmean(e * e for e in errors))
 
 
-def explained(covariate: list[float], cost: list[float]) -> dict:
-    """What `covariate` explains of the log of `cost`, pair by pair (at least 4 pairs): the
-    correlation of their logs, the slope on all pairs, the log cost's sample sd, and its
-    spread left when each pair's line is fitted on the other pairs only (as a detector
-    fitting it on past nights would have it; a root mean square)."""
-    xs, ys = [math.log(v) for v in covariate], [math.log(v) for v in cost]
+def explained(covariate: list[float], cost: list[float], log_covariate: bool = True) -> dict:
+    """What `covariate` (its log, or itself where it can be 0, as steal can) explains of the
+    log of `cost`, pair by pair (at least 4 pairs): their correlation, the slope on all
+    pairs, the log cost's sample sd, and its spread left when each pair's line is fitted on
+    the other pairs only (as a detector fitting it on past nights would have it; a root mean
+    square)."""
+    xs = [math.log(v) if log_covariate else v for v in covariate]
+    ys = [math.log(v) for v in cost]
     slope, _ = fit(xs, ys)
     left = []
     for i in range(len(xs)):
@@ -132,8 +145,14 @@ def summary(runs: list[dict]) -> None:
           f"{statistics.median(r['broker_us'] for r in runs):.2f} us (median); spread of its "
           f"log: sd {statistics.stdev(ys):.3f}, MAD-sigma {mad:.3f}")
     for covariate, what in (("pace_us", "the host's pace"),
+                            ("steal_pct", "the host's steal (% of a core, not its log)"),
                             ("driver_us", "the driver's CPU a message (same host only)")):
-        e = explained([r[covariate] for r in runs], [r["broker_us"] for r in runs])
+        values = [r[covariate] for r in runs]
+        if len(set(values)) < 3:  # then some run's other runs would all have one value
+            print(f"  {what:<44} took {len(set(values))} value(s): nothing to fit")
+            continue
+        e = explained(values, [r["broker_us"] for r in runs],
+                      log_covariate=covariate != "steal_pct")
         print(f"  {what:<44} r {e['r']:+.2f}  slope {e['slope']:+.2f}  "
               f"sd left, out of sample {e['left_sd']:.3f}")
 
@@ -163,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             for row in rows:
                 r = one_run(row, broker, sys_counter, workdir, run)
                 runs[row].append(r)
-                print(f"  run {run + 1:>2} {row:<18} broker {r['broker_us']:6.2f} us/msg  "
-                      f"pace {r['pace_us']:7.1f} us ({r['seconds']} s)  driver "
-                      f"{r['driver_us']:6.2f} us/msg  broker woke {r['wakes']:.3f}/msg",
-                      flush=True)
+                print(f"  run {run + 1:>2} {row:<18} broker {r['broker_us']:6.2f} us/msg "
+                      f"({r['broker_sys_us']:5.2f} system)  pace {r['pace_us']:6.1f} us "
+                      f"({r['seconds']} s)  host CPU {r['host_pct']:5.1f}%, steal "
+                      f"{r['steal_pct']:4.2f}%  driver {r['driver_us']:6.2f} us/msg  broker "
+                      f"woke {r['wakes']:.3f}/msg", flush=True)
     finally:
         sys_counter.stop()
         broker.stop()

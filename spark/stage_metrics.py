@@ -282,7 +282,8 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
                    host_mem_used_max=_max(_column(host, "mem_used_bytes")),
                    host_net_rx_avg=_avg(_column(host, "net_rx_bytes_per_s")),
                    host_net_tx_avg=_avg(_column(host, "net_tx_bytes_per_s")),
-                   host_pace_us=_median_us(_column(host, "pace_ns")))
+                   host_pace_us=_median_us(_column(host, "pace_ns")),
+                   host_steal_pct=_avg(_column(host, "steal_pct")))
     return metrics
 
 

@@ -32,6 +32,7 @@ from tasks.driver.output import (  # noqa: E402
     COUNTERS_FILE,
     HISTOGRAMS_FILE,
     HOST_COLUMNS,
+    HOST_COLUMNS_BEFORE,
     HOST_FILE,
     SAMPLER_COLUMNS,
     SAMPLER_FILE,
@@ -104,6 +105,7 @@ class Expect:
     cpu: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)
     pace: list[int] = field(default_factory=list)
+    steal: list[float] = field(default_factory=list)
     connect_phases: list[dict] = field(default_factory=list)
 
 
@@ -204,14 +206,15 @@ def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect,
         expect.rss.append(rss)
     (stage_dir / "h1" / "sampler").mkdir(parents=True)
     write_csv(stage_dir / "h1" / "sampler" / SAMPLER_FILE, SAMPLER_COLUMNS, rows)
-    # the host: second, cpu %, cpus, memory, rx, tx, pace (ns); a sampler from before the
-    # pace was read writes the same columns but the last
-    columns = HOST_COLUMNS[:-1] if old_host else HOST_COLUMNS
-    host = [(s, 999.0, 2, 10**9, 0, 0, 1) for s in OUTSIDE]
+    # the host: second, cpu %, cpus, memory, rx, tx, pace (ns), steal (%); a sampler from
+    # before the pace was read writes the same columns but the last two
+    columns = HOST_COLUMNS[:-2] if old_host else HOST_COLUMNS
+    host = [(s, 999.0, 2, 10**9, 0, 0, 1, 99.0) for s in OUTSIDE]
     for second in MEASURE:
-        pace = int(rng.integers(200_000, 400_000))
-        host.append((second, 50.0, 2, 10**9, 0, 0, pace))
+        pace, steal = int(rng.integers(200_000, 400_000)), round(float(rng.uniform(0, 30)), 2)
+        host.append((second, 50.0, 2, 10**9, 0, 0, pace, steal))
         expect.pace.append(pace)
+        expect.steal.append(steal)
     write_csv(stage_dir / "h1" / "sampler" / HOST_FILE, columns,
               [row[:len(columns)] for row in host])
 
@@ -500,6 +503,7 @@ def test_broker_metrics_from_window_samples(run: Run):
     assert metrics["broker_cpu_s_per_10k"] == pytest.approx(per_10k, rel=1e-8)
     assert metrics["host_cpu_avg"] == 50.0  # the host's file, its window only
     assert metrics["host_pace_us"] == pytest.approx(np.median(expect.pace) / 1000, rel=1e-9)
+    assert metrics["host_steal_pct"] == pytest.approx(np.mean(expect.steal), rel=1e-9)
 
 
 def test_only_the_headers_a_sampler_once_wrote_are_read(tmp_path):
@@ -515,7 +519,16 @@ def test_only_the_headers_a_sampler_once_wrote_are_read(tmp_path):
 def test_a_host_file_from_before_the_pace_leaves_it_null(run: Run):
     stage = run.stages["s5_no_phase"]
     assert stage["metrics"]["host_pace_us"] is None and stage["metrics"]["host_cpu_avg"] == 50.0
+    assert stage["metrics"]["host_steal_pct"] is None
     assert not any("host.csv" in problem for problem in stage["problems"])
+
+
+def test_a_host_file_from_before_the_steal_reads_the_pace(tmp_path):
+    path = tmp_path / HOST_FILE
+    write_csv(path, HOST_COLUMNS[:-1], [(MEASURE[0], 40.0, 2, 10**9, 0, 0, 300_000)])
+    rows = read_samples(path, HOST_COLUMNS, (MEASURE[0], MEASURE[-1] + 1),
+                        before=HOST_COLUMNS_BEFORE)
+    assert rows[0]["pace_ns"] == 300_000 and rows[0]["steal_pct"] is None
 
 
 def test_per_second_p99_broker_cpu_and_buckets_are_series_for_the_report(run: Run):

@@ -92,6 +92,7 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
         assert metrics["broker_connections_max"] >= 21  # $SYS: what the broker itself counts
         assert metrics["host_cpu_avg"] >= metrics["broker_cpu_avg"] * 0.5
         assert 10 < metrics["host_pace_us"] < 50_000  # the host's pace was read each second
+        assert metrics["host_steal_pct"] is not None and metrics["host_steal_pct"] >= 0
     output = "\n".join(lines)
     assert "no baseline yet" in output and outcome.report in output
     report = Path(outcome.report).read_text()

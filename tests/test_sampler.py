@@ -90,6 +90,8 @@ def test_the_sampler_writes_the_processes_and_the_host(spinning, tmp_path):
     assert all(int(r["cpus"]) == os.cpu_count() and int(r["mem_used_bytes"]) > 0 for r in host)
     # the host's pace each second: CPU time of the fixed work, a few hundred us on a core
     assert all(10_000 < int(r["pace_ns"]) < 50_000_000 for r in host)
+    # steal: % of one core, at most every CPU's whole second
+    assert all(0 <= float(r["steal_pct"]) <= 100 * os.cpu_count() * 1.1 for r in host)
 
 
 def test_a_sampler_stopped_early_writes_what_it_sampled(spinning, tmp_path):
@@ -106,6 +108,19 @@ def test_a_sampler_stopped_early_writes_what_it_sampled(spinning, tmp_path):
     for name in (SAMPLER_FILE, HOST_FILE):
         with open(out / name) as handle:
             assert len(list(csv.DictReader(handle))) >= 1, name
+
+
+def test_the_host_row_gives_busy_and_steal_in_percent_of_one_core():
+    stolen = int(Path("/proc/stat").read_text().split()[8])  # cpu: user nice system idle
+    reading = procfs.read_host()                              # iowait irq softirq steal
+    assert stolen <= reading.steal_ticks <= stolen + 10 * os.cpu_count()
+    ticks = procfs.TICKS
+    before = procfs.HostReading(busy_ticks=0, steal_ticks=0, mem_used_bytes=1,
+                                net_rx_bytes=0, net_tx_bytes=0)
+    after = procfs.HostReading(busy_ticks=2 * ticks, steal_ticks=ticks // 2, mem_used_bytes=1,
+                               net_rx_bytes=0, net_tx_bytes=0)
+    row = procfs.host_row(before, after, 2.0)
+    assert row["cpu_pct"] == 100.0 and row["steal_pct"] == round(100 * (ticks // 2) / ticks / 2, 2)
 
 
 def test_the_pace_is_the_cpu_time_of_the_work_not_the_time_waited():

@@ -86,10 +86,12 @@ row per second:
                   (user + system, and each), RSS bytes, processes, threads, open files
                   (empty when they cannot be read), context switches per second
 ``host.csv``      ``HOST_COLUMNS``, the broker host itself: CPU % of one core over all
-                  its CPUs (busy: not idle, not iowait), CPUs, memory used (MemTotal -
-                  MemAvailable), bytes per second received and sent on every interface
-                  but the loopback, and its pace: the CPU ns a fixed piece of work took
-                  (`tasks.driver.pace`; more ns, a slower host)
+                  its CPUs (busy: not idle, not iowait; steal counts as busy), CPUs,
+                  memory used (MemTotal - MemAvailable), bytes per second received and
+                  sent on every interface but the loopback, its pace: the CPU ns a fixed
+                  piece of work took (`tasks.driver.pace`; more ns, a slower host), and
+                  its steal: % of one core its virtual CPUs were ready to run while the
+                  hypervisor ran something else (/proc/stat; 0 on bare metal)
 ``broker_stats.csv``  ``STATS_COLUMNS``, the broker's own view (`tasks.driver.broker_stats`:
                   its $SYS topics or its Prometheus endpoint): CPU % of one core, resident
                   bytes, connections, the backlog it holds, messages it delivers per
@@ -138,8 +140,9 @@ HISTOGRAM_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes", "cpu_user_pct", "cpu_sys_pct", "processes",
                    "threads", "open_files", "ctx_switches_per_s")
 HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per_s",
-                "net_tx_bytes_per_s", "pace_ns")
-HOST_COLUMNS_BEFORE = (HOST_COLUMNS[:-1],)  # headers of host.csv files from before pace_ns
+                "net_tx_bytes_per_s", "pace_ns", "steal_pct")
+# headers of host.csv files from before pace_ns, and from before steal_pct
+HOST_COLUMNS_BEFORE = (HOST_COLUMNS[:-2], HOST_COLUMNS[:-1])
 STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 

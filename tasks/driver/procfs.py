@@ -238,14 +238,17 @@ def process_row(before: ProcessReading, after: ProcessReading, seconds: float) -
 @dataclass(frozen=True)
 class HostReading:
     busy_ticks: int
+    steal_ticks: int
     mem_used_bytes: int
     net_rx_bytes: int
     net_tx_bytes: int
 
 
 def read_host() -> HostReading:
-    """/proc/stat busy ticks of all CPUs (not idle, not iowait), MemTotal - MemAvailable,
-    and the bytes every network interface but the loopback received and sent."""
+    """/proc/stat busy ticks of all CPUs (not idle, not iowait) and their steal ticks (the
+    time a virtual CPU was ready to run and the hypervisor ran something else),
+    MemTotal - MemAvailable, and the bytes every network interface but the loopback received
+    and sent."""
     cpu = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:]]
     busy = sum(cpu[:8]) - cpu[3] - cpu[4]  # user nice system idle iowait irq softirq steal
     mem = {}
@@ -259,12 +262,17 @@ def read_host() -> HostReading:
         if name.strip() != "lo":
             fields = rest.split()
             rx, tx = rx + int(fields[0]), tx + int(fields[8])
-    return HostReading(busy, mem.get("MemTotal", 0) - mem.get("MemAvailable", 0), rx, tx)
+    return HostReading(busy, cpu[7], mem.get("MemTotal", 0) - mem.get("MemAvailable", 0), rx, tx)
 
 
 def host_row(before: HostReading, after: HostReading, seconds: float) -> dict:
     seconds = max(seconds, 1e-6)
-    return {"cpu_pct": round(100.0 * (after.busy_ticks - before.busy_ticks) / TICKS / seconds, 2),
+
+    def pct(ticks: int) -> float:  # of one core
+        return round(100.0 * ticks / TICKS / seconds, 2)
+
+    return {"cpu_pct": pct(after.busy_ticks - before.busy_ticks),
+            "steal_pct": pct(after.steal_ticks - before.steal_ticks),
             "cpus": os.cpu_count(), "mem_used_bytes": after.mem_used_bytes,
             "net_rx_bytes_per_s": round((after.net_rx_bytes - before.net_rx_bytes) / seconds),
             "net_tx_bytes_per_s": round((after.net_tx_bytes - before.net_tx_bytes) / seconds)}

@@ -12,8 +12,8 @@ second that just ended):
                       when a way to find them is given
 ``host.csv``          the host's own CPU, memory and network, with --host-counters: a broker
                       on a dedicated host is covered even when its processes cannot be found;
-                      and its pace (`tasks.driver.pace`): the median CPU time a fixed piece
-                      of work took, read four times a second
+                      its pace (`tasks.driver.pace`): the median CPU time a fixed piece of
+                      work took, read four times a second; and its steal (`procfs.read_host`)
 ``broker_stats.csv``  the broker's own view (`tasks.driver.broker_stats`): from $SYS
                       (--sys, or with --pid the broker's first plain listener read from its
                       ``-c`` config, as Mosquitto's) or from a Prometheus endpoint

@@ -43,7 +43,7 @@ COST = (("max_rate", "capacity"), ("broker_cpu_s_per_10k", "broker CPU / 10K msg
         ("broker_ctx_switches_per_s", "ctx switches"), ("broker_connections_max", "connections"),
         ("broker_backlog_max", "backlog (its own)"), ("host_cpu_avg", "host CPU"),
         ("host_net_rx_avg", "host rx"), ("host_net_tx_avg", "host tx"),
-        ("host_pace_us", "host pace"))
+        ("host_pace_us", "host pace"), ("host_steal_pct", "host steal"))
 PERCENTILES = ("p50", "p95", "p99", "p99_9", "max")
 # where the percentile curve is read (with enough samples: p99.99 needs 10,000)
 CURVE_PERCENTILES = (0, 10, 25, 50, 75, 90, 95, 98, 99, 99.5, 99.8, 99.9, 99.95, 99.98, 99.99,
