@@ -1,5 +1,5 @@
-"""How much of the broker's CPU per message, run to run, is the host's pace: one rated row
-run again and again, with the pipeline's broker sampler beside it.
+"""How much of the broker's CPU per message, run to run, is the host's pace or its steal:
+one rated row run again and again, with the pipeline's broker sampler beside it.
 
     .state/venv/bin/python bench/host_pace.py [--row pub-q0-c100-r10k] [--runs 20]
         [--other-row pub-q0-c100-r20k]
@@ -16,9 +16,9 @@ which tell the costly state bench/README.md describes), then what the pace and t
 each explain of the broker's cost: the correlation with its log, the slope, and the spread
 of the log cost before and after it is taken out, each run's line fitted on the other runs
 only (what a detector fitting it on past nights would get). `bench/measure_noise.py`
-writes the same for the pipeline's own stages, night by night, into its output's
-``host_pace``. The driver's CPU per message, on this host too, is printed beside it for
-comparison: a covariate only where driver and broker share a host.
+writes the same for the pace (not the steal) on the pipeline's own stages, night by night,
+into its output's ``host_pace``. The driver's CPU per message, on this host too, is
+printed beside it for comparison: a covariate only where driver and broker share a host.
 
 With --other-row, runs alternate between the two rows (another load on the same broker):
 the median of their paired paces' ratio should be 1 if the pace measures the host and not
@@ -46,11 +46,10 @@ from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLE
 TIMING = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
 
 
-def sampled(path: Path, columns: tuple[str, ...], column: str,
-            window: tuple[int, int]) -> list[float]:
-    """`column` of a sampler file, for the seconds inside the window, read as the Spark
-    job reads it (`spark.stage_files.read_samples`)."""
-    return [r[column] for r in read_samples(path, columns, window) if r[column] is not None]
+def column(rows: list[dict], name: str) -> list[float]:
+    """`name`'s values in a sampler file's rows (read as the Spark job reads them:
+    `spark.stage_files.read_samples`), empty cells left out."""
+    return [r[name] for r in rows if r[name] is not None]
 
 
 def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, run: int) -> dict:
@@ -68,18 +67,16 @@ def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, ru
     if not (out / HOST_FILE).exists():
         raise SystemExit(f"the sampler wrote no {HOST_FILE}: {err.strip()}")
     window = figure["window"]
-    def mean(path: Path, columns: tuple[str, ...], column: str) -> float:
-        return statistics.fmean(sampled(path, columns, column, window))
-
-    pace = sampled(out / HOST_FILE, HOST_COLUMNS, "pace_ns", window)
+    host = read_samples(out / HOST_FILE, HOST_COLUMNS, window)
+    broker = read_samples(out / SAMPLER_FILE, SAMPLER_COLUMNS, window)
+    pace = column(host, "pace_ns")
     tool_us, _, _ = bd.us_per_message(figure)
     per_message = 1e4 / figure["rate"]  # % of a core -> us a message
     return {"row": row, "rate": figure["rate"], "pace_us": statistics.median(pace) / 1000,
-            "steal_pct": mean(out / HOST_FILE, HOST_COLUMNS, "steal_pct"),
-            "host_pct": mean(out / HOST_FILE, HOST_COLUMNS, "cpu_pct"),
-            "broker_us": per_message * mean(out / SAMPLER_FILE, SAMPLER_COLUMNS, "cpu_pct"),
-            "broker_sys_us": per_message * mean(out / SAMPLER_FILE, SAMPLER_COLUMNS,
-                                                "cpu_sys_pct"),
+            "steal_pct": statistics.fmean(column(host, "steal_pct")),
+            "host_pct": statistics.fmean(column(host, "cpu_pct")),
+            "broker_us": per_message * statistics.fmean(column(broker, "cpu_pct")),
+            "broker_sys_us": per_message * statistics.fmean(column(broker, "cpu_sys_pct")),
             "driver_us": tool_us,
             "wakes": figure["broker_wakes_per_msg"], "seconds": len(pace), "window": window}
 
@@ -137,6 +134,12 @@ def explained_pooled(stages: dict[str, list[tuple[str, float, float]]]) -> dict:
     return {"nights": len(nights), "sd_out_of_sample": rms(off_mean), "left_sd": rms(left)}
 
 
+# (a run's key, what it is, whether its log is fitted: steal is often 0, so not its log)
+COVARIATES = (("pace_us", "the host's pace", True),
+              ("steal_pct", "the host's steal (% of a core)", False),
+              ("driver_us", "the driver's CPU a message (same host only)", True))
+
+
 def summary(runs: list[dict]) -> None:
     ys = [math.log(r["broker_us"]) for r in runs]
     centre = statistics.median(ys)
@@ -144,15 +147,12 @@ def summary(runs: list[dict]) -> None:
     print(f"\n{runs[0]['row']}: {len(runs)} runs; broker CPU per message "
           f"{statistics.median(r['broker_us'] for r in runs):.2f} us (median); spread of its "
           f"log: sd {statistics.stdev(ys):.3f}, MAD-sigma {mad:.3f}")
-    for covariate, what in (("pace_us", "the host's pace"),
-                            ("steal_pct", "the host's steal (% of a core, not its log)"),
-                            ("driver_us", "the driver's CPU a message (same host only)")):
+    for covariate, what, log_covariate in COVARIATES:
         values = [r[covariate] for r in runs]
-        if len(set(values)) < 3:  # then some run's other runs would all have one value
+        if len(set(values)) < 3:  # then some run's other runs could all have one value
             print(f"  {what:<44} took {len(set(values))} value(s): nothing to fit")
             continue
-        e = explained(values, [r["broker_us"] for r in runs],
-                      log_covariate=covariate != "steal_pct")
+        e = explained(values, [r["broker_us"] for r in runs], log_covariate)
         print(f"  {what:<44} r {e['r']:+.2f}  slope {e['slope']:+.2f}  "
               f"sd left, out of sample {e['left_sd']:.3f}")
 

@@ -89,8 +89,9 @@ _DEFS: list[MetricDef] = [
     # host (tasks/driver/pace.py): more, a slower host; recorded, not judged
     MetricDef("host_pace_us", "us", "none"),
     # the mean over the window of the time the host's virtual CPUs were ready to run while the
-    # hypervisor ran something else (% of one core; 0 on bare metal): the broker's CPU per
-    # message rises with it (bench/README.md, host_pace.py); recorded, not judged
+    # hypervisor ran something else (% of one core; 0 on bare metal): suspected of raising the
+    # broker's CPU per message, not yet shown (bench/README.md, host_pace.py); recorded, not
+    # judged
     MetricDef("host_steal_pct", "%", "none"),
     # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.

@@ -208,7 +208,7 @@ def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect,
     write_csv(stage_dir / "h1" / "sampler" / SAMPLER_FILE, SAMPLER_COLUMNS, rows)
     # the host: second, cpu %, cpus, memory, rx, tx, pace (ns), steal (%); a sampler from
     # before the pace was read writes the same columns but the last two
-    columns = HOST_COLUMNS[:-2] if old_host else HOST_COLUMNS
+    columns = HOST_COLUMNS_BEFORE[0] if old_host else HOST_COLUMNS
     host = [(s, 999.0, 2, 10**9, 0, 0, 1, 99.0) for s in OUTSIDE]
     for second in MEASURE:
         pace, steal = int(rng.integers(200_000, 400_000)), round(float(rng.uniform(0, 30)), 2)
@@ -525,7 +525,8 @@ def test_a_host_file_from_before_the_pace_leaves_it_null(run: Run):
 
 def test_a_host_file_from_before_the_steal_reads_the_pace(tmp_path):
     path = tmp_path / HOST_FILE
-    write_csv(path, HOST_COLUMNS[:-1], [(MEASURE[0], 40.0, 2, 10**9, 0, 0, 300_000)])
+    assert HOST_COLUMNS_BEFORE[1] == HOST_COLUMNS[:-1]  # the header before steal_pct
+    write_csv(path, HOST_COLUMNS_BEFORE[1], [(MEASURE[0], 40.0, 2, 10**9, 0, 0, 300_000)])
     rows = read_samples(path, HOST_COLUMNS, (MEASURE[0], MEASURE[-1] + 1),
                         before=HOST_COLUMNS_BEFORE)
     assert rows[0]["pace_ns"] == 300_000 and rows[0]["steal_pct"] is None

@@ -142,7 +142,8 @@ SAMPLER_COLUMNS = ("second", "cpu_pct", "rss_bytes", "cpu_user_pct", "cpu_sys_pc
 HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per_s",
                 "net_tx_bytes_per_s", "pace_ns", "steal_pct")
 # headers of host.csv files from before pace_ns, and from before steal_pct
-HOST_COLUMNS_BEFORE = (HOST_COLUMNS[:-2], HOST_COLUMNS[:-1])
+HOST_COLUMNS_BEFORE = tuple(HOST_COLUMNS[:HOST_COLUMNS.index(added)]
+                            for added in ("pace_ns", "steal_pct"))
 STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 

@@ -245,8 +245,8 @@ class HostReading:
 
 
 def read_host() -> HostReading:
-    """/proc/stat busy ticks of all CPUs (not idle, not iowait) and their steal ticks (the
-    time a virtual CPU was ready to run and the hypervisor ran something else),
+    """/proc/stat busy ticks of all CPUs (not idle, not iowait: steal included) and their
+    steal ticks (the time a virtual CPU was ready to run and the hypervisor ran something else),
     MemTotal - MemAvailable, and the bytes every network interface but the loopback received
     and sent."""
     cpu = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:]]

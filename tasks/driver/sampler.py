@@ -190,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
     ways.add_argument("--unit", help="every process of this systemd unit")
     ways.add_argument("--match", help="every process whose command line matches this regex")
     p.add_argument("--host-counters", action="store_true",
-                   help="also this host's CPU, memory and network (host.csv)")
+                   help="also this host's CPU, memory, network, pace and steal (host.csv)")
     p.add_argument("--sys", metavar="HOST:PORT", help="read the broker's $SYS topics here")
     p.add_argument("--no-sys", action="store_true", help="no $SYS (default with --pid: from "
                    "the broker's config)")
