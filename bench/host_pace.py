@@ -40,16 +40,10 @@ import bench_driver as bd  # noqa: E402
 from broker_side import Broker, SysCounter, raise_nofile  # noqa: E402
 from load_tools import REPO  # noqa: E402
 
-from spark.stage_files import read_samples  # noqa: E402
+from spark.stage_files import read_samples, sample_values  # noqa: E402
 from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE  # noqa: E402
 
 TIMING = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
-
-
-def column(rows: list[dict], name: str) -> list[float]:
-    """`name`'s values in a sampler file's rows (read as the Spark job reads them:
-    `spark.stage_files.read_samples`), empty cells left out."""
-    return [r[name] for r in rows if r[name] is not None]
 
 
 def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, run: int) -> dict:
@@ -69,14 +63,14 @@ def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, ru
     window = figure["window"]
     host = read_samples(out / HOST_FILE, HOST_COLUMNS, window)
     broker = read_samples(out / SAMPLER_FILE, SAMPLER_COLUMNS, window)
-    pace = column(host, "pace_ns")
+    pace = sample_values(host, "pace_ns")
     tool_us, _, _ = bd.us_per_message(figure)
     per_message = 1e4 / figure["rate"]  # % of a core -> us a message
     return {"row": row, "rate": figure["rate"], "pace_us": statistics.median(pace) / 1000,
-            "steal_pct": statistics.fmean(column(host, "steal_pct")),
-            "host_pct": statistics.fmean(column(host, "cpu_pct")),
-            "broker_us": per_message * statistics.fmean(column(broker, "cpu_pct")),
-            "broker_sys_us": per_message * statistics.fmean(column(broker, "cpu_sys_pct")),
+            "steal_pct": statistics.fmean(sample_values(host, "steal_pct")),
+            "host_pct": statistics.fmean(sample_values(host, "cpu_pct")),
+            "broker_us": per_message * statistics.fmean(sample_values(broker, "cpu_pct")),
+            "broker_sys_us": per_message * statistics.fmean(sample_values(broker, "cpu_sys_pct")),
             "driver_us": tool_us,
             "wakes": figure["broker_wakes_per_msg"], "seconds": len(pace), "window": window}
 

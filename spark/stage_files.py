@@ -180,6 +180,11 @@ def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int],
     return out
 
 
+def sample_values(rows: list[dict], column: str) -> list[float]:
+    """`column`'s values in rows `read_samples` gave, its empty cells left out."""
+    return [r[column] for r in rows if r.get(column) is not None]
+
+
 def _check_samples(stage: StageFiles, stage_dir: Path) -> None:
     """The broker sampler's files named by stage.json's ``sampler`` (processes, host, stats)."""
     host = stage.doc.get("broker_host")

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from spark.stage_files import StageFiles
+from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
@@ -210,10 +210,6 @@ def latency_metrics(histograms: dict[str, dict[int, int]], tails: dict[str, list
     return metrics
 
 
-def _column(rows: list[dict], column: str) -> list[float]:
-    return [r[column] for r in rows if r.get(column) is not None]
-
-
 def _avg(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -255,7 +251,7 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
                       notice=False)
     metrics = {}
     if rows:
-        cpu, rss = _column(rows, "cpu_pct"), _column(rows, "rss_bytes")
+        cpu, rss = sample_values(rows, "cpu_pct"), sample_values(rows, "rss_bytes")
         metrics.update(broker_cpu_avg=_avg(cpu), broker_cpu_max=_max(cpu),
                        broker_rss_avg=_avg(rss), broker_rss_max=_max(rss))
         # CPU-seconds per second, over messages per second, for 10,000 messages
@@ -268,22 +264,22 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
         stage.problem("no broker CPU or RSS in the measure window")
     if source == "processes":
         metrics.update(
-            broker_cpu_user_avg=_avg(_column(rows, "cpu_user_pct")),
-            broker_cpu_sys_avg=_avg(_column(rows, "cpu_sys_pct")),
-            broker_processes=_max(_column(rows, "processes")),
-            broker_threads_max=_max(_column(rows, "threads")),
-            broker_open_files_max=_max(_column(rows, "open_files")),
-            broker_ctx_switches_per_s=_avg(_column(rows, "ctx_switches_per_s")))
+            broker_cpu_user_avg=_avg(sample_values(rows, "cpu_user_pct")),
+            broker_cpu_sys_avg=_avg(sample_values(rows, "cpu_sys_pct")),
+            broker_processes=_max(sample_values(rows, "processes")),
+            broker_threads_max=_max(sample_values(rows, "threads")),
+            broker_open_files_max=_max(sample_values(rows, "open_files")),
+            broker_ctx_switches_per_s=_avg(sample_values(rows, "ctx_switches_per_s")))
     own = stage.samples.get("stats", [])
-    metrics.update(broker_connections_max=_max(_column(own, "connections")),
-                   broker_backlog_max=_max(_column(own, "backlog")))
+    metrics.update(broker_connections_max=_max(sample_values(own, "connections")),
+                   broker_backlog_max=_max(sample_values(own, "backlog")))
     host = stage.samples.get("host", [])
-    metrics.update(host_cpu_avg=_avg(_column(host, "cpu_pct")),
-                   host_mem_used_max=_max(_column(host, "mem_used_bytes")),
-                   host_net_rx_avg=_avg(_column(host, "net_rx_bytes_per_s")),
-                   host_net_tx_avg=_avg(_column(host, "net_tx_bytes_per_s")),
-                   host_pace_us=_median_us(_column(host, "pace_ns")),
-                   host_steal_pct=_avg(_column(host, "steal_pct")))
+    metrics.update(host_cpu_avg=_avg(sample_values(host, "cpu_pct")),
+                   host_mem_used_max=_max(sample_values(host, "mem_used_bytes")),
+                   host_net_rx_avg=_avg(sample_values(host, "net_rx_bytes_per_s")),
+                   host_net_tx_avg=_avg(sample_values(host, "net_tx_bytes_per_s")),
+                   host_pace_us=_median_us(sample_values(host, "pace_ns")),
+                   host_steal_pct=_avg(sample_values(host, "steal_pct")))
     return metrics
 
 

@@ -211,6 +211,11 @@ def read_processes(pids: set[int], stats: dict[int, ProcStat]) -> ProcessReading
         ctx_switches={pid: _switches(pid) for pid in pids})
 
 
+def _pct_of_a_core(seconds: float) -> float:
+    """What one tick of CPU time over `seconds` is, in % of one core."""
+    return 100.0 / TICKS / max(seconds, 1e-6)
+
+
 def process_row(before: ProcessReading, after: ProcessReading, seconds: float) -> dict:
     """The per-second figures between two readings: CPU over the processes present in both
     (% of one core), and the later reading's sizes."""
@@ -218,7 +223,7 @@ def process_row(before: ProcessReading, after: ProcessReading, seconds: float) -
     user = sum(after.ticks[p][0] - before.ticks[p][0] for p in both)
     system = sum(after.ticks[p][1] - before.ticks[p][1] for p in both)
     switches = sum(after.ctx_switches[p] - before.ctx_switches[p] for p in both)
-    scale = 100.0 / TICKS / max(seconds, 1e-6)
+    scale = _pct_of_a_core(seconds)
     cpu_pct = (user + system) * scale
     # the nanoseconds refine the ticks, where they agree to the ticks' own rounding (a
     # thread that ended takes its time out of schedstat, not out of the ticks)
@@ -266,13 +271,9 @@ def read_host() -> HostReading:
 
 
 def host_row(before: HostReading, after: HostReading, seconds: float) -> dict:
-    seconds = max(seconds, 1e-6)
-
-    def pct(ticks: int) -> float:  # of one core
-        return round(100.0 * ticks / TICKS / seconds, 2)
-
-    return {"cpu_pct": pct(after.busy_ticks - before.busy_ticks),
-            "steal_pct": pct(after.steal_ticks - before.steal_ticks),
+    scale, seconds = _pct_of_a_core(seconds), max(seconds, 1e-6)
+    return {"cpu_pct": round((after.busy_ticks - before.busy_ticks) * scale, 2),
+            "steal_pct": round((after.steal_ticks - before.steal_ticks) * scale, 2),
             "cpus": os.cpu_count(), "mem_used_bytes": after.mem_used_bytes,
             "net_rx_bytes_per_s": round((after.net_rx_bytes - before.net_rx_bytes) / seconds),
             "net_tx_bytes_per_s": round((after.net_tx_bytes - before.net_tx_bytes) / seconds)}
