@@ -27,6 +27,7 @@ from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
 from tasks.hosts import LocalHost
 from tasks.steps.broker import tls_wanted
 from tasks.ports import free_port
+from tests.conftest import Broker
 
 
 @pytest.fixture(params=["traversable", "private"])
@@ -104,6 +105,59 @@ def test_the_sampler_records_sys_next_to_cpu_and_rss(tls_broker, tmp_path):
     assert int(last["pub_received"]) >= 20
     assert int(last["store_messages"]) >= int(last["retained_messages"]) > 0
     assert int(last["queued_messages"]) >= 0 and int(last["heap_current"]) > 0
+
+
+
+def _client(port: int, name: str, topic: str, on_message=None) -> mqtt.Client:
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name)
+    client.on_connect = lambda c, *_: c.subscribe(topic, qos=0)
+    client.on_message = on_message
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    return client
+
+
+def test_the_sys_listener_learns_counts_that_did_not_change_when_it_came(tmp_path):
+    """Mosquitto publishes its connection and subscription counts only when they changed,
+    retained for 60 s (and not at all with retain_available false). A listener that takes
+    another client's place between two updates would never learn them: the counts stay
+    as they were, and nothing is retained. It must learn them, and leave them as it found
+    them."""
+    broker = Broker(tmp_path, "retain_available false\n")
+    updates: list[float] = []
+    watcher = _client(broker.port, "watcher", broker_stats.UPTIME_TOPIC,
+                      lambda *_: updates.append(time.monotonic()))
+    leaver = _client(broker.port, "leaver", "$SYS/broker/version")
+
+    def wait_updates(count: int, done=lambda: False) -> None:
+        goal = len(updates) + count
+        deadline = time.monotonic() + 4 * count + 4
+        while len(updates) < goal and not done():
+            assert time.monotonic() < deadline, "no $SYS update from the broker"
+            time.sleep(0.005)
+
+    def counts() -> list[str | None]:
+        values = listener.snapshot()
+        return [values.get(broker_stats.SYS_TOPICS[c]) for c in columns]
+
+    columns = ("clients_connected", "clients_total", "subscriptions")
+    listener = None
+    try:
+        wait_updates(2)  # both clients and their subscriptions counted and published
+        wait_updates(1)  # just after an update: the next one sees only the swap
+        leaver.disconnect()
+        listener = broker_stats.SysListener("127.0.0.1", broker.port)
+        # the helper seen by two updates, then gone by the next: 3 or 4 updates, and more
+        # than enough to fail without it
+        wait_updates(6, lambda: counts() == ["2"] * 3)
+        # the watcher and the listener (the leaver gone, and the listener's helper gone too)
+        assert dict(zip(columns, counts())) == dict.fromkeys(columns, "2")
+    finally:
+        if listener is not None:
+            listener.close()
+        for client in (watcher, leaver):
+            client.loop_stop()
+        broker.kill()
 
 
 def test_the_sampler_finds_the_plain_listener_in_the_broker_config():

@@ -100,17 +100,38 @@ def broker_endpoint(pid: int) -> tuple[str, int] | None:
     return None
 
 
+# Mosquitto publishes these only when they changed since its last $SYS update, retained for
+# 60 s (not at all with retain_available false); a listener may have to make them change
+NUDGED_TOPICS = tuple(SYS_TOPICS[c] for c in ("clients_connected", "clients_total",
+                                              "subscriptions"))
+NUDGE_TOPIC = "$SYS/broker/version"  # a topic a $SYS reader may subscribe to, and quiet
+NUDGE_UPDATES = 2  # updates the helper must outlive: the first may predate its subscription
+
+
 class SysListener:
-    """The latest value of every $SYS/broker topic, kept by a paho client's own thread."""
+    """The latest value of every $SYS/broker topic, kept by a paho client's own thread.
+
+    Mosquitto publishes a count (connections, sessions, subscriptions) only when it changed
+    since its last update, retained for 60 s. A listener that takes the place of another
+    client (the previous stage's sampler) between two updates, more than 60 s after the
+    count last changed, would never learn it: the count stays as it was, and nothing is
+    retained. So when the retained set lacks one of them, the listener opens a helper
+    connection with one subscription: the broker publishes the counts with it, and once it
+    has outlived ``NUDGE_UPDATES`` updates it leaves, and the next update publishes them as
+    they are. The counts read one more for those few seconds, at the start of a stage."""
 
     def __init__(self, address: str, port: int, timeout_s: float = 5.0) -> None:
-        import paho.mqtt.client as mqtt
-
         self.values: dict[str, str] = {}
+        self._endpoint = (address, port)
         self._lock = threading.Lock()
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
-                                   client_id=f"perfpipe-sampler-{os.getpid()}")
-        self._client.on_connect = lambda client, *_: client.subscribe(SYS_TOPIC, qos=0)
+        self._barrier: int | None = None  # the mid of the second SUBSCRIBE
+        self._retained_in = threading.Event()
+        self._updates = 0  # live $SYS updates seen
+        self._nudge = None  # the helper client, while it is connected
+        self._nudged_at: int | None = None  # self._updates when its SUBACK came
+        self._client = self._new_client("")
+        self._client.on_connect = self._on_connect
+        self._client.on_subscribe = self._on_subscribe
         self._client.on_message = self._on_message
         self._client.connect(address, port, keepalive=30)
         self._client.loop_start()
@@ -120,16 +141,67 @@ class SysListener:
         if not self._client.is_connected():
             self.close()
             raise OSError(f"no CONNACK from {address}:{port} within {timeout_s:.0f} s")
+        if self._retained_in.wait(max(0.0, deadline - time.monotonic())):
+            with self._lock:
+                missing = [t for t in NUDGED_TOPICS if t not in self.values]
+            if missing:
+                self._start_nudge()
+
+    @staticmethod
+    def _new_client(suffix: str):
+        import paho.mqtt.client as mqtt
+
+        return mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                           client_id=f"perfpipe-sampler-{os.getpid()}{suffix}")
+
+    def _on_connect(self, client, *_) -> None:
+        # Mosquitto queues a SUBSCRIBE's retained messages before its SUBACK, so the second
+        # SUBACK (the same filter: no new subscription) comes after all of the first's; were
+        # one to come later, the nudge it started would only be one too many
+        client.subscribe(SYS_TOPIC, qos=0)
+        self._barrier = client.subscribe(SYS_TOPIC, qos=0)[1]
+
+    def _on_subscribe(self, client, userdata, mid, *_) -> None:
+        if mid == self._barrier:
+            self._retained_in.set()
 
     def _on_message(self, client, userdata, message) -> None:
+        leave = False
         with self._lock:
             self.values[message.topic] = message.payload.decode(errors="replace")
+            if message.topic == UPTIME_TOPIC and not message.retain:
+                self._updates += 1
+                leave = (self._nudged_at is not None
+                         and self._updates - self._nudged_at >= NUDGE_UPDATES)
+        if leave:
+            self._stop_nudge()
+
+    def _start_nudge(self) -> None:
+        nudge = self._new_client("-nudge")
+
+        def subscribed(*_) -> None:
+            with self._lock:
+                self._nudged_at = self._updates
+
+        nudge.on_connect = lambda client, *_: client.subscribe(NUDGE_TOPIC, qos=0)
+        nudge.on_subscribe = subscribed
+        self._nudge = nudge
+        nudge.connect_async(*self._endpoint, keepalive=30)
+        nudge.loop_start()
+
+    def _stop_nudge(self) -> None:
+        with self._lock:
+            nudge, self._nudge, self._nudged_at = self._nudge, None, None
+        if nudge is not None:
+            nudge.disconnect()
+            nudge.loop_stop()
 
     def snapshot(self) -> dict[str, str]:
         with self._lock:
             return dict(self.values)
 
     def close(self) -> None:
+        self._stop_nudge()
         self._client.disconnect()
         self._client.loop_stop()
 
