@@ -107,7 +107,6 @@ def test_the_sampler_records_sys_next_to_cpu_and_rss(tls_broker, tmp_path):
     assert int(last["queued_messages"]) >= 0 and int(last["heap_current"]) > 0
 
 
-
 def _client(port: int, name: str, topic: str, on_message=None) -> mqtt.Client:
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name)
     client.on_connect = lambda c, *_: c.subscribe(topic, qos=0)
@@ -117,46 +116,80 @@ def _client(port: int, name: str, topic: str, on_message=None) -> mqtt.Client:
     return client
 
 
-def test_the_sys_listener_learns_counts_that_did_not_change_when_it_came(tmp_path):
-    """Mosquitto publishes its connection and subscription counts only when they changed,
-    retained for 60 s (and not at all with retain_available false). A listener that takes
-    another client's place between two updates would never learn them: the counts stay
-    as they were, and nothing is retained. It must learn them, and leave them as it found
-    them."""
-    broker = Broker(tmp_path, "retain_available false\n")
-    updates: list[float] = []
-    watcher = _client(broker.port, "watcher", broker_stats.UPTIME_TOPIC,
-                      lambda *_: updates.append(time.monotonic()))
-    leaver = _client(broker.port, "leaver", "$SYS/broker/version")
+class SysWatcher:
+    """A client that keeps the time of every $SYS update and every connection count."""
 
-    def wait_updates(count: int, done=lambda: False) -> None:
-        goal = len(updates) + count
+    def __init__(self, port: int) -> None:
+        self.updates: list[float] = []
+        self.connected: list[str] = []
+        self.client = _client(port, "watcher", "$SYS/broker/#", self._on_message)
+
+    def _on_message(self, client, userdata, message) -> None:
+        if message.retain:
+            return
+        if message.topic == broker_stats.UPTIME_TOPIC:
+            self.updates.append(time.monotonic())
+        elif message.topic == broker_stats.SYS_TOPICS["clients_connected"]:
+            self.connected.append(message.payload.decode())
+
+    def wait_updates(self, count: int, done=lambda: False) -> None:
+        goal = len(self.updates) + count
         deadline = time.monotonic() + 4 * count + 4
-        while len(updates) < goal and not done():
+        while len(self.updates) < goal and not done():
             assert time.monotonic() < deadline, "no $SYS update from the broker"
             time.sleep(0.005)
 
-    def counts() -> list[str | None]:
-        values = listener.snapshot()
-        return [values.get(broker_stats.SYS_TOPICS[c]) for c in columns]
 
-    columns = ("clients_connected", "clients_total", "subscriptions")
+COUNTS = ("clients_connected", "clients_total", "subscriptions")
+
+
+def counts(listener: broker_stats.SysListener) -> dict[str, str | None]:
+    values = listener.snapshot()
+    return {c: values.get(broker_stats.SYS_TOPICS[c]) for c in COUNTS}
+
+
+def test_the_sys_listener_learns_counts_that_did_not_change_when_it_came(tmp_path):
+    """The counts a listener could not learn (`broker_stats.SysListener`): a broker that
+    retains nothing, and a client leaving as the listener comes, between two updates. It
+    must learn them, and leave them as it found them."""
+    broker = Broker(tmp_path, "retain_available false\n")
+    watcher = SysWatcher(broker.port)
+    leaver = _client(broker.port, "leaver", "$SYS/broker/version")
     listener = None
     try:
-        wait_updates(2)  # both clients and their subscriptions counted and published
-        wait_updates(1)  # just after an update: the next one sees only the swap
+        watcher.wait_updates(2)  # both clients and their subscriptions counted and published
+        watcher.wait_updates(1)  # just after an update: the next one sees only the swap
         leaver.disconnect()
         listener = broker_stats.SysListener("127.0.0.1", broker.port)
         # the helper seen by two updates, then gone by the next: 3 or 4 updates, and more
         # than enough to fail without it
-        wait_updates(6, lambda: counts() == ["2"] * 3)
+        watcher.wait_updates(6, lambda: set(counts(listener).values()) == {"2"})
         # the watcher and the listener (the leaver gone, and the listener's helper gone too)
-        assert dict(zip(columns, counts())) == dict.fromkeys(columns, "2")
+        assert counts(listener) == dict.fromkeys(COUNTS, "2")
+        assert "3" in watcher.connected  # the helper came and went
     finally:
         if listener is not None:
             listener.close()
-        for client in (watcher, leaver):
+        for client in (watcher.client, leaver):
             client.loop_stop()
+        broker.kill()
+
+
+def test_the_sys_listener_opens_no_helper_when_the_counts_are_retained(tmp_path):
+    broker = Broker(tmp_path)
+    watcher = SysWatcher(broker.port)
+    listener = None
+    try:
+        watcher.wait_updates(1)  # the watcher counted and published, retained
+        seen = len(watcher.connected)
+        listener = broker_stats.SysListener("127.0.0.1", broker.port)
+        watcher.wait_updates(3)  # a helper would be counted by the first two
+        assert watcher.connected[seen:] == ["2"]  # the listener came, and nothing else
+        assert counts(listener) == dict.fromkeys(COUNTS, "2")
+    finally:
+        if listener is not None:
+            listener.close()
+        watcher.client.loop_stop()
         broker.kill()
 
 

@@ -16,12 +16,17 @@ label sets (``erlang_vm_statistics_runtime_milliseconds*0.001``). ``cpu_seconds`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import Client
 
 SYS_FILE = "broker_sys.csv"
 SYS_TOPIC = "$SYS/broker/#"
@@ -118,7 +123,8 @@ class SysListener:
     retained. So when the retained set lacks one of them, the listener opens a helper
     connection with one subscription: the broker publishes the counts with it, and once it
     has outlived ``NUDGE_UPDATES`` updates it leaves, and the next update publishes them as
-    they are. The counts read one more for those few seconds, at the start of a stage."""
+    they are. The counts read one more for those few seconds, at the start of a stage. The
+    retained set is read within ``timeout_s``; past it, no helper is opened."""
 
     def __init__(self, address: str, port: int, timeout_s: float = 5.0) -> None:
         self.values: dict[str, str] = {}
@@ -127,7 +133,7 @@ class SysListener:
         self._barrier: int | None = None  # the mid of the second SUBSCRIBE
         self._retained_in = threading.Event()
         self._updates = 0  # live $SYS updates seen
-        self._nudge = None  # the helper client, while it is connected
+        self._nudge: Client | None = None  # the helper, while it is connected
         self._nudged_at: int | None = None  # self._updates when its SUBACK came
         self._client = self._new_client("")
         self._client.on_connect = self._on_connect
@@ -143,21 +149,22 @@ class SysListener:
             raise OSError(f"no CONNACK from {address}:{port} within {timeout_s:.0f} s")
         if self._retained_in.wait(max(0.0, deadline - time.monotonic())):
             with self._lock:
-                missing = [t for t in NUDGED_TOPICS if t not in self.values]
+                missing = any(t not in self.values for t in NUDGED_TOPICS)
             if missing:
                 self._start_nudge()
 
     @staticmethod
-    def _new_client(suffix: str):
+    def _new_client(suffix: str) -> Client:
         import paho.mqtt.client as mqtt
 
         return mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
                            client_id=f"perfpipe-sampler-{os.getpid()}{suffix}")
 
     def _on_connect(self, client, *_) -> None:
-        # Mosquitto queues a SUBSCRIBE's retained messages before its SUBACK, so the second
-        # SUBACK (the same filter: no new subscription) comes after all of the first's; were
-        # one to come later, the nudge it started would only be one too many
+        # Mosquitto sends a SUBSCRIBE's SUBACK, then its retained messages, before it reads
+        # the next packet; so the second SUBACK (the same filter: no new subscription, the
+        # retained set again) follows all of the first's. Were one to come later (a socket
+        # that would block), the helper it started would only be one too many
         client.subscribe(SYS_TOPIC, qos=0)
         self._barrier = client.subscribe(SYS_TOPIC, qos=0)[1]
 
@@ -185,25 +192,32 @@ class SysListener:
 
         nudge.on_connect = lambda client, *_: client.subscribe(NUDGE_TOPIC, qos=0)
         nudge.on_subscribe = subscribed
-        self._nudge = nudge
+        with self._lock:
+            self._nudge = nudge
         nudge.connect_async(*self._endpoint, keepalive=30)
         nudge.loop_start()
 
-    def _stop_nudge(self) -> None:
+    def _stop_nudge(self) -> Client | None:
+        """Disconnects the helper, if connected: its network thread then ends by itself."""
         with self._lock:
             nudge, self._nudge, self._nudged_at = self._nudge, None, None
         if nudge is not None:
             nudge.disconnect()
-            nudge.loop_stop()
+        return nudge
 
     def snapshot(self) -> dict[str, str]:
         with self._lock:
             return dict(self.values)
 
     def close(self) -> None:
-        self._stop_nudge()
+        nudge = self._stop_nudge()
         self._client.disconnect()
-        self._client.loop_stop()
+        for client in (self._client, nudge):
+            if client is not None:
+                # paho 2.2's loop_stop raises AttributeError when the thread it is about to
+                # join ends first, as it does after a disconnect (paho.mqtt.python#872)
+                with contextlib.suppress(AttributeError):
+                    client.loop_stop()
 
 
 def _number(text: str | None) -> int | float | None:

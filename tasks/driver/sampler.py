@@ -19,12 +19,12 @@ second that just ended):
                       ``-c`` config, as Mosquitto's) or from a Prometheus endpoint
 ``broker_sys.csv``    Mosquitto's $SYS values as published (``SYS_COLUMNS``), beside it
 The first $SYS rows can be partial: the sampler starts from the values the broker retained,
-and Mosquitto keeps a count (connections, sessions, subscriptions) for 60 s after it last
-changed; when one is missing, the sampler's listener makes the broker publish it within
-two updates, one more than it is for the next few (`broker_stats.SysListener`). A figure
-that has not moved for 60 s (``pub_dropped``, ``heap_maximum``) stays empty until it
-does. When a source cannot be read the sampler still writes the others and says why on
-stderr. SIGTERM stops it early, and it writes what it sampled.
+and Mosquitto retains a figure for 60 s after it last changed. A missing count (connections,
+subscriptions) is published within two updates, one too high for a few seconds
+(`broker_stats.SysListener`); any other figure that has not moved (``pub_dropped``,
+``heap_maximum``) stays empty until it does. When a source cannot be read the sampler
+still writes the others and says why on stderr. SIGTERM stops it early, and it writes what
+it sampled.
 """
 
 from __future__ import annotations
