@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tasks.driver.paho_glue import stop_client  # noqa: E402
 from tasks.ports import free_port, wait_listening  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -131,8 +132,7 @@ class SysCounter:
         return (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
 
     def stop(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        stop_client(self.client)
 
 
 class SendQueue:

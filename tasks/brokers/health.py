@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import paho.mqtt.client as mqtt
 
+from tasks.driver.paho_glue import stop_client
+
 from .errors import BrokerError
 
 if TYPE_CHECKING:
@@ -70,9 +72,8 @@ def health_check(address: str, port: int, timeout_s: float = 10.0,
             last_error = "no CONNACK within 5 s"
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             last_error = str(exc)
-        finally:  # DISCONNECT first: it wakes the network thread, which then ends at once
-            client.disconnect()
-            client.loop_stop()
+        finally:
+            stop_client(client)
         time.sleep(0.2)
     raise BrokerError(f"broker at {address}:{port} did not accept an MQTT CONNECT: {last_error}")
 

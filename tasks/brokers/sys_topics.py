@@ -7,6 +7,8 @@ import time
 
 import paho.mqtt.client as mqtt
 
+from tasks.driver.paho_glue import stop_client
+
 
 def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float = 3.0,
                  first_only: bool = False) -> dict[str, str]:
@@ -25,8 +27,7 @@ def sys_messages(address: str, port: int, topics: tuple[str, ...], wait_s: float
     except OSError:
         return {}
     finally:
-        client.loop_stop()
-        client.disconnect()
+        stop_client(client)
     return seen
 
 

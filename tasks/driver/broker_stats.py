@@ -16,7 +16,6 @@ label sets (``erlang_vm_statistics_runtime_milliseconds*0.001``). ``cpu_seconds`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
@@ -181,7 +180,9 @@ class SysListener:
                 leave = (self._nudged_at is not None
                          and self._updates - self._nudged_at >= NUDGE_UPDATES)
         if leave:
-            self._stop_nudge()
+            nudge = self._take_nudge()
+            if nudge is not None:
+                nudge.disconnect()  # its network thread then ends by itself
 
     def _start_nudge(self) -> None:
         nudge = self._new_client("-nudge")
@@ -197,12 +198,10 @@ class SysListener:
         nudge.connect_async(*self._endpoint, keepalive=30)
         nudge.loop_start()
 
-    def _stop_nudge(self) -> Client | None:
-        """Disconnects the helper, if connected: its network thread then ends by itself."""
+    def _take_nudge(self) -> Client | None:
+        """The helper, if still connected, taken so that only one caller stops it."""
         with self._lock:
             nudge, self._nudge, self._nudged_at = self._nudge, None, None
-        if nudge is not None:
-            nudge.disconnect()
         return nudge
 
     def snapshot(self) -> dict[str, str]:
@@ -210,14 +209,11 @@ class SysListener:
             return dict(self.values)
 
     def close(self) -> None:
-        nudge = self._stop_nudge()
-        self._client.disconnect()
-        for client in (self._client, nudge):
+        from .paho_glue import stop_client
+
+        for client in (self._take_nudge(), self._client):
             if client is not None:
-                # paho 2.2's loop_stop raises AttributeError when the thread it is about to
-                # join ends first, as it does after a disconnect (paho.mqtt.python#872)
-                with contextlib.suppress(AttributeError):
-                    client.loop_stop()
+                stop_client(client)
 
 
 def _number(text: str | None) -> int | float | None:

@@ -13,10 +13,12 @@ private members used here have moved.
 * `IDLE_IN_PACKET`: once the fast path reads a client's socket paho never reads it
   again, so the client's ~380 B ``_in_packet`` dict is replaced by one shared idle dict.
 * `paho_handle` hands a packet the fast path read to paho's own handler (PINGRESP, ...).
+* `stop_client` ends a client run by ``loop_start`` (the sampler's, the health check's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -144,6 +146,16 @@ def check_paho() -> None:
     for name in ("_in_packet", "_packet_handle", "_ping_t") + PAHO_LOCKS:
         if not hasattr(client, name):
             raise RuntimeError(f"paho-mqtt lacks Client.{name}: the driver needs paho-mqtt 2.2.0")
+
+
+def stop_client(client: mqtt.Client) -> None:
+    """Disconnect a client run by ``loop_start`` and wait for its network thread, which the
+    DISCONNECT wakes. paho 2.2's ``loop_stop`` raises AttributeError when that thread ends
+    between its check and its join (paho.mqtt.python#872): then there is nothing to wait for.
+    """
+    client.disconnect()
+    with contextlib.suppress(AttributeError):
+        client.loop_stop()
 
 
 def paho_handle(client: mqtt.Client, command: int, body: bytes) -> int:
