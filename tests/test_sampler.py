@@ -22,6 +22,20 @@ from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLE
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
 
+def _child_runs(parent: int, program: bytes) -> bool:
+    """Whether a child of `parent` runs `program`: until it has exec'd, a child still has
+    its parent's command line."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_bytes()
+            if int(stat.rsplit(b")", 1)[1].split()[1]) == parent:
+                if program in (entry / "cmdline").read_bytes():
+                    return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
 @pytest.fixture
 def spinning(tmp_path: Path):
     """A process busy on one CPU with a child of its own, its pid in a file: a stand-in
@@ -31,7 +45,10 @@ def spinning(tmp_path: Path):
                       f"'import time; time.sleep(30)'])\n{SPIN}")
     process = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     (tmp_path / "broker.pid").write_text(f"{process.pid}\n")
-    time.sleep(0.5)  # the child is started
+    deadline = time.monotonic() + 20
+    while not _child_runs(process.pid, b"time.sleep(30)"):  # forked, and its own program
+        assert time.monotonic() < deadline and process.poll() is None, "no child started"
+        time.sleep(0.02)
     yield process, tmp_path
     os.killpg(process.pid, 9)
     process.wait(5)
