@@ -116,13 +116,14 @@ class SysListener:
     """The latest value of every $SYS/broker topic, kept by a paho client's own thread.
 
     Mosquitto publishes a count (connections, sessions, subscriptions) only when it changed
-    since its last update, retained for 60 s. A listener that takes the place of another
-    client (the previous stage's sampler) between two updates, more than 60 s after the
-    count last changed, would never learn it: the count stays as it was, and nothing is
-    retained. So when the retained set lacks one of them, the listener opens a helper
-    connection with one subscription: the broker publishes the counts with it, and once it
-    has outlived ``NUDGE_UPDATES`` updates it leaves, and the next update publishes them as
-    they are. The counts read one more for those few seconds, at the start of a stage. The
+    since its last update, retained for 60 s. When a stage's clients and its listener take
+    the places of the previous stage's between two updates (11 s apart at Mosquitto's
+    default sys_interval 10), more than 60 s after the count last changed, the listener would
+    never learn it: the count stays as it was, and nothing is retained. So when the
+    retained set lacks one of them, the listener opens a helper connection with one
+    subscription: the broker publishes the counts with it, and once it has outlived
+    ``NUDGE_UPDATES`` updates it leaves, and the next update publishes them as they are.
+    The counts read one more for up to three updates, at the start of a stage. The
     retained set is read within ``timeout_s``; past it, no helper is opened."""
 
     def __init__(self, address: str, port: int, timeout_s: float = 5.0) -> None:

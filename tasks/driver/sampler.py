@@ -20,7 +20,7 @@ second that just ended):
 ``broker_sys.csv``    Mosquitto's $SYS values as published (``SYS_COLUMNS``), beside it
 The first $SYS rows can be partial: the sampler starts from the values the broker retained,
 and Mosquitto retains a figure for 60 s after it last changed. A missing count (connections,
-subscriptions) is published within two updates, one too high for a few seconds
+subscriptions) is published within two updates, one too high for up to three updates
 (`broker_stats.SysListener`); any other figure that has not moved (``pub_dropped``,
 ``heap_maximum``) stays empty until it does. When a source cannot be read the sampler
 still writes the others and says why on stderr. SIGTERM stops it early, and it writes what
