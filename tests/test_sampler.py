@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -40,7 +42,8 @@ def _child_runs(parent: int, program: bytes) -> bool:
 def spinning(tmp_path: Path):
     """A process busy on one CPU with a child of its own, its pid in a file: a stand-in
     for a broker somebody else started (a JVM and a helper)."""
-    script = tmp_path / "fake-broker-7b1f.py"
+    # a name of its own: another worker's test may run its own fake broker meanwhile
+    script = tmp_path / f"fake-broker-{secrets.token_hex(4)}.py"
     script.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
                       f"'import time; time.sleep(30)'])\n{SPIN}")
     process = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
@@ -61,8 +64,9 @@ def reading(finder: procfs.ProcessFinder) -> procfs.ProcessReading:
 
 def test_a_broker_is_found_by_pid_file_session_or_command_line(spinning):
     process, folder = spinning
+    (script,) = folder.glob("fake-broker-*.py")
     ways = [("pid", str(process.pid)), ("pid_file", str(folder / "broker.pid")),
-            ("session", str(process.pid)), ("match", r"fake-broker-7b1f\.py")]
+            ("session", str(process.pid)), ("match", re.escape(script.name))]
     found = {way: procfs.ProcessFinder(way, value).find(procfs.all_stats()) for way, value in ways}
     assert len(found["pid"]) == 2 and process.pid in found["pid"]  # the process and its child
     assert found["pid_file"] == found["pid"] == found["session"]
