@@ -4,6 +4,7 @@ counters and pace, and a Prometheus endpoint's counters turned into rates."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import re
@@ -27,14 +28,11 @@ SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 def _child_runs(parent: int, program: bytes) -> bool:
     """Whether a child of `parent` runs `program`: until it has exec'd, a child still has
     its parent's command line."""
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_bytes()
-            if int(stat.rsplit(b")", 1)[1].split()[1]) == parent:
-                if program in (entry / "cmdline").read_bytes():
+    for st in procfs.all_stats().values():
+        if st.ppid == parent:
+            with contextlib.suppress(OSError):
+                if program in Path(f"/proc/{st.pid}/cmdline").read_bytes():
                     return True
-        except (OSError, ValueError, IndexError):
-            continue
     return False
 
 
