@@ -24,6 +24,7 @@ from tasks.brokers.mosquitto import Mosquitto
 from tasks.brokers.tls import GENERATED_CA, make_certificates
 from tasks.driver import broker_stats, sampler
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
+from tasks.driver.paho_glue import stop_client
 from tasks.hosts import LocalHost
 from tasks.steps.broker import tls_wanted
 from tasks.ports import free_port
@@ -171,7 +172,7 @@ def test_the_sys_listener_learns_counts_that_did_not_change_when_it_came(tmp_pat
         if listener is not None:
             listener.close()
         for client in (watcher.client, leaver):
-            client.loop_stop()
+            stop_client(client)
         broker.kill()
 
 
@@ -189,7 +190,7 @@ def test_the_sys_listener_opens_no_helper_when_the_counts_are_retained(tmp_path)
     finally:
         if listener is not None:
             listener.close()
-        watcher.client.loop_stop()
+        stop_client(watcher.client)
         broker.kill()
 
 
