@@ -56,13 +56,31 @@ def raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # inherited by the broker
 
 
+def acl_patterns(count: int) -> str:
+    """An ACL file that makes each message cost the broker more and changes nothing else:
+    `count` patterns no topic matches (each one, for every PUBLISH received and every
+    delivery, a copy of the pattern with the client id put in, and a topic match:
+    Mosquitto 2.0's mosquitto_acl_check_default), then one that allows every topic."""
+    return ("pattern read $SYS/#\n"
+            + "".join(f"pattern readwrite perfpipe-acl/{i}/%c\n" for i in range(count))
+            + "pattern readwrite #\n")
+
+
 class Broker:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, acl: str | None = None) -> None:
+        """A Mosquitto on a free loopback port; `acl`, the text of its ACL file."""
         self.port = free_port()
-        conf = workdir / "mosquitto.conf"
+        conf = workdir / f"mosquitto-{self.port}.conf"
+        extra = ""
+        if acl is not None:
+            acl_file = workdir / f"acl-{self.port}"
+            acl_file.write_text(acl)
+            acl_file.chmod(0o644)  # read by the user Mosquitto drops to when run as root
+            workdir.chmod(workdir.stat().st_mode | 0o111)
+            extra = f"acl_file {acl_file}\n"
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
                         "persistence false\nmax_queued_messages 1000000\n"
-                        "max_inflight_messages 0\nlog_dest none\nsys_interval 1\n")
+                        "max_inflight_messages 0\nlog_dest none\nsys_interval 1\n" + extra)
         binary = "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() \
             else shutil.which("mosquitto")
         if not binary:

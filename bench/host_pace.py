@@ -2,7 +2,7 @@
 one rated row run again and again, with the pipeline's broker sampler beside it.
 
     .state/venv/bin/python bench/host_pace.py [--row pub-q0-c100-r10k] [--runs 20]
-        [--other-row pub-q0-c100-r20k]
+        [--other-row pub-q0-c100-r20k | --acl-patterns 8]
 
 Each run is `bench_driver.run_once` with perfpipe's driver on the row, against one
 Mosquitto, while `python -m tasks.driver.sampler --pid BROKER --host-counters` samples as
@@ -22,7 +22,11 @@ printed beside it for comparison: a covariate only where driver and broker share
 
 With --other-row, runs alternate between the two rows (another load on the same broker):
 the median of their paired paces' ratio should be 1 if the pace measures the host and not
-the broker's load.
+the broker's load. With --acl-patterns N, runs alternate between two brokers on the same
+row, the second costlier a message by a known kind of change (an ACL of N patterns no topic
+matches, checked for every message: `broker_side.acl_patterns`): the paired ratios say how
+much of the broker's change its own CPU, the driver's and their ratio (the pipeline's
+``broker_cpu_per_driver_cpu``) each show, pair by pair.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_driver as bd  # noqa: E402
-from broker_side import Broker, SysCounter, raise_nofile  # noqa: E402
+from broker_side import Broker, SysCounter, acl_patterns, raise_nofile  # noqa: E402
 from load_tools import REPO  # noqa: E402
 
 from spark.stage_files import read_samples, sample_values  # noqa: E402
@@ -134,13 +138,17 @@ COVARIATES = (("pace_us", "the host's pace", True),
               ("driver_us", "the driver's CPU a message (same host only)", True))
 
 
-def summary(runs: list[dict]) -> None:
+def summary(label: str, runs: list[dict]) -> None:
     ys = [math.log(r["broker_us"]) for r in runs]
     centre = statistics.median(ys)
     mad = 1.4826 * statistics.median(abs(y - centre) for y in ys)
-    print(f"\n{runs[0]['row']}: {len(runs)} runs; broker CPU per message "
+    print(f"\n{label}: {len(runs)} runs; broker CPU per message "
           f"{statistics.median(r['broker_us'] for r in runs):.2f} us (median); spread of its "
           f"log: sd {statistics.stdev(ys):.3f}, MAD-sigma {mad:.3f}")
+    ratio = [math.log(r["broker_us"] / r["driver_us"]) for r in runs]
+    what = "the broker's over the driver's, its log"
+    print(f"  {what:<44} sd {statistics.stdev(ratio):.3f}  (the pipeline's "
+          "broker_cpu_per_driver_cpu: the slope held at 1)")
     for covariate, what, log_covariate in COVARIATES:
         values = [r[covariate] for r in runs]
         if len(set(values)) < 3:  # then some run's other runs could all have one value
@@ -151,16 +159,30 @@ def summary(runs: list[dict]) -> None:
               f"sd left, out of sample {e['left_sd']:.3f}")
 
 
+def paired(label: str, a: list[dict], b: list[dict], key) -> None:
+    """The median and range of b's figure over a's, run by run (each pair run back to
+    back)."""
+    ratios = [key(y) / key(x) for x, y in zip(a, b)]
+    print(f"  {label:<44} median {statistics.median(ratios):.3f} "
+          f"({min(ratios):.3f} to {max(ratios):.3f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--row", default="pub-q0-c100-r10k",
                         help="a bench_driver row name; publish rows may name any rate "
                         "(pub-q0-cN-rMk: N publishers, M thousand msgs/s in all)")
-    parser.add_argument("--other-row", help="alternate with this row (another load)")
-    parser.add_argument("--runs", type=int, default=20, help="runs of each row (>= 4)")
+    variant = parser.add_mutually_exclusive_group()
+    variant.add_argument("--other-row", help="alternate with this row (another load)")
+    variant.add_argument("--acl-patterns", type=int, metavar="N",
+                         help="alternate with a second broker that costs more a message "
+                         "(an ACL of N patterns no topic matches) on the same row")
+    parser.add_argument("--runs", type=int, default=20, help="runs of each variant (>= 4)")
     args = parser.parse_args(argv)
     if args.runs < 4:
         parser.error(f"--runs {args.runs}: a slope fitted on the other runs needs at least 4")
+    if args.acl_patterns is not None and args.acl_patterns < 1:
+        parser.error(f"--acl-patterns {args.acl_patterns}: at least 1 pattern")
     rows = [args.row] + ([args.other_row] if args.other_row else [])
     for row in rows:
         if not row.startswith("pub-"):
@@ -168,29 +190,41 @@ def main(argv: list[str] | None = None) -> int:
                          "row's, not what a subscriber kept up with")
     raise_nofile()
     workdir = Path(tempfile.mkdtemp(prefix="host-pace-"))
-    broker = Broker(workdir)
-    sys_counter = SysCounter(broker.port)
-    runs: dict[str, list[dict]] = {row: [] for row in rows}
-    try:
+    variants = [(row, row, 0) for row in rows]
+    if args.acl_patterns:
+        variants.append((f"{args.row}, ACL of {args.acl_patterns}", args.row, 1))
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in variants}
+    brokers: list[Broker] = []
+    counters: list[SysCounter] = []
+    try:  # a broker that fails to start (SystemExit) stops the ones started before it
+        brokers.append(Broker(workdir))
+        if args.acl_patterns:
+            brokers.append(Broker(workdir, acl_patterns(args.acl_patterns)))
+        counters += [SysCounter(broker.port) for broker in brokers]
         for run in range(args.runs):
-            for row in rows:
-                r = one_run(row, broker, sys_counter, workdir, run)
-                runs[row].append(r)
-                print(f"  run {run + 1:>2} {row:<18} broker {r['broker_us']:6.2f} us/msg "
+            for label, row, b in variants:
+                r = one_run(row, brokers[b], counters[b], workdir, run)
+                runs[label].append(r)
+                print(f"  run {run + 1:>2} {label:<18} broker {r['broker_us']:6.2f} us/msg "
                       f"({r['broker_sys_us']:5.2f} system)  pace {r['pace_us']:6.1f} us "
                       f"({r['seconds']} s)  host CPU {r['host_pct']:5.1f}%, steal "
                       f"{r['steal_pct']:4.2f}%  driver {r['driver_us']:6.2f} us/msg  broker "
                       f"woke {r['wakes']:.3f}/msg", flush=True)
     finally:
-        sys_counter.stop()
-        broker.stop()
-    for row in rows:
-        summary(runs[row])
-    if args.other_row:
-        a, b = (runs[row] for row in rows)
-        ratios = [y["pace_us"] / x["pace_us"] for x, y in zip(a, b)]
-        print(f"\npace at {rows[1]} over pace at {rows[0]}, run by run: median "
-              f"{statistics.median(ratios):.3f} ({min(ratios):.3f} to {max(ratios):.3f})")
+        for counter in counters:
+            counter.stop()
+        for broker in brokers:
+            broker.stop()
+    for label, _, _ in variants:
+        summary(label, runs[label])
+    if len(variants) == 2:
+        a, b = (runs[label] for label, _, _ in variants)
+        print(f"\n{variants[1][0]} over {variants[0][0]}, run by run:")
+        paired("the host's pace", a, b, lambda r: r["pace_us"])
+        paired("the broker's CPU a message", a, b, lambda r: r["broker_us"])
+        paired("the driver's CPU a message", a, b, lambda r: r["driver_us"])
+        paired("the broker's over the driver's", a, b,
+               lambda r: r["broker_us"] / r["driver_us"])
     return 0
 
 

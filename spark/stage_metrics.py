@@ -196,6 +196,25 @@ def driver_metrics(stage: StageFiles) -> dict:
     return {"driver_cpu_max": max(busiest)} if busiest else {}
 
 
+def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, source: str) -> dict:
+    """broker_cpu_per_driver_cpu: the broker's CPU over its driver's, where every driver
+    process runs on the broker's host (the embedded default) and the broker's CPU is its
+    processes'. Both do a fixed piece of work per message at a fixed rate, and on a shared
+    host both slow down together when the host does (its other tenants, its frequency):
+    their costs a message correlate 0.97-0.99 night to night, so the ratio keeps a change
+    in the broker's own cost and leaves most of the host's out (bench/README.md,
+    host_pace.py). Null where that does not hold: a driver on another host shares nothing
+    of the broker's."""
+    host = stage.doc.get("broker_host")
+    cpus = [summary.get("publish_cpu") or {} for summary in stage.summaries]
+    if (source != "processes" or broker_cpu_avg is None or stage.missing or not cpus
+            or any(summary.get("host") != host for summary in stage.summaries)
+            or not all(cpu.get("wall_s") for cpu in cpus)):
+        return {}
+    driver = sum(100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in cpus)
+    return {"broker_cpu_per_driver_cpu": _ratio(broker_cpu_avg, driver)}
+
+
 def latency_metrics(histograms: dict[str, dict[int, int]], tails: dict[str, list[SecondTail]],
                     stalled: dict[str, dict[int, int]]) -> dict:
     """Percentiles of the window's summed buckets, and the per-second tails and stalls."""
@@ -306,6 +325,7 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         metrics.update(latency_metrics(histograms, tails, sums.stalled.get(stage.stage_id, {})))
         broker = _broker_source(stage)
         metrics.update(broker_metrics(stage, metrics["delivered_rate"], broker))
+        metrics.update(relative_cost(stage, metrics["broker_cpu_avg"], broker[0]))
         series.update(window_series(series["seconds"], tails, broker[1]))
         series.update(histogram_series(histograms))
     unknown = set(metrics) - set(METRICS)

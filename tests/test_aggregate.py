@@ -221,13 +221,14 @@ def write_broker(stage_dir: Path, rng: np.random.Generator, expect: Expect,
 
 def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
                 skip: tuple[str, int] | None = None,
-                no_phase: tuple[str, int] | None = None) -> Expect:
-    """2 hosts x 2 processes; `skip` is listed in stage.json but writes nothing; the
-    summary of `no_phase` has no connect_phase."""
+                no_phase: tuple[str, int] | None = None,
+                hosts: tuple[str, ...] = HOSTS) -> Expect:
+    """2 processes on each of `hosts` (the broker's host is h1); `skip` is listed in
+    stage.json but writes nothing; the summary of `no_phase` has no connect_phase."""
     rng, expect = np.random.default_rng(seed), Expect()
     stage_dir = raw / stage_id
     publishers = []
-    for host in HOSTS:
+    for host in hosts:
         for number in PROCS:
             proc = Proc(host, number, expect if (host, number) != skip else Expect())
             fill(proc, rng, traffic)
@@ -242,7 +243,7 @@ def build_stage(raw: Path, stage_id: str, seed: int, traffic: bool = True,
         "run_id": RUN_ID, "stage_id": stage_id, "scenario": "fanout", "qos": 1,
         "clients": 16, "windows": WINDOWS, "target_publish_rate": 4000,
         "expected_delivery_rate": 8000, "receivers": {p: RECEIVERS for p in publishers},
-        "processes": [{"host": h, "proc": p} for h in HOSTS for p in PROCS],
+        "processes": [{"host": h, "proc": p} for h in hosts for p in PROCS],
         "broker_host": "h1", "sampler": {"processes": "pid 1", "host": True},
     })
     return expect
@@ -294,6 +295,7 @@ def run(tmp_path_factory) -> Run:
         "s3_zero": build_stage(raw, "s3_zero", 3, traffic=False),
         "s4_truncated": build_stage(raw, "s4_truncated", 4),
         "s5_no_phase": build_stage(raw, "s5_no_phase", 5, no_phase=NO_PHASE),
+        "s6_broker_host": build_stage(raw, "s6_broker_host", 6, hosts=("h1",)),
     }
     # cut the last row (a drain second) of one file mid-way: two columns and the newline
     truncate(raw / "s4_truncated" / "h1" / "0" / COUNTERS_FILE, 5)
@@ -457,6 +459,22 @@ def test_driver_cpu_max_is_the_busiest_process(run: Run):
     # h1/0 recorded none in s5_no_phase: the maximum of the others, not a zero
     assert run.stages["s5_no_phase"]["metrics"]["driver_cpu_max"] == DRIVER_CPU_MAX
     assert run.stages["s3_zero"]["metrics"]["driver_cpu_max"] is None
+
+
+def test_the_broker_cpu_over_the_driver_cpu_only_where_they_share_a_host(run: Run):
+    """broker_cpu_per_driver_cpu: the broker's CPU over the sum of its driver processes'
+    (each over its publish phase), when every driver process runs on the broker's host."""
+    stage, expect = run.stages["s6_broker_host"], run.expect["s6_broker_host"]
+    driver = sum(100 * c / w for (host, _), (c, w) in PUBLISH_CPU.items() if host == "h1")
+    assert driver == 87.5  # h1/0 25%, h1/1 62.5%
+    assert stage["metrics"]["broker_cpu_per_driver_cpu"] == pytest.approx(
+        np.mean(expect.cpu) / driver, rel=1e-9)
+    assert stage["status"] == "ok", stage["problems"]
+    # drivers on h2 too: nothing shared with the broker's host, so no ratio (and no problem:
+    # the topology is not a fault)
+    assert run.stages["s1_ok"]["metrics"]["broker_cpu_per_driver_cpu"] is None
+    assert not [p for p in run.stages["s1_ok"]["problems"] if "driver" in p]
+    assert METRICS["broker_cpu_per_driver_cpu"].better == "lower"
 
 
 def test_missing_connect_phase_is_null_with_a_problem(run: Run):

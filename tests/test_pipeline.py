@@ -93,10 +93,17 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
         assert metrics["host_cpu_avg"] >= metrics["broker_cpu_avg"] * 0.5
         assert 10 < metrics["host_pace_us"] < 50_000  # the host's pace was read each second
         assert metrics["host_steal_pct"] is not None and metrics["host_steal_pct"] >= 0
+        # the drivers run on the broker's host: the broker's CPU over theirs, whose sum lies
+        # between the busiest one's and that times their number
+        (procs,) = stage["params"]["drivers"].values()
+        ratio, busiest = metrics["broker_cpu_per_driver_cpu"], metrics["driver_cpu_max"]
+        assert metrics["broker_cpu_avg"] / (procs * busiest) * (1 - 1e-9) <= ratio
+        assert ratio <= metrics["broker_cpu_avg"] / busiest * (1 + 1e-9)
     output = "\n".join(lines)
     assert "no baseline yet" in output and outcome.report in output
     report = Path(outcome.report).read_text()
     assert "broker CPU / 10K msgs (CPU-s)" in report and "RSS / 1K conns (MiB)" in report
+    assert "broker CPU / driver CPU" in report
     # teardown wrote it again with the run's final status; buckets and per-second series
     # were stored, so the latency curve and the p99 and CPU per second are drawn
     assert '<b class="status-ok">ok</b>' in report and "status <b>running</b>" not in report

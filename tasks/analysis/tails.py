@@ -4,7 +4,8 @@ A latency tail over the whole measure window is set by stalls: one 100 ms pause 
 host's scheduler, or 40 ms of TCP waiting for a delayed ACK, delays every message sent
 during it, so the window's p99 reads the stall, not how fast the broker delivers
 (night-to-night noise of the window's e2e p99 here: 64% on a stage that stalled every
-night, `bench/noise_measured.json`). So a stage's tail is read per second:
+night, the batch of 2026-11-24 in `bench/noise_measured.json`'s ``earlier_batches``).
+So a stage's tail is read per second:
 
 - **the typical second's tail** (``<kind>_latency_p99_typical``): the median over the
   measure window's seconds of each second's p99 (read from that second's histogram summed
@@ -18,7 +19,7 @@ night, `bench/noise_measured.json`). So a stage's tail is read per second:
   This is the tail that is judged; the others are recorded beside it.
 
 Why this one: `bench/measure_noise.py` measured the night-to-night noise of each
-(``tail_estimators``): over 12 nights of the smoke suite, on the stage where 1 to 3
+(``tail_estimators``, that batch's): over 12 nights of the smoke suite, on the stage where 1 to 3
 seconds stalled every night, the window's p99 moved 64% (robust sigma; sd 89%), the
 typical second's 9.0% (sd 15%) and the p99 without stall seconds 9.7% (sd 9.7%); on the
 stages without stalls the last is the window's p99, and it was quieter than the typical

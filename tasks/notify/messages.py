@@ -21,7 +21,8 @@ _SECTION_LIMIT = 2900
 
 
 # The metrics whose earlier nights a message lists beside tonight's: capacity and cost
-EARLIER_NIGHTS = ("max_rate", "broker_cpu_s_per_10k", "broker_rss_per_1k_conn")
+EARLIER_NIGHTS = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu",
+                  "broker_rss_per_1k_conn")
 
 
 @dataclass(frozen=True)
