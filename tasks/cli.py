@@ -229,7 +229,8 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("run_id", help=RUN_ID_HELP)
     export.add_argument("--format", required=True, choices=FORMATS,
                         help="bencher: one BMF JSON file for `bencher run --adapter json`; "
-                        "otava: a CSV per stage key and fingerprint, and otava.yaml")
+                        "otava: a CSV per stage key and fingerprint (and per metric some "
+                        "of its runs lack), and otava.yaml")
     export.add_argument("--out", type=Path, required=True,
                         help="bencher: the JSON file to write; otava: the folder to write into")
     _command(sub, "check-nightly", "exit 1 and alert when no nightly ran recently "

@@ -2,8 +2,9 @@
 tools read (what each holds: `tasks/views/export.py`).
 
     bencher  PATH is a JSON file (BMF): `bencher run --adapter json --file PATH --testbed FP`
-    otava    PATH is a folder: a CSV per stage key and fingerprint, with the comparable
-             earlier runs of that stage since its setup last changed, and otava.yaml:
+    otava    PATH is a folder: a CSV per stage key and fingerprint (and one per metric
+             some of its runs lack), with the comparable earlier runs of that stage since
+             its setup last changed, and otava.yaml:
              `otava analyze --config-file PATH/otava.yaml TEST`
 """
 
@@ -71,18 +72,19 @@ def write_otava(store: Store, run: dict, stages: list[dict], out: Path,
         history = [*kept, {"run_id": run["run_id"], "started_at": run["started_at"],
                            "kind": run["kind"], "broker_version": run["broker_version"],
                            "metrics": stage["metrics"]}]
-        rows, left_out = views.otava_rows(history, metrics)
-        name = views.otava_name(key, fp)
-        path = (out / f"{name}.csv").resolve()
-        with path.open("w", newline="") as f:
-            csv.writer(f).writerows(rows)
-        tests[name] = views.otava_test(str(path), metrics)
-        say(f"{path.name}: {len(rows) - 1} runs, {len(metrics)} metrics"
-            + (f" ({left_out} runs left out: a metric missing)" if left_out else "")
-            + (f" ({other} earlier runs left out: another setup)" if other else ""))
+        for suffix, columns in views.otava_files(history, metrics):
+            rows, left_out = views.otava_rows(history, columns)
+            name = views.otava_name(key, fp) + suffix
+            path = (out / f"{name}.csv").resolve()
+            with path.open("w", newline="") as f:
+                csv.writer(f).writerows(rows)
+            tests[name] = views.otava_test(str(path), columns)
+            say(f"{path.name}: {len(rows) - 1} runs, {len(columns)} metrics"
+                + (f" ({left_out} runs without it)" if left_out else "")
+                + (f" ({other} earlier runs left out: another setup)" if other else ""))
     config = out / OTAVA_CONFIG
     config.write_text(f"# perfpipe export {run['run_id']} --format otava: one csv test per "
-                      "stage key and fingerprint\n"
+                      "stage key and fingerprint, and per metric some of its runs lack\n"
                       + yaml.safe_dump({"tests": tests}, sort_keys=False))
     say(f"wrote {config} ({len(tests)} tests); analyse one with: otava analyze "
         f"--config-file {config} {next(iter(tests), 'TEST')}")

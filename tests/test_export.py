@@ -187,30 +187,40 @@ def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_s
     export_run(sqlite_store, run_id, "otava", tmp_path / "otava", said.append)
     config = yaml.safe_load((tmp_path / "otava" / "otava.yaml").read_text())
     name = views.otava_name(KEY, "fp1")
-    assert list(config["tests"]) == [name]  # one series: the exported stage key+fingerprint
+    # one series, the exported stage key+fingerprint: a file of the metrics every night
+    # has, and one for the metric night 3 lacks, so that night keeps its place in the first
+    assert list(config["tests"]) == [name, f"{name}__broker_cpu_s_per_10k"]
     test = config["tests"][name]
     assert (test["type"], test["time_column"]) == ("csv", "time")
     assert Path(test["file"]) == (tmp_path / "otava" / f"{name}.csv").resolve()
     assert test["metrics"]["delivered_rate"] == {"column": "delivered_rate", "direction": 1}
     assert test["metrics"]["e2e_latency_p50"]["direction"] == -1
-    assert test["metrics"]["broker_cpu_s_per_10k"]["direction"] == -1
+    cost = config["tests"][f"{name}__broker_cpu_s_per_10k"]
+    assert list(cost["metrics"]) == ["broker_cpu_s_per_10k"]
+    assert cost["metrics"]["broker_cpu_s_per_10k"]["direction"] == -1
     assert all(m["direction"] == {"higher": 1, "lower": -1}[METRICS[n].better]
-               for n, m in test["metrics"].items())
+               for t in config["tests"].values() for n, m in t["metrics"].items())
     assert "target_rate" not in test["metrics"] and "lost" not in test["metrics"]  # not judged
 
     times, metrics, attributes = read_like_otava(test)
     assert times == sorted(times) and len(set(times)) == len(times)
-    # comparable nights on fp1, oldest first: night 3 lacks a metric, one run failed,
-    # one is on fp2; before night 1 the setup changed (and one night before that is
-    # another history, though its setup was tonight's)
-    expected = [f"n{d:02d}" for d in range(1, NIGHTS + 1) if d != 3]
+    # comparable nights on fp1, oldest first: one run failed, one is on fp2; before night 1
+    # the setup changed (and one night before that is another history, though its setup
+    # was tonight's)
+    expected = [f"n{d:02d}" for d in range(1, NIGHTS + 1)]
     assert attributes["run_id"] == expected
     assert set(attributes["kind"]) == {"nightly"}
     stored = {r: last_stage(sqlite_store, r)["metrics"] for r in expected}
     assert metrics["delivered_rate"] == [stored[r]["delivered_rate"] for r in expected]
     assert metrics["delivered_rate"][-1] < 0.85 * metrics["delivered_rate"][0]  # the drop is there
-    assert any("13 runs, 3 metrics (1 runs left out: a metric missing) (2 earlier runs left "
-               "out: another setup)" in line for line in said), said
+    _, costs, cost_attributes = read_like_otava(cost)  # every night but the one without it
+    assert cost_attributes["run_id"] == [r for r in expected if r != "n03"]
+    assert costs["broker_cpu_s_per_10k"] == [stored[r]["broker_cpu_s_per_10k"]
+                                             for r in expected if r != "n03"]
+    assert any(f"{name}.csv: 14 runs, 2 metrics (2 earlier runs left out: another setup)"
+               in line for line in said), said
+    assert any("__broker_cpu_s_per_10k.csv: 13 runs, 1 metrics (1 runs without it) (2 earlier "
+               "runs left out: another setup)" in line for line in said), said
 
 
 # -- the views and Grafana's dashboard ------------------------------------------------------

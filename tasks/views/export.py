@@ -102,6 +102,17 @@ def otava_metrics(stage: dict) -> list[str]:
     return [m for m in judged_metrics(Policy()) if stage["metrics"].get(m) is not None]
 
 
+def otava_files(history: list[dict], metrics: list[str]) -> list[tuple[str, list[str]]]:
+    """(file suffix, its metrics) for one series: the metrics every run of `history` has in
+    one file (suffix ""), each other one in a file of its own (``__<metric>``), so a metric
+    newer than the history, or missing on some night, costs no run its place in the
+    others (Otava reads every cell as a number: a file leaves out the runs without one of
+    its metrics)."""
+    whole = [m for m in metrics if all(e["metrics"].get(m) is not None for e in history)]
+    return ([("", whole)] if whole else []) + [(f"__{m}", [m]) for m in metrics
+                                               if m not in whole]
+
+
 def otava_rows(history: list[dict], metrics: list[str]) -> tuple[list[list[str]], int]:
     """(CSV rows with their header first, runs left out): one row per run, oldest first;
     `history` entries are {"run_id", "started_at", "kind", "broker_version", "metrics"}. A
