@@ -58,9 +58,11 @@ def raise_nofile() -> None:
 
 def acl_patterns(count: int) -> str:
     """An ACL file that makes each message cost the broker more and changes nothing else:
-    `count` patterns no topic matches (each one, for every PUBLISH received and every
-    delivery, a copy of the pattern with the client id put in, and a topic match:
-    Mosquitto 2.0's mosquitto_acl_check_default), then one that allows every topic."""
+    one pattern that lets the bench read $SYS, `count` more patterns, none matching a
+    published topic (each one, for every PUBLISH received and every delivery, a copy of
+    the pattern with the client id put in, and a topic match: Mosquitto 2.0's
+    mosquitto_acl_check_default), then one that allows every topic. A message is checked
+    against `count` + 1 patterns before it is allowed."""
     return ("pattern read $SYS/#\n"
             + "".join(f"pattern readwrite perfpipe-acl/{i}/%c\n" for i in range(count))
             + "pattern readwrite #\n")
@@ -88,6 +90,7 @@ class Broker:
         self.process = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         if not wait_listening(self.port, 10):
+            self.stop()
             sys.exit(f"mosquitto did not listen on {self.port}")
 
     @property

@@ -20,11 +20,13 @@ writes the same for the pace (not the steal) on the pipeline's own stages, night
 into its output's ``host_pace``. The driver's CPU per message, on this host too, is
 printed beside it for comparison: a covariate only where driver and broker share a host.
 
-With --other-row, runs alternate between the two rows (another load on the same broker):
+With --other-row, runs alternate between the two rows (another load on the same broker,
+the order swapped every run):
 the median of their paired paces' ratio should be 1 if the pace measures the host and not
 the broker's load. With --acl-patterns N, runs alternate between two brokers on the same
-row, the second costlier a message by a known kind of change (an ACL of N patterns no topic
-matches, checked for every message: `broker_side.acl_patterns`): the paired ratios say how
+row, the second costlier a message by a known kind of change (an ACL of N + 1 patterns no
+published topic matches, checked for every message: `broker_side.acl_patterns`): the
+paired ratios say how
 much of the broker's change its own CPU, the driver's and their ratio (the pipeline's
 ``broker_cpu_per_driver_cpu``) each show, pair by pair.
 """
@@ -51,7 +53,7 @@ TIMING = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
 
 
 def one_run(row: str, broker: Broker, sys_counter: SysCounter, workdir: Path, run: int) -> dict:
-    out = workdir / f"sampler-{run}"
+    out = workdir / f"sampler-{run}-{broker.port}-{row}"
     sampler = subprocess.Popen(
         [sys.executable, "-m", "tasks.driver.sampler", "--pid", str(broker.pid),
          "--host-counters", "--no-sys", "--until", "2000000000", "--out", str(out)],
@@ -138,6 +140,12 @@ COVARIATES = (("pace_us", "the host's pace", True),
               ("driver_us", "the driver's CPU a message (same host only)", True))
 
 
+def over_driver(run: dict) -> float:
+    """The broker's CPU a message over the driver's: the pipeline's broker_cpu_per_driver_cpu
+    (there over the driver processes' CPU at the same rate)."""
+    return run["broker_us"] / run["driver_us"]
+
+
 def summary(label: str, runs: list[dict]) -> None:
     ys = [math.log(r["broker_us"]) for r in runs]
     centre = statistics.median(ys)
@@ -145,7 +153,7 @@ def summary(label: str, runs: list[dict]) -> None:
     print(f"\n{label}: {len(runs)} runs; broker CPU per message "
           f"{statistics.median(r['broker_us'] for r in runs):.2f} us (median); spread of its "
           f"log: sd {statistics.stdev(ys):.3f}, MAD-sigma {mad:.3f}")
-    ratio = [math.log(r["broker_us"] / r["driver_us"]) for r in runs]
+    ratio = [math.log(over_driver(r)) for r in runs]
     what = "the broker's over the driver's, its log"
     print(f"  {what:<44} sd {statistics.stdev(ratio):.3f}  (the pipeline's "
           "broker_cpu_per_driver_cpu: the slope held at 1)")
@@ -176,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     variant.add_argument("--other-row", help="alternate with this row (another load)")
     variant.add_argument("--acl-patterns", type=int, metavar="N",
                          help="alternate with a second broker that costs more a message "
-                         "(an ACL of N patterns no topic matches) on the same row")
+                         "(an ACL of N + 1 patterns no published topic matches) on the same "
+                         "row")
     parser.add_argument("--runs", type=int, default=20, help="runs of each variant (>= 4)")
     args = parser.parse_args(argv)
     if args.runs < 4:
@@ -200,12 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         brokers.append(Broker(workdir))
         if args.acl_patterns:
             brokers.append(Broker(workdir, acl_patterns(args.acl_patterns)))
-        counters += [SysCounter(broker.port) for broker in brokers]
+        for broker in brokers:
+            counters.append(SysCounter(broker.port))
+        width = max(len(label) for label, _, _ in variants)
         for run in range(args.runs):
-            for label, row, b in variants:
+            # the order alternates run by run (ABBA), so neither variant is always the first
+            for label, row, b in variants[::-1] if run % 2 else variants:
                 r = one_run(row, brokers[b], counters[b], workdir, run)
                 runs[label].append(r)
-                print(f"  run {run + 1:>2} {label:<18} broker {r['broker_us']:6.2f} us/msg "
+                print(f"  run {run + 1:>2} {label:<{width}} broker {r['broker_us']:6.2f} us/msg "
                       f"({r['broker_sys_us']:5.2f} system)  pace {r['pace_us']:6.1f} us "
                       f"({r['seconds']} s)  host CPU {r['host_pct']:5.1f}%, steal "
                       f"{r['steal_pct']:4.2f}%  driver {r['driver_us']:6.2f} us/msg  broker "
@@ -223,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         paired("the host's pace", a, b, lambda r: r["pace_us"])
         paired("the broker's CPU a message", a, b, lambda r: r["broker_us"])
         paired("the driver's CPU a message", a, b, lambda r: r["driver_us"])
-        paired("the broker's over the driver's", a, b,
-               lambda r: r["broker_us"] / r["driver_us"])
+        paired("the broker's over the driver's", a, b, over_driver)
     return 0
 
 

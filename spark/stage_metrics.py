@@ -186,33 +186,41 @@ def connect_metrics(stage: StageFiles) -> dict:
     return {"connect_rate": connected / span}
 
 
+def _driver_cpus(stage: StageFiles) -> list[float | None]:
+    """Each driver process's CPU over its publish phase (summary ``publish_cpu``, warm-up
+    and measure window), in % of one core; None where a process did not record it."""
+    return [100 * cpu["cpu_s"] / cpu["wall_s"] if cpu and cpu.get("wall_s") else None
+            for cpu in (summary.get("publish_cpu") for summary in stage.summaries)]
+
+
 def driver_metrics(stage: StageFiles) -> dict:
     """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
-    one core (summary ``publish_cpu``), a validity input: a driver that busy may be the
-    bottleneck. Null when no process recorded it."""
-    busiest = [100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in
-               (summary.get("publish_cpu") for summary in stage.summaries)
-               if cpu and cpu.get("wall_s")]
+    one core, a validity input: a driver that busy may be the bottleneck. Null when no
+    process recorded it."""
+    busiest = [cpu for cpu in _driver_cpus(stage) if cpu is not None]
     return {"driver_cpu_max": max(busiest)} if busiest else {}
 
 
 def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, source: str) -> dict:
-    """broker_cpu_per_driver_cpu: the broker's CPU over its driver's, where every driver
-    process runs on the broker's host (the embedded default) and the broker's CPU is its
-    processes'. Both do a fixed piece of work per message at a fixed rate, and on a shared
-    host both slow down together when the host does (its other tenants, its frequency):
-    their costs a message correlate 0.97-0.99 night to night, so the ratio keeps a change
-    in the broker's own cost and leaves most of the host's out (bench/README.md,
-    host_pace.py). Null where that does not hold: a driver on another host shares nothing
-    of the broker's."""
+    """broker_cpu_per_driver_cpu: the broker's CPU (its processes', over the measure
+    window) over the sum of its driver processes' (each over its publish phase, warm-up
+    included), where every driver process runs on the broker's host (the embedded
+    default). Both do a fixed piece of work a message at a fixed rate, and on a shared host
+    both slow down when the host does (its other tenants, its frequency): on the bench's
+    10K msgs/s row and the smoke suite's stages their costs a message correlate 0.93-0.99
+    from run to run, so the ratio keeps a change in the broker's own cost and leaves most
+    of the host's out (bench/README.md, host_pace.py; not on every load: see there).
+
+    Null without a problem line of its own: a driver on another host shares nothing of the
+    broker's host (the topology, not a fault), and the other causes already have one (a
+    process without a summary, the broker's CPU from its own figures or its host)."""
     host = stage.doc.get("broker_host")
-    cpus = [summary.get("publish_cpu") or {} for summary in stage.summaries]
+    cpus = _driver_cpus(stage)
     if (source != "processes" or broker_cpu_avg is None or stage.missing or not cpus
             or any(summary.get("host") != host for summary in stage.summaries)
-            or not all(cpu.get("wall_s") for cpu in cpus)):
+            or any(cpu is None for cpu in cpus)):
         return {}
-    driver = sum(100 * cpu["cpu_s"] / cpu["wall_s"] for cpu in cpus)
-    return {"broker_cpu_per_driver_cpu": _ratio(broker_cpu_avg, driver)}
+    return {"broker_cpu_per_driver_cpu": _ratio(broker_cpu_avg, sum(cpus))}
 
 
 def latency_metrics(histograms: dict[str, dict[int, int]], tails: dict[str, list[SecondTail]],

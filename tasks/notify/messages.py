@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..metrics import METRICS
+from ..metrics import CAPACITY_AND_COST, METRICS
 
 MAX_ROWS = 10
 _SECTION_LIMIT = 2900
 
 
 # The metrics whose earlier nights a message lists beside tonight's: capacity and cost
-EARLIER_NIGHTS = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu",
-                  "broker_rss_per_1k_conn")
+EARLIER_NIGHTS = CAPACITY_AND_COST
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import math
 from datetime import datetime
 from html import escape
 
-from ..metrics import FLAGGED, VERDICTS
+from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
 from .tables import verdict_note
 from .units import readable, show, unit_of
@@ -17,7 +17,7 @@ Histories = dict[str, list[dict]]  # stage id -> its earlier comparable nights, 
 BAND_SIGMAS = 2  # the shaded band: the baseline +- 2 noise sigmas (log scale)
 # Drawn open for every stage that judges them (rate, capacity, cost); the other judged
 # metrics are folded unless flagged tonight
-HEADLINE = ("delivered_rate", "max_rate", "broker_cpu_s_per_10k", "broker_rss_per_1k_conn")
+HEADLINE = ("delivered_rate", *CAPACITY_AND_COST)
 
 
 def _label(when: datetime | None, dated: bool) -> str:
