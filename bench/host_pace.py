@@ -26,9 +26,8 @@ the median of their paired paces' ratio should be 1 if the pace measures the hos
 the broker's load. With --acl-patterns N, runs alternate between two brokers on the same
 row, the second costlier a message by a known kind of change (an ACL of N + 1 patterns no
 published topic matches, checked for every message: `broker_side.acl_patterns`): the
-paired ratios say how
-much of the broker's change its own CPU, the driver's and their ratio (the pipeline's
-``broker_cpu_per_driver_cpu``) each show, pair by pair.
+paired ratios say how much of the broker's change its own CPU, the driver's and their
+ratio (the pipeline's ``broker_cpu_per_driver_cpu``) each show, pair by pair.
 """
 
 from __future__ import annotations
