@@ -139,20 +139,6 @@ def test_a_short_history_is_learning_and_flags_only_what_is_beyond_doubt():
     assert calm.verdict == "learning" and not calm.detail["doubt_once"]
 
 
-def test_while_learning_a_noisy_metric_that_swung_little_by_chance_is_not_flagged():
-    """Five nights 3% either side of 1000 swing 3% at most, so 30% less is 10 times their
-    widest swing: but five nights tell their noise (2.9%) only to 2 d.o.f., and a 30% step
-    is 11 times the change's estimated sd, where two nights in a row beyond 14 of it is what
-    the false-alarm budget allows. 60% less is caught as before."""
-    wobbly = nights([1000 * math.exp(d) for d in (0.0, 0.03, -0.03, 0.03, -0.03)])
-    for step, expected in ((700.0, "learning"), (400.0, "regression")):
-        first = verdict({RATE: step}, wobbly)
-        again = verdict({RATE: step}, [{**wobbly[0], "run_id": "n6", "metrics": {RATE: step}}]
-                        + wobbly, previous={RATE: first.to_dict()})
-        assert again.verdict == expected, (step, first.detail, again.detail)
-        assert first.detail["doubt_once"] == (expected == "regression")
-
-
 def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     rng = random.Random(6)
     def history(sigma, n=10):

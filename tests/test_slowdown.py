@@ -40,9 +40,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 14 pipeline runs
 
 A_NIGHTS, B_NIGHTS = 5, 2
 # The steps are large on purpose: with 5 nights of history a stage is still learning its
-# noise (8 nights), and only a change beyond doubt (15% or more, 5x the widest swing of
-# the A nights and beyond what their noise allows) two nights in a row is a regression:
-# the first B night is `learning`
+# noise (8 nights), and only a change beyond doubt (15% or more and 5x the widest swing
+# of the A nights) two nights in a row is a regression: the first B night is `learning`
 # (marked beyond doubt once), the second a `regression`. How small a step the detector
 # catches, and at which noise, is bench/bench_capacity.py's and bench_detector.py's job.
 CAUGHT = ["learning", "regression"]  # the B nights' verdicts

@@ -55,9 +55,8 @@ better-direction and a minimum practical effect) of a valid stage:
 - **Learning.** Until the stage has `min_history` baseline nights of its own, the verdict
   is `learning` ("learning: N of M nights"). Only what is beyond doubt is flagged then: a
   change of at least `large_step` that is also `doubt_spread` times the widest deviation
-  the history has shown (with at least `doubt_nights` nights to show it) and beyond the
-  bad-night threshold with the noise those few nights tell, two nights in a row, is a
-  `regression`. One such night is still `learning`, its detail says so.
+  the history has shown (with at least `doubt_nights` nights to show it), two nights in a
+  row, is a `regression`. One such night is still `learning`, its detail says so.
 - **What it can see.** Each verdict carries the metric's minimum detectable effect
   (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
   at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
@@ -385,19 +384,12 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
 
 def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy) -> bool:
     """A learning night's change is beyond doubt: at least `large_step` and `doubt_spread`
-    times the widest swing of the history, with `doubt_nights` nights to show it, and
-    beyond the two-night threshold with the noise these few nights tell (`bad_threshold`:
-    a sigma from 5 nights is worth 2 d.o.f., so there the threshold is 14 times the
-    change's estimated sd). The swing alone is no guard on a noisy metric: 5 nights of t3
-    noise sometimes swing little by chance, and at 12% noise the swing rule alone made a
-    regression of 15 in 100,000 A/A series while learning, the two together of 1. After a
+    times the widest swing of the history, with `doubt_nights` nights to show it. After a
     night that was, the spread leaves that night out (it would widen it)."""
     once = bool(previous.get("detail", {}).get("doubt_once"))
     spread = base.spread_before if once else base.spread
-    noise = bad_threshold(policy.false_alarm_level, round(base.noise.dof, 1),
-                          policy.tail_dof) * base.pred_sd
     return (base.nights >= policy.doubt_nights and change >= math.log1p(policy.large_step)
-            and change >= policy.doubt_spread * spread and change >= noise)
+            and change >= policy.doubt_spread * spread)
 
 
 def _learning(change: float, base: Reference, prior: int, previous: dict,
