@@ -84,13 +84,16 @@ $(STATE)/.os-deps: Makefile
 	@touch $@
 
 # The venv: uv installs the exact pins of requirements.txt (the lock of pyproject.toml's
-# dependencies and dev extra); the project itself is editable.
+# dependencies and dev extra); the project itself is editable. Then uv's cache is pruned:
+# every install builds pyspark's sdist anew beside the old builds (2.4 GB a venv, never
+# reclaimed), which filled this machine's disk after a few dozen fresh clones.
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	@[ -x $(UV) ] || $(PY) -m pip install -q uv==$(UV_VERSION)
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --compile-bytecode -r requirements.txt
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --no-deps -e .
+	$(UV) cache prune -q
 	@touch $@
 
 # An Airflow home (make run's, or the tests'): its metadata DB migrated, the lab pool set.
