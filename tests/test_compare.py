@@ -9,6 +9,7 @@ import pytest
 from tasks.analysis.changepoint import change_points
 from tasks.analysis.detector import (
     Policy,
+    baseline_for,
     compare_stage,
     judged_metrics,
     noise_sigma,
@@ -139,6 +140,26 @@ def test_a_short_history_is_learning_and_flags_only_what_is_beyond_doubt():
     assert calm.verdict == "learning" and not calm.detail["doubt_once"]
 
 
+def test_while_learning_a_stage_that_swung_little_by_chance_is_held_to_its_peers_noise():
+    """Five nights 1% either side of 1000 swing 1% at most, so 30% less is 36 times their
+    widest swing: alone, two such nights are a regression. Beside three peers whose five
+    nights each show the metric's noise to be 12%, the two-night threshold with that noise
+    is above 30% and the stage is still learning; 80% less is caught all the same."""
+    quiet = nights([1000 * math.exp(d) for d in (0.0, 0.01, -0.01, 0.01, -0.01)])
+    rng = random.Random(9)
+    peers = pooled_noise([nights([1000 * math.exp(rng.gauss(0, 0.12)) for _ in range(5)])
+                          for _ in range(3)], Policy())
+    floor = baseline_for(RATE, quiet, None, Policy(), peers[RATE]).doubt_floor
+    assert peers[RATE].judged is None and -math.log(0.7) < floor < -math.log(0.2)
+    for step, given, expected in ((700.0, None, "regression"), (700.0, peers, "learning"),
+                                  (200.0, peers, "regression")):
+        first = verdict({RATE: step}, quiet, peers=given)
+        again = verdict({RATE: step}, [{**quiet[0], "run_id": "n6", "metrics": {RATE: step}}]
+                        + quiet, previous={RATE: first.to_dict()}, peers=given)
+        assert again.verdict == expected, (step, given, first.detail, again.detail)
+        assert first.detail["doubt_once"] == (expected == "regression")
+
+
 def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     rng = random.Random(6)
     def history(sigma, n=10):
@@ -147,7 +168,7 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     mine = history(0.02, 16)
     own = verdict({RATE: 1000.0}, mine)
     pooled = verdict({RATE: 1000.0}, mine, peers=peers)
-    assert peers[RATE].stages == 4 and pooled.detail["noise_stages"] == 5
+    assert peers[RATE].judged.stages == 4 and pooled.detail["noise_stages"] == 5
     assert pooled.detail["mde_pct"] < own.detail["mde_pct"]
     noisy = verdict({RATE: 1000.0}, history(0.2, 20), peers=peers)
     assert noisy.detail["noise_stages"] == 1  # a 10x noisier stage keeps its own noise

@@ -55,8 +55,12 @@ better-direction and a minimum practical effect) of a valid stage:
 - **Learning.** Until the stage has `min_history` baseline nights of its own, the verdict
   is `learning` ("learning: N of M nights"). Only what is beyond doubt is flagged then: a
   change of at least `large_step` that is also `doubt_spread` times the widest deviation
-  the history has shown (with at least `doubt_nights` nights to show it), two nights in a
-  row, is a `regression`. One such night is still `learning`, its detail says so.
+  the history has shown (with at least `doubt_nights` nights to show it) and beyond the
+  two-night threshold with the noise of the stage's peers (the run's other stages on this
+  fingerprint with `PEER_NIGHTS` nights, learning or not), two nights in a row, is a
+  `regression`. One such night is still `learning`, its detail says so. A stage without
+  peers has the swing alone: five nights that swing little by chance say nothing of the
+  noise, and no threshold from them would either (`_beyond_doubt`).
 - **What it can see.** Each verdict carries the metric's minimum detectable effect
   (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
   at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
@@ -159,6 +163,7 @@ class Reference:
     nights: int  # own baseline nights
     spread: float  # the widest deviation of a baseline night from the baseline median
     spread_before: float  # the same without the newest night
+    doubt_floor: float  # while learning: the two-night threshold with the peers' noise
 
 
 def judged_metrics(policy: Policy) -> list[str]:
@@ -220,22 +225,42 @@ def t_scale(logs: tuple[float, ...], tail: float) -> float:
     return min(math.sqrt(q) * t_robust_sigma(tail), T_SCALE_CAP * mad_sigma)
 
 
-def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Noise | None:
-    """The noise of `metric` pooled over other stages' histories: their variances weighted
-    by their degrees of freedom. Only histories past learning count."""
-    own = [_noise_of(logs, policy) for h in histories
-           if len(logs := _logs(metric, h, policy)) >= policy.min_history]
-    if not own:
+@dataclass(frozen=True)
+class Peers:
+    """A metric's noise over the run's other stages on this stage's fingerprint."""
+
+    judged: Noise | None  # over those past learning: pooled with this stage's own
+    learning: Noise | None  # over all with `PEER_NIGHTS` nights: a floor under doubt
+
+
+PEER_NIGHTS = 3  # a learning peer's nights before its noise counts for the doubt floor
+
+
+def _pool(noises: list[Noise]) -> Noise | None:
+    """Variances weighted by their degrees of freedom."""
+    if not noises:
         return None
-    dof = sum(n.dof for n in own)
-    return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in own) / dof), dof, len(own))
+    dof = sum(n.dof for n in noises)
+    return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in noises) / dof), dof, len(noises))
 
 
-def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Noise]:
-    """metric -> its noise pooled over `histories` (the run's other stages on this
-    fingerprint), for every judged metric any of them has past learning."""
-    return {m: noise for m in judged_metrics(policy)
-            if (noise := peer_noise(histories, m, policy)) is not None}
+def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Peers | None:
+    """The noise of `metric` pooled over other stages' histories. Only histories past
+    learning are pooled with a stage's own (`Peers.judged`); every history with a few
+    nights bounds from below what a learning stage calls beyond doubt (`Peers.learning`):
+    five nights that swing little by chance must not vouch for themselves alone."""
+    logs = [got for h in histories if len(got := _logs(metric, h, policy)) >= PEER_NIGHTS]
+    if not logs:
+        return None
+    return Peers(_pool([_noise_of(x, policy) for x in logs if len(x) >= policy.min_history]),
+                 _pool([_noise_of(x, policy) for x in logs]))
+
+
+def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Peers]:
+    """metric -> its noise over `histories` (the run's other stages on this fingerprint),
+    for every judged metric any of them has `PEER_NIGHTS` nights of."""
+    return {m: peers for m in judged_metrics(policy)
+            if (peers := peer_noise(histories, m, policy)) is not None}
 
 
 @lru_cache(maxsize=4096)
@@ -262,7 +287,7 @@ def _pooled(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
 
 
 def baseline_for(metric: str, history: list[dict], release: dict | None, policy: Policy,
-                 peers: Noise | None = None) -> Reference | None:
+                 peers: Peers | None = None) -> Reference | None:
     """None when there is nothing to compare with."""
     logs = _logs(metric, history, policy)
     n = len(logs)
@@ -270,18 +295,29 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
         value = release["metrics"].get(metric)
         if value is None or value <= 0:
             return None
-        centre, factor = math.log(value), math.sqrt(2)
+        centre = math.log(value)
     elif n:
-        centre, factor = statistics.median(logs), math.sqrt(1 + math.pi / (2 * n))
+        centre = statistics.median(logs)
     else:
         return None
     own = _noise_of(logs, policy) if n else Noise(0.0, 1.0)
-    noise = _pooled(own, peers, policy) if n >= policy.min_history else own
+    learning = n < policy.min_history
+    noise = own if learning else _pooled(own, peers and peers.judged, policy)
+    factor = _pred_factor(n, release is not None)
     mid = statistics.median(logs) if n else centre
     spread = max((abs(v - mid) for v in logs), default=0.0)
     spread_before = max((abs(v - mid) for v in logs[1:]), default=0.0)
+    floor = peers.learning if learning and peers else None
+    doubt_floor = 0.0 if floor is None else factor * floor.sigma * bad_threshold(
+        policy.false_alarm_level, round(floor.dof, 1), policy.tail_dof)
     return Reference("release" if release is not None else "rolling", centre, noise,
-                     noise.sigma * factor, n, spread, spread_before)
+                     noise.sigma * factor, n, spread, spread_before, doubt_floor)
+
+
+def _pred_factor(n: int, release: bool) -> float:
+    """The sd of tonight's log change over the nights' sigma: against a release's single
+    night sqrt(2), against the median of n nights sqrt(1 + pi / 2n)."""
+    return math.sqrt(2) if release else math.sqrt(1 + math.pi / (2 * n))
 
 
 @lru_cache(maxsize=512)
@@ -384,12 +420,18 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
 
 def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy) -> bool:
     """A learning night's change is beyond doubt: at least `large_step` and `doubt_spread`
-    times the widest swing of the history, with `doubt_nights` nights to show it. After a
-    night that was, the spread leaves that night out (it would widen it)."""
+    times the widest swing of the history, with `doubt_nights` nights to show it, and at
+    least the two-night threshold with the noise of the stage's peers (`doubt_floor`).
+    After a night that was, the spread leaves that night out (it would widen it).
+
+    Five nights of t3 noise sometimes swing little by chance, and then tell nothing of the
+    metric's noise: the peers' nights, on this fingerprint, do. Their own noise is no
+    better guard: a sigma from 5 nights is worth 2 d.o.f., and the threshold with it (14
+    times the change's sd) missed a +520% step at 9% noise 1 time in 4."""
     once = bool(previous.get("detail", {}).get("doubt_once"))
     spread = base.spread_before if once else base.spread
     return (base.nights >= policy.doubt_nights and change >= math.log1p(policy.large_step)
-            and change >= policy.doubt_spread * spread)
+            and change >= policy.doubt_spread * spread and change >= base.doubt_floor)
 
 
 def _learning(change: float, base: Reference, prior: int, previous: dict,
@@ -432,7 +474,7 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
-                   peers: Noise | None = None) -> Verdict | None:
+                   peers: Peers | None = None) -> Verdict | None:
     """One metric's verdict. `previous`: the last comparable night's verdict of this stage
     and metric ({"verdict", "detail"}), which tonight confirms or clears; `peers`: the
     metric's noise pooled over the run's other stages on this fingerprint."""
@@ -487,7 +529,7 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
                   policy: Policy = Policy(), *, previous: dict[str, dict] | None = None,
                   release: dict | None = None, run_id: str | None = None,
                   new_history: str | None = None,
-                  peers: dict[str, Noise] | None = None) -> list[Verdict]:
+                  peers: dict[str, Peers] | None = None) -> list[Verdict]:
     """Verdicts for one stage.
 
     history: earlier comparable nights, newest first, each {"run_id", "metrics",
