@@ -142,9 +142,10 @@ def test_a_short_history_is_learning_and_flags_only_what_is_beyond_doubt():
 
 def test_while_learning_a_stage_that_swung_little_by_chance_is_held_to_its_peers_noise():
     """Five nights 1% either side of 1000 swing 1% at most, so 30% less is 36 times their
-    widest swing: alone, two such nights are a regression. Beside three peers whose five
-    nights each show the metric's noise to be 12%, the two-night threshold with that noise
-    is above 30% and the stage is still learning; 80% less is caught all the same."""
+    widest swing: alone, two such nights are a regression. Beside three peers of five
+    nights each drawn at 12% noise (they tell 7.6%, 5.9 d.o.f.), the two-night threshold
+    with that noise at the doubt level is +85% and the stage is still learning; 80% less is
+    caught all the same."""
     quiet = nights([1000 * math.exp(d) for d in (0.0, 0.01, -0.01, 0.01, -0.01)])
     rng = random.Random(9)
     peers = pooled_noise([nights([1000 * math.exp(rng.gauss(0, 0.12)) for _ in range(5)])
