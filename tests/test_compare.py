@@ -13,6 +13,7 @@ from tasks.analysis.detector import (
     compare_stage,
     judged_metrics,
     noise_sigma,
+    peer_noise,
     pooled_noise,
     t_scale,
 )
@@ -159,6 +160,17 @@ def test_while_learning_a_stage_that_swung_little_by_chance_is_held_to_its_peers
                         + quiet, previous={RATE: first.to_dict()}, peers=given)
         assert again.verdict == expected, (step, given, first.detail, again.detail)
         assert first.detail["doubt_once"] == (expected == "regression")
+
+
+def test_the_doubt_floor_counts_peers_of_three_nights_or_more_that_show_a_noise():
+    """A peer of 2 nights tells no noise, nor one of 3 whose two nights alike make its
+    sigma 0 (it would lower the floor unseen); 3 nights that differ count."""
+    policy = Policy()
+    assert peer_noise([nights([1000.0, 1300.0])], RATE, policy) is None
+    assert peer_noise([nights([1000.0, 1000.0, 1300.0])], RATE, policy).doubt is None
+    counted = peer_noise([nights([1000.0, 1000.0, 1300.0]), nights([1000.0, 1100.0, 900.0])],
+                         RATE, policy)
+    assert counted.doubt.stages == 1 and counted.doubt.sigma > 0 and counted.judged is None
 
 
 def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():

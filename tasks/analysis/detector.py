@@ -57,10 +57,11 @@ better-direction and a minimum practical effect) of a valid stage:
   change of at least `large_step` that is also `doubt_spread` times the widest deviation
   the history has shown (with at least `doubt_nights` nights to show it) and beyond the
   two-night threshold at `doubt_level` with the noise of the stage's peers (the run's
-  other stages on this fingerprint with `PEER_NIGHTS` nights, learning or not), two nights
-  in a row, is a `regression`. One such night is still `learning`, its detail says so. A stage without
-  peers has the swing alone: five nights that swing little by chance say nothing of the
-  noise, and no threshold from them would either (`_beyond_doubt`).
+  other stages on this fingerprint with at least `PEER_NIGHTS` nights, learning or not),
+  two nights in a row, is a `regression`. One such night is still `learning`, its detail
+  says so. A stage without peers has the swing alone: five nights that swing little by
+  chance say nothing of the noise, and no threshold from them would either
+  (`_beyond_doubt`).
 - **What it can see.** Each verdict carries the metric's minimum detectable effect
   (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
   at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
@@ -98,6 +99,7 @@ _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
 T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
 T_SCALE_CAP = 1.5  # t_scale never exceeds this x the MAD's sigma (wild nights)
 MDE_POWER = 0.9  # the minimum detectable effect is caught within two nights this often
+PEER_NIGHTS = 3  # a peer's nights before its noise counts for the doubt floor
 
 
 @dataclass(frozen=True)
@@ -231,10 +233,7 @@ class Peers:
     """A metric's noise over the run's other stages on this stage's fingerprint."""
 
     judged: Noise | None  # over those past learning: pooled with this stage's own
-    learning: Noise | None  # over all with `PEER_NIGHTS` nights: a floor under doubt
-
-
-PEER_NIGHTS = 3  # a learning peer's nights before its noise counts for the doubt floor
+    doubt: Noise | None  # over all with `PEER_NIGHTS` or more, learning or not: the floor
 
 
 def _pool(noises: list[Noise]) -> Noise | None:
@@ -248,13 +247,16 @@ def _pool(noises: list[Noise]) -> Noise | None:
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Peers | None:
     """The noise of `metric` pooled over other stages' histories. Only histories past
     learning are pooled with a stage's own (`Peers.judged`); every history with a few
-    nights bounds from below what a learning stage calls beyond doubt (`Peers.learning`):
+    nights bounds from below what a learning stage calls beyond doubt (`Peers.doubt`):
     five nights that swing little by chance must not vouch for themselves alone."""
-    logs = [got for h in histories if len(got := _logs(metric, h, policy)) >= PEER_NIGHTS]
-    if not logs:
+    noises = [(len(logs), _noise_of(logs, policy)) for h in histories
+              if len(logs := _logs(metric, h, policy)) >= min(PEER_NIGHTS, policy.min_history)]
+    if not noises:
         return None
-    return Peers(_pool([_noise_of(x, policy) for x in logs if len(x) >= policy.min_history]),
-                 _pool([_noise_of(x, policy) for x in logs]))
+    # a sigma of 0 (two of three nights alike) or not finite would lower the floor unseen
+    return Peers(_pool([noise for n, noise in noises if n >= policy.min_history]),
+                 _pool([noise for n, noise in noises if n >= PEER_NIGHTS
+                        and math.isfinite(noise.sigma) and noise.sigma > 0]))
 
 
 def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Peers]:
@@ -282,9 +284,8 @@ def _pooled(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
     ratio = (own.sigma / peers.sigma) ** 2
     if float(f_dist.sf(ratio, own.dof, peers.dof)) < policy.pool_level:
         return own  # noisier than its peers: theirs would make its noise look quieter
-    dof = own.dof + peers.dof
-    return Noise(math.sqrt((own.dof * own.sigma ** 2 + peers.dof * peers.sigma ** 2) / dof),
-                 dof, peers.stages + 1)
+    both = _pool([own, peers])
+    return Noise(both.sigma, both.dof, peers.stages + 1)
 
 
 def baseline_for(metric: str, history: list[dict], release: dict | None, policy: Policy,
@@ -308,9 +309,9 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
     mid = statistics.median(logs) if n else centre
     spread = max((abs(v - mid) for v in logs), default=0.0)
     spread_before = max((abs(v - mid) for v in logs[1:]), default=0.0)
-    floor = peers.learning if learning and peers else None
-    doubt_floor = 0.0 if floor is None else factor * floor.sigma * bad_threshold(
-        policy.doubt_level, round(floor.dof, 1), policy.tail_dof)
+    peers_noise = peers.doubt if learning and peers else None
+    doubt_floor = 0.0 if peers_noise is None else factor * peers_noise.sigma * bad_threshold(
+        policy.doubt_level, round(peers_noise.dof, 1), policy.tail_dof)
     return Reference("release" if release is not None else "rolling", centre, noise,
                      noise.sigma * factor, n, spread, spread_before, doubt_floor)
 
@@ -423,8 +424,8 @@ def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy
     """A learning night's change is beyond doubt: at least `large_step` and `doubt_spread`
     times the widest swing of the history, with `doubt_nights` nights to show it, and at
     least the two-night threshold with the noise of the stage's peers (`doubt_floor`, at
-    `doubt_level`: at the judged nights' level two wild nights in a row of PUBACK p99 at
-    12% noise still passed, 1 in 12,000 of the bench's stage histories).
+    `doubt_level`: at the judged nights' level, 2 of the bench's 2000 x 12 A/A series
+    still passed while learning, both PUBACK p99 at 12% noise).
     After a night that was, the spread leaves that night out (it would widen it).
 
     Five nights of t3 noise sometimes swing little by chance, and then tell nothing of the
