@@ -1,0 +1,99 @@
+"""The detector while a stage learns its noise: change verdicts on A/A histories, and how
+often a large step is confirmed on its second night.
+
+    .state/venv/bin/python bench/learning_aa.py like --series 25000 --seed 21   # ~70 s
+    .state/venv/bin/python bench/learning_aa.py like-step --series 1000 --seed 5
+
+KIND: `like` (suites of 4 stages, one noise), `mixed` (one stage of 4 twice as noisy),
+`single` (a stage with no peers), each 9 nights from empty at --noise (robust sigma of the
+log, t3), counting suspected, regression and improvement verdicts while learning over all
+stages; `like-step` and `single-step`: 5 quiet nights at --step-noise, then --step on the
+first stage, and how often its two nights read learning then regression. The metric is
+broker_cpu_s_per_10k, judged as the compare step judges it (`compare_stage`, the peers'
+noise from `pooled_noise`, flagged values held out).
+
+To compare with the rule of another commit, run it with that checkout first on the path:
+    PYTHONPATH=/tmp/old .state/venv/bin/python bench/learning_aa.py like ...
+(`git worktree add /tmp/old COMMIT`; this script's own copy is the one to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from tasks.analysis.detector import (  # noqa: E402
+    Policy,
+    compare_stage,
+    pooled_noise,
+    t_robust_sigma,
+)
+
+METRIC = "broker_cpu_s_per_10k"
+FLAGS = ("suspected", "regression", "improvement")
+SCALES = {"like": (1, 1, 1, 1), "mixed": (1, 1, 1, 2), "single": (1,),
+          "like-step": (1, 1, 1, 1), "single-step": (1,)}
+
+
+def one_suite(scales: tuple[float, ...], sigma: float, step: float, nights: int,
+              rng: np.random.Generator) -> tuple[int, list[str]]:
+    """(change verdicts while learning over all stages, the first stage's verdicts)."""
+    policy, robust = Policy(), t_robust_sigma(3.0)
+    histories: list[list[dict]] = [[] for _ in scales]
+    previous: list[dict] = [{} for _ in scales]
+    flags, first = 0, []
+    for night in range(nights):
+        values = [0.3 * math.exp(sigma * s / robust * rng.standard_t(3)
+                                 + (step if night >= 5 and i == 0 else 0.0))
+                  for i, s in enumerate(scales)]
+        for i, value in enumerate(values):
+            peers = pooled_noise(histories[:i] + histories[i + 1:], policy)
+            (v,) = compare_stage("s", {METRIC: value}, "valid", histories[i], policy,
+                                 previous=previous[i], peers=peers)
+            flags += v.detail.get("note", "").startswith("learning") and v.verdict in FLAGS
+            first += [v.verdict] if i == 0 else []
+            previous[i] = {METRIC: v.to_dict()}
+        for i, value in enumerate(values):
+            held = [METRIC] if previous[i][METRIC]["detail"].get("hold") else []
+            histories[i].insert(0, {"run_id": str(night), "metrics": {METRIC: value},
+                                    "held_out": held})
+    return flags, first
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=sorted(SCALES))
+    parser.add_argument("--series", type=int, default=25_000, help="suites (or stages alone)")
+    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--noise", type=float, default=0.12, help="A/A kinds: robust sigma")
+    parser.add_argument("--step-noise", type=float, default=0.09, help="step kinds: the same")
+    parser.add_argument("--step", type=float, default=math.log(6.2),
+                        help="step kinds: the log step (default +520%%)")
+    args = parser.parse_args(argv)
+    rng, scales = np.random.default_rng(args.seed), SCALES[args.kind]
+    stepped = args.kind.endswith("-step")
+    flags = caught = 0
+    for _ in range(args.series):
+        got, first = one_suite(scales, args.step_noise if stepped else args.noise,
+                               args.step if stepped else 0.0, 7 if stepped else 9, rng)
+        flags += got
+        caught += first[5:] == ["learning", "regression"]
+    if stepped:
+        print(f"{args.kind}: step {100 * math.expm1(args.step):+.0f}% at {args.step_noise:.0%} "
+              f"noise, confirmed on its second night in {100 * caught / args.series:.1f}% "
+              f"of {args.series} series (seed {args.seed})")
+    else:
+        print(f"{args.kind}: {flags} change verdicts while learning in "
+              f"{args.series * len(scales)} stage histories at {args.noise:.0%} noise "
+              f"(seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
