@@ -14,14 +14,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..metrics import CAPACITY_AND_COST, METRICS
+from ..metrics import METRICS
 
 MAX_ROWS = 10
 _SECTION_LIMIT = 2900
-
-
-# The metrics whose earlier nights a message lists beside tonight's: capacity and cost
-EARLIER_NIGHTS = CAPACITY_AND_COST
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,8 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
-from ..metrics import FLAGGED
+from ..metrics import CAPACITY_AND_COST, FLAGGED
 from ..notify.messages import (
-    EARLIER_NIGHTS,
     Links,
     Row,
     blind_spots,
@@ -75,7 +74,7 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
         earlier = (histories or {}).get(stage["stage_id"], [])
         for c in stage.get("comparisons", []):
             nights = [e["metrics"].get(c["metric"]) for e in earlier] \
-                if c["metric"] in EARLIER_NIGHTS else []
+                if c["metric"] in CAPACITY_AND_COST else []
             key = (alert_key(stage["stage_key"], c["detail"]), c["metric"])
             out[key] = Row(alert_id=0, status=c["verdict"], verdict=c["verdict"],
                            scenario=stage["scenario"], stage_id=stage["stage_id"],
