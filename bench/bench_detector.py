@@ -16,6 +16,11 @@ has 1), scaled so its robust sigma (1.4826 x MAD) is the measured one (the sd, w
 measured MAD is 0); delivered and
 published msg/s are the mean of 10 per-second samples, an AR(1) process with the measured
 per-second CV and lag-1 autocorrelation around the night's level.
+A metric judged on a covariate (`MetricDef.adjusted_by`: the broker's CPU per message on
+its driver's) is drawn as the measured slope times the covariate's log (t3 at its measured
+noise: the shared host's pace) plus its own t3 noise along the slope, as measured
+(noise_measured.json ``covariates``, the medians over the stages); its noise and bound are
+that own noise's.
 
 Scenarios: A/A (no change, 30 nights from an empty history) and steps (20 quiet nights,
 then a step of known size from night 21 on, 5 nights watched). A detection is the first
@@ -52,7 +57,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +94,28 @@ T_ROBUST = t_robust_sigma(T_DOF)  # the robust sigma (1.4826 x MAD) of the stand
 
 
 @dataclass(frozen=True)
+class Covaried:
+    """A metric judged on its covariate (`MetricDef.adjusted_by`), as measured: its log is
+    the slope times the covariate's log plus its own noise (noise_measured.json
+    ``covariates``, the medians over the stages)."""
+
+    by: str
+    slope: float
+    covariate_sigma: float  # robust sigma of the covariate's logs, night to night
+    own_sigma: float  # robust sigma of the metric's logs along the slope
+
+
+@dataclass(frozen=True)
 class Noise:
     night: dict[str, float]  # robust sigma of the log values, night to night
     per_second_cv: float
     per_second_ar: float
+    covaried: dict[str, Covaried] = field(default_factory=dict)
+
+    def judged(self, metric: str) -> float:
+        """The noise the detector judges `metric` with: along its covariate, if it has one."""
+        return self.covaried[metric].own_sigma if metric in self.covaried else self.night.get(
+            metric, 0.0)
 
 
 def load_noise(path: Path) -> tuple[Noise, dict]:
@@ -104,8 +127,11 @@ def load_noise(path: Path) -> tuple[Noise, dict]:
         if robust is not None or sd is not None:  # measured, if only as 0 (a rate at its target)
             night[m] = robust or (sd or 0.0) * T_ROBUST / math.sqrt(T_DOF)
     rate = metrics["delivered_rate"]
+    covaried = {m: Covaried(c["by"], c["median"]["slope"], c["median"]["covariate_sigma"],
+                            c["median"]["adjusted_sigma"])
+                for m, c in doc.get("covariates", {}).items() if c.get("median")}
     return Noise(night, rate["per_second_cv_median"] or 0.0,
-                 rate["per_second_lag1_autocorr_median"] or 0.0), doc
+                 rate["per_second_lag1_autocorr_median"] or 0.0, covaried), doc
 
 
 class Stage:
@@ -121,6 +147,12 @@ class Stage:
         for m in self.metrics:
             scale = self.noise.night.get(m, 0.0) / T_ROBUST
             level = 1000.0 * math.exp(scale * self.rng.standard_t(T_DOF))
+            if m in self.noise.covaried:  # the host's pace, shared with its covariate
+                c = self.noise.covaried[m]
+                host = c.covariate_sigma / T_ROBUST * self.rng.standard_t(T_DOF)
+                values[c.by] = 1000.0 * math.exp(host)
+                level = 1000.0 * math.exp(c.slope * host
+                                          + c.own_sigma / T_ROBUST * self.rng.standard_t(T_DOF))
             if m == self.step_metric and k >= self.step_night:
                 worse_up = METRICS[m].better == "lower"
                 level *= (1 + self.step) if worse_up else (1 - self.step)
@@ -152,7 +184,9 @@ def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metri
     stages = []
     for i, factor in enumerate(scales or (1.0,) * SUITE):
         scaled = Noise({m: factor * v for m, v in noise.night.items()}, noise.per_second_cv,
-                       noise.per_second_ar)
+                       noise.per_second_ar,
+                       {m: replace(c, own_sigma=factor * c.own_sigma)
+                        for m, c in noise.covaried.items()})
         stages.append(Stage(scaled, metrics, rng, step_metric if i == 0 else None, step, WARM))
     return stages
 
@@ -452,7 +486,7 @@ def measured_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Gener
     """Steps at this machine's measured noise, perfpipe against the naive detector."""
     steps = [("delivered_rate", 0.05), (TAIL, 0.10), ("e2e_latency_p50", 0.10),
              ("pub_ack_latency_p99_no_stall", 0.10), ("delivered_rate", 0.15), (TAIL, 0.15),
-             ("e2e_latency_p50", 0.15)]
+             ("e2e_latency_p50", 0.15), ("broker_cpu_s_per_10k", 0.10)]
     print(f"\nsteps at night {WARM + 1} after {WARM} quiet nights; recall@k: confirmed "
           f"regression within k nights; nights to detect among the detected")
     print(f"{'step (size in noise sigmas)':34} {'detector':9} {'recall@1':>8} {'recall@2':>8} "
@@ -462,11 +496,11 @@ def measured_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Gener
         for name, det in (("perfpipe", perfpipe), ("naive", naive)):
             r = run_step(det, noise, metrics, metric, size, n, rng)
             nights = f"{r['median']}/{r['p95']}" if r["median"] else "-"
-            sigmas = math.log1p(size) / max(noise.night.get(metric, 0.0), 1e-9)
+            sigmas = math.log1p(size) / max(noise.judged(metric), 1e-9)
             label = f"{step_name(metric, size)} ({sigmas:,.1f})" if name == "perfpipe" else ""
             bound = ""
             if name == "perfpipe":
-                o1, o2 = recall_bound(noise.night.get(metric, 0.0), log_step(metric, size), rng)
+                o1, o2 = recall_bound(noise.judged(metric), log_step(metric, size), rng)
                 bound = f"{fmt_pct(o1).strip()}/{fmt_pct(o2).strip()}"
             print(f"{label:34} {name:9} {fmt_pct(r['recall1']):>8} {fmt_pct(r['recall2']):>8} "
                   f"{fmt_pct(r['recall5']):>8} {nights:>14} {r['early']:>18} {bound:>14}")
@@ -516,7 +550,7 @@ def aa_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) 
     print(f"{'metric':28} {'noise':>7} {'alarms':>7} {'naive':>7} {'learning':>8} {'later':>7} "
           f"{'MDE':>7} {'bound':>7} {'too noisy':>9}")
     for m in metrics:
-        sigma = noise.night.get(m, 0.0)
+        sigma = noise.judged(m)
         mde = f"{np.median(aa.mde_pct[m]):.1f}%" if aa.mde_pct[m] else "-"
         print(f"{m:28} {100 * sigma:6.2f}% {100 * aa.alarms[m] / aa.series:7.2f} "
               f"{100 * naive_aa.alarms[m] / naive_aa.series:7.2f} {aa.learning_flags[m]:8d} "

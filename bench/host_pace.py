@@ -26,8 +26,10 @@ the median of their paired paces' ratio should be 1 if the pace measures the hos
 the broker's load. With --acl-patterns N, runs alternate between two brokers on the same
 row, the second costlier a message by a known kind of change (an ACL of N + 1 patterns no
 published topic matches, checked for every message: `broker_side.acl_patterns`): the
-paired ratios say how much of the broker's change its own CPU, the driver's and their
-ratio (the pipeline's ``broker_cpu_per_driver_cpu``) each show, pair by pair.
+paired ratios say how much of the broker's change its own CPU, the driver's, their
+ratio (the pipeline's ``broker_cpu_per_driver_cpu``) and the broker's at the driver's
+(moved along the slope fitted on the first broker's runs, as the pipeline judges
+``broker_cpu_s_per_10k`` at tonight's ``driver_cpu_s_per_10k``) each show, pair by pair.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from broker_side import Broker, SysCounter, acl_patterns, raise_nofile  # noqa: 
 from load_tools import REPO  # noqa: E402
 
 from spark.stage_files import read_samples, sample_values  # noqa: E402
+from tasks.analysis.covariate import fit as theil_sen  # noqa: E402
 from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE  # noqa: E402
 
 TIMING = {"warmup_s": 3, "measure_s": 12, "drain_s": 1}
@@ -235,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         paired("the broker's CPU a message", a, b, lambda r: r["broker_us"])
         paired("the driver's CPU a message", a, b, lambda r: r["driver_us"])
         paired("the broker's over the driver's", a, b, over_driver)
+        line = theil_sen([(math.log(r["broker_us"]), math.log(r["driver_us"])) for r in a])
+        paired(f"the broker's at the driver's, slope {line.slope:.2f}", a, b,
+               lambda r: math.exp(line.adjust(math.log(r["broker_us"]), math.log(r["driver_us"]))))
     return 0
 
 

@@ -21,6 +21,10 @@ reads the stored results and the raw latency histograms and writes, per metric:
 - ``host_pace``: per stage and with one slope for all, what the broker host's pace
   (`tasks.driver.pace`) explains of the broker's CPU per message from night to night
   (`bench/host_pace.py`'s figures), in the output file.
+- ``covariates``: for each judged metric with a covariate (`MetricDef.adjusted_by`: the
+  broker's CPU per message on the driver's), per stage, the slope the detector fits, the
+  noise of the metric as it is and along that slope (in sample, as the detector estimates
+  it, and out of sample), and the medians over stages that `bench_detector.py` draws from.
 Load average and the busiest other processes are recorded before every run: this machine
 is shared, and the figures are only as quiet as it was.
 """
@@ -47,9 +51,11 @@ sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
 from tasks.analysis import tails as tail_rules  # noqa: E402
+from tasks.analysis.covariate import fit  # noqa: E402
 from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
 from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
+from tasks.metrics import METRICS as DEFS  # noqa: E402
 
 from host_pace import explained, explained_pooled  # noqa: E402  (bench/, beside it)
 
@@ -61,6 +67,12 @@ HEADLINE = ("delivered_rate", "e2e_latency_p50", "e2e_latency_p99", "pub_ack_lat
 METRICS = tuple(dict.fromkeys(HEADLINE + tuple(judged_metrics(Policy()))))
 PER_SECOND = {"e2e_latency_p50": ("e2e", 50), "e2e_latency_p99": ("e2e", 99),
               "pub_ack_latency_p99": ("pub_ack", 99)}
+ADJUSTED = {m: DEFS[m].adjusted_by for m in METRICS if DEFS[m].adjusted_by}
+# A covariate of runs stored before it was recorded, from what they did record: the
+# drivers' CPU per message is the broker's over their ratio (spark.stage_metrics.relative_cost)
+RECORDED_AS = {"driver_cpu_s_per_10k":
+               lambda m: m["broker_cpu_s_per_10k"] / m["broker_cpu_per_driver_cpu"]
+               if m.get("broker_cpu_s_per_10k") and m.get("broker_cpu_per_driver_cpu") else None}
 
 
 def busy_processes(limit: int = 5) -> list[str]:
@@ -216,6 +228,8 @@ def analyse(state: Path) -> dict:
     pooled: dict[str, dict[str, list[dict[int, int]]]] = defaultdict(lambda: defaultdict(list))
     tails: dict[str, list[dict]] = defaultdict(list)
     paced: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    covaried: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(
+        lambda: defaultdict(list))  # metric -> stage -> (log value, log covariate) a night
     for run in runs:
         for st in store.stages(run["run_id"]):
             if st["validity"] != "valid":
@@ -224,6 +238,11 @@ def analyse(state: Path) -> dict:
             pair = (st["metrics"].get("host_pace_us"), st["metrics"].get("broker_cpu_s_per_10k"))
             if all(pair):
                 paced[key].append((run["run_id"], *pair))
+            for m, by in ADJUSTED.items():
+                x = st["metrics"].get(by) or (RECORDED_AS[by](st["metrics"]) if by in RECORDED_AS
+                                              else None)
+                if st["metrics"].get(m) and x:
+                    covaried[m][key].append((math.log(st["metrics"][m]), math.log(x)))
             for m in METRICS:
                 if st["metrics"].get(m):
                     nightly[key][m].append(st["metrics"][m])
@@ -284,7 +303,40 @@ def analyse(state: Path) -> dict:
     return {"ok_runs": sum(s == "ok" for s in statuses.values()),
             "runs_measured": max((len(v) for k in nightly for v in nightly[k].values()), default=0),
             "run_statuses": statuses, "metrics": by_metric,
-            "tail_estimators": tail_estimators(tails), "host_pace": pace_figures(paced)}
+            "tail_estimators": tail_estimators(tails), "host_pace": pace_figures(paced),
+            "covariates": {m: covariate_figures(ADJUSTED[m], stages)
+                           for m, stages in covaried.items()}}
+
+
+def covariate_figures(by: str, stages: dict[str, list[tuple[float, float]]]) -> dict:
+    """Per stage of at least `Policy.min_history` nights, (log value, log covariate) each,
+    as the detector fits them (`tasks.analysis.covariate.fit`): the slope, the robust sigma
+    of the covariate's logs, of the metric's logs as they are, and of the nights moved
+    along the slope (in sample, as the detector estimates the noise it judges with); and
+    the root mean square of each night's distance from the median of the other nights,
+    moved along the slope fitted on them alone (out of sample). Medians over the stages:
+    what bench_detector.py draws the metric and its covariate from."""
+    out: dict = {"by": by, "stages": {}}
+    for key, pairs in sorted(stages.items()):
+        if len(pairs) < Policy().min_history:
+            continue
+        whole = fit(pairs)
+        left = []
+        for i, (y, x) in enumerate(pairs):
+            others = pairs[:i] + pairs[i + 1:]
+            line = fit(others)
+            left.append(line.adjust(y, x) - statistics.median(line.adjust(*p) for p in others))
+        out["stages"][key] = {
+            "nights": len(pairs), "slope": _r(whole.slope),
+            "covariate_sigma": _r(noise_sigma([x for _, x in pairs])),
+            "sigma": _r(noise_sigma([y for y, _ in pairs])),
+            "adjusted_sigma": _r(noise_sigma([whole.adjust(y, x) for y, x in pairs])),
+            "adjusted_rms_out_of_sample": _r(math.sqrt(statistics.fmean(e * e for e in left)))}
+    if out["stages"]:
+        out["median"] = {f: _r(statistics.median(s[f] for s in out["stages"].values()))
+                         for f in ("slope", "covariate_sigma", "sigma", "adjusted_sigma",
+                                   "adjusted_rms_out_of_sample")}
+    return out
 
 
 def pace_figures(paced: dict[str, list[tuple[str, float, float]]]) -> dict:

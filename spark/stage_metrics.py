@@ -201,15 +201,19 @@ def driver_metrics(stage: StageFiles) -> dict:
     return {"driver_cpu_max": max(busiest)} if busiest else {}
 
 
-def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, source: str) -> dict:
+def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, delivered_rate: float | None,
+                  source: str) -> dict:
     """broker_cpu_per_driver_cpu: the broker's CPU (its processes', over the measure
     window) over the sum of its driver processes' (each over its publish phase, warm-up
     included), where every driver process runs on the broker's host (the embedded
-    default). Both do a fixed piece of work a message at a fixed rate, and on a shared host
-    both slow down when the host does (its other tenants, its frequency): on the bench's
-    10K msgs/s row and the smoke suite's stages their costs a message correlate 0.93-0.99
-    from run to run, so the ratio keeps a change in the broker's own cost and leaves most
-    of the host's out (bench/README.md, host_pace.py; not on every load: see there).
+    default); driver_cpu_s_per_10k: that sum's CPU-seconds per 10,000 messages delivered,
+    as broker_cpu_s_per_10k is the broker's. Both do a fixed piece of work a message at a
+    fixed rate, and on a shared host both slow down when the host does (its other tenants,
+    its frequency): on the bench's 10K msgs/s row and the smoke suite's stages their costs
+    a message correlate 0.93-0.99 from run to run, so the ratio keeps a change in the
+    broker's own cost and leaves most of the host's out (bench/README.md, host_pace.py; not
+    on every load: see there), and the detector judges the broker's cost at tonight's
+    driver_cpu_s_per_10k (its covariate: `tasks.analysis.covariate`).
 
     Null without a problem line of its own: a driver on another host shares nothing of the
     broker's host (the topology, not a fault), and the other causes already have one (a
@@ -220,7 +224,8 @@ def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, source: str) 
             or any(summary.get("host") != host for summary in stage.summaries)
             or any(cpu is None for cpu in cpus)):
         return {}
-    return {"broker_cpu_per_driver_cpu": _ratio(broker_cpu_avg, sum(cpus))}
+    return {"broker_cpu_per_driver_cpu": _ratio(broker_cpu_avg, sum(cpus)),
+            "driver_cpu_s_per_10k": _ratio(sum(cpus) / 100, (delivered_rate or 0) / 10_000)}
 
 
 def latency_metrics(histograms: dict[str, dict[int, int]], tails: dict[str, list[SecondTail]],
@@ -333,7 +338,8 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         metrics.update(latency_metrics(histograms, tails, sums.stalled.get(stage.stage_id, {})))
         broker = _broker_source(stage)
         metrics.update(broker_metrics(stage, metrics["delivered_rate"], broker))
-        metrics.update(relative_cost(stage, metrics["broker_cpu_avg"], broker[0]))
+        metrics.update(relative_cost(stage, metrics["broker_cpu_avg"], metrics["delivered_rate"],
+                                     broker[0]))
         series.update(window_series(series["seconds"], tails, broker[1]))
         series.update(histogram_series(histograms))
     unknown = set(metrics) - set(METRICS)

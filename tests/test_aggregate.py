@@ -42,6 +42,7 @@ from tasks.driver.output import (  # noqa: E402
     write_json,
 )
 from spark.stage_files import read_samples  # noqa: E402
+from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
 from tasks.metrics import (  # noqa: E402
     BROKER_CPU_SERIES,
     LATENCY_STATS,
@@ -469,12 +470,18 @@ def test_the_broker_cpu_over_the_driver_cpu_only_where_they_share_a_host(run: Ru
     assert driver == 87.5  # h1/0 25%, h1/1 62.5%
     assert stage["metrics"]["broker_cpu_per_driver_cpu"] == pytest.approx(
         np.mean(expect.cpu) / driver, rel=1e-9)
+    # and the drivers' CPU-seconds per 10,000 messages delivered: the broker cost's covariate
+    assert stage["metrics"]["driver_cpu_s_per_10k"] == pytest.approx(
+        driver / 100 / (stage["metrics"]["delivered_rate"] / 10_000), rel=1e-6)
+    assert METRICS["broker_cpu_s_per_10k"].adjusted_by == "driver_cpu_s_per_10k"
     assert stage["status"] == "ok", stage["problems"]
     # drivers on h2 too: nothing shared with the broker's host, so no ratio (and no problem:
     # the topology is not a fault)
     assert run.stages["s1_ok"]["metrics"]["broker_cpu_per_driver_cpu"] is None
+    assert run.stages["s1_ok"]["metrics"]["driver_cpu_s_per_10k"] is None
     assert not [p for p in run.stages["s1_ok"]["problems"] if "driver" in p]
-    assert METRICS["broker_cpu_per_driver_cpu"].better == "lower"
+    # recorded; the cost at the driver's CPU is what is judged
+    assert "broker_cpu_per_driver_cpu" not in judged_metrics(Policy())
 
 
 def test_missing_connect_phase_is_null_with_a_problem(run: Run):

@@ -11,7 +11,8 @@ Slack exactly once.
   (infra/slowdown). Each night runs one capacity search, held, with the cost at capacity.
 - A managed broker (perfpipe starts it): B nights load the burn plugin through the
   inventory's broker.extra_config. Each night runs one rated stage, whose cost per message
-  is judged, and, the driver on the broker's host, that cost over the driver's.
+  is judged, the driver's CPU a message recorded beside it (the driver on the broker's
+  host: the cost's covariate, once the stage has 8 nights of it; these nights are fewer).
 
 The unmanaged inventory runs the search's probes and holds on 2 driver processes
 (`search_procs`), the managed one its rated stage on its `procs`, 1: each test checks it.
@@ -218,14 +219,12 @@ def test_a_managed_broker_made_costlier_is_caught_by_the_second_night(slowdown_e
     report("managed", nights, "broker_cpu_s_per_10k",
            f"+{BURN_US * 10_000 / 1e6:.2f} CPU-s per 10K msgs "
            f"(+{100 * BURN_US * 0.01 / base_cost[A_NIGHTS // 2]:.0f}%)")
-    # the driver shares the broker's host: the broker's CPU over the driver's is judged too,
-    # and moves with the broker's own cost (the driver's work a message is the same)
-    report("managed", nights, "broker_cpu_per_driver_cpu", "the same, over the driver's CPU")
-    for metric in ("broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu"):
-        assert flagged(nights, metric)[A_NIGHTS:] == CAUGHT, metric
-        assert nights[A_NIGHTS][metric]["detail"]["doubt_once"], metric
+    # the driver shares the broker's host: its CPU a message is recorded every night, the
+    # covariate the cost is judged at once the stage has the nights to fit it
+    assert all(n["stage"]["metrics"]["driver_cpu_s_per_10k"] > 0 for n in nights)
+    assert flagged(nights, "broker_cpu_s_per_10k")[A_NIGHTS:] == CAUGHT
+    assert nights[A_NIGHTS]["broker_cpu_s_per_10k"]["detail"]["doubt_once"]
     (told,) = slowdown_env.posts()
-    assert all(f"`{m}`" in json.dumps(told.body["blocks"])
-               for m in ("broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu"))
+    assert "`broker_cpu_s_per_10k`" in json.dumps(told.body["blocks"])
     assert driver_processes() == {"slow_rated.q0.c100.r100": 1}
     assert nights[-1]["stage"]["params"]["drivers"] == {"localhost": 1}  # as recorded

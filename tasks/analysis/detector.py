@@ -29,6 +29,15 @@ better-direction and a minimum practical effect) of a valid stage:
   Tonight's change has sd
   `sigma * sqrt(1 + pi / 2n)` (the median's own error) or `sigma * sqrt(2)` (release: one
   night against one).
+- **Covariate.** A metric that declares one (`MetricDef.adjusted_by`: the broker's CPU per
+  message, on the driver's where they share a host) is judged at tonight's value of it
+  when tonight (and a release baseline) has one and `min_history` of its baseline nights
+  have it: those nights are fitted on it (log on
+  log, `tasks.analysis.covariate`), baseline and noise are taken from the nights moved
+  along the slope (a degree of freedom fewer), the baseline is moved to tonight's
+  covariate (the baseline value the verdict shows), and the slope's own error adds to
+  tonight's sd. Peers pool their noise the same way; a learning stage and its doubt floor
+  use the values as they are.
 - **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
@@ -94,6 +103,7 @@ from scipy.stats import f as f_dist
 
 from ..metrics import FLAGGED, METRICS
 from .changepoint import change_points
+from .covariate import Fit, fit
 
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
 T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
@@ -167,6 +177,7 @@ class Reference:
     spread: float  # the widest deviation of a baseline night from the baseline median
     spread_before: float  # the same without the newest night
     doubt_floor: float  # while learning: the two-night threshold with the peers' noise
+    fit: Fit | None = None  # the nights on their covariate, when judged at tonight's
 
 
 def judged_metrics(policy: Policy) -> list[str]:
@@ -180,20 +191,39 @@ def noise_sigma(logs: list[float]) -> float:
     return 1.4826 * statistics.median(abs(v - centre) for v in logs)
 
 
+def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
+    """The baseline nights of `metric`, newest first: a usable value, not held out."""
+    return [night for night in history if (night["metrics"].get(metric) or 0) > 0
+            and metric not in night.get("held_out", ())][:policy.window]
+
+
 def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
-    """The baseline nights' logs, newest first: usable values, not held out."""
-    logs = []
-    for night in history:
-        value = night["metrics"].get(metric)
-        if value is not None and value > 0 and metric not in night.get("held_out", ()):
-            logs.append(math.log(value))
-    return logs[:policy.window]
+    """The baseline nights' logs, newest first."""
+    return [math.log(night["metrics"][metric]) for night in _usable(metric, history, policy)]
 
 
-def _noise_of(logs: list[float], policy: Policy) -> Noise:
-    """The noise of one history's logs (at least one) and its degrees of freedom."""
+def _judged_logs(metric: str, history: list[dict], policy: Policy,
+                 adjust: bool) -> tuple[list[float], Fit | None]:
+    """The nights' logs the metric is judged on. With `adjust`, for a metric with a
+    covariate (`MetricDef.adjusted_by`) of which at least `min_history` of these nights
+    have a value: those nights, each moved along the fitted slope to their median covariate
+    (`tasks.analysis.covariate`), and the fit. Else the nights' logs as they are."""
+    by = METRICS[metric].adjusted_by
+    if adjust and by:
+        pairs = [(math.log(night["metrics"][metric]), math.log(x))
+                 for night in _usable(metric, history, policy)
+                 if (x := night["metrics"].get(by) or 0) > 0]
+        if len(pairs) >= policy.min_history:
+            fitted = fit(pairs)
+            return [fitted.adjust(y, x) for y, x in pairs], fitted
+    return _logs(metric, history, policy), None
+
+
+def _noise_of(logs: list[float], policy: Policy, dof_lost: int = 0) -> Noise:
+    """The noise of one history's logs (at least one) and its degrees of freedom, less
+    `dof_lost` (a slope fitted to them: 1)."""
     return Noise(t_scale(tuple(logs), policy.tail_dof),
-                 max(1.0, T_EFFICIENCY * (len(logs) - 1)))
+                 max(1.0, T_EFFICIENCY * (len(logs) - 1 - dof_lost)))
 
 
 @lru_cache(maxsize=8192)
@@ -234,6 +264,9 @@ class Peers:
 
     judged: Noise | None  # over those past learning: pooled with this stage's own
     doubt: Noise | None  # over all with `PEER_NIGHTS` or more, learning or not: the floor
+    # over those whose nights were moved along their covariate (`_judged_logs`): pooled
+    # with a stage's own when its nights were too (like with like)
+    adjusted: Noise | None = None
 
 
 def _pool(noises: list[Noise]) -> Noise | None:
@@ -246,17 +279,26 @@ def _pool(noises: list[Noise]) -> Noise | None:
 
 def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Peers | None:
     """The noise of `metric` pooled over other stages' histories. Only histories past
-    learning are pooled with a stage's own (`Peers.judged`); every history with a few
-    nights bounds from below what a learning stage calls beyond doubt (`Peers.doubt`):
-    five nights that swing little by chance must not vouch for themselves alone."""
+    learning are pooled with a stage's own: their values as they are (`Peers.judged`), or
+    moved along their covariate where the metric has one and they have its nights
+    (`Peers.adjusted`), for a stage judged the same way; every history with a few nights
+    bounds from below what a learning stage calls beyond doubt (`Peers.doubt`, on the
+    values as they are, as a learning stage is judged): five nights that swing little by
+    chance must not vouch for themselves alone."""
     noises = [(len(logs), _noise_of(logs, policy)) for h in histories
               if len(logs := _logs(metric, h, policy)) >= min(PEER_NIGHTS, policy.min_history)]
     if not noises:
         return None
+    adjusted = []
+    for history in histories if METRICS[metric].adjusted_by else ():
+        logs, fitted = _judged_logs(metric, history, policy, adjust=True)
+        if fitted is not None:
+            adjusted.append(_noise_of(logs, policy, dof_lost=1))
     # a sigma of 0 (two of three nights alike) or not finite would lower the floor unseen
     return Peers(_pool([noise for n, noise in noises if n >= policy.min_history]),
                  _pool([noise for n, noise in noises if n >= PEER_NIGHTS
-                        and math.isfinite(noise.sigma) and noise.sigma > 0]))
+                        and math.isfinite(noise.sigma) and noise.sigma > 0]),
+                 _pool(adjusted))
 
 
 def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Peers]:
@@ -289,31 +331,46 @@ def _pooled(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
 
 
 def baseline_for(metric: str, history: list[dict], release: dict | None, policy: Policy,
-                 peers: Peers | None = None) -> Reference | None:
-    """None when there is nothing to compare with."""
-    logs = _logs(metric, history, policy)
+                 peers: Peers | None = None, covariate: float | None = None) -> Reference | None:
+    """None when there is nothing to compare with. `covariate`: tonight's value of the
+    metric's covariate (`MetricDef.adjusted_by`). With one, `min_history` nights that have
+    it and, against a release, the release night having it too, the baseline is what the
+    nights say the metric is at tonight's covariate; else the values as they are."""
+    by = METRICS[metric].adjusted_by
+    at = math.log(covariate) if by and covariate is not None and covariate > 0 else None
+    anchor = None  # the release night's log covariate
+    if release is not None and at is not None:
+        anchor = math.log(x) if (x := release["metrics"].get(by) or 0) > 0 else None
+    logs, fitted = _judged_logs(metric, history, policy,
+                                adjust=at is not None and (release is None or anchor is not None))
     n = len(logs)
     if release is not None:
         value = release["metrics"].get(metric)
         if value is None or value <= 0:
             return None
-        centre = math.log(value)
+        centre = math.log(value) if fitted is None else fitted.adjust(math.log(value), anchor)
     elif n:
         centre = statistics.median(logs)
     else:
         return None
-    own = _noise_of(logs, policy) if n else Noise(0.0, 1.0)
+    own = _noise_of(logs, policy, int(fitted is not None)) if n else Noise(0.0, 1.0)
     learning = n < policy.min_history
-    noise = own if learning else _pooled(own, peers and peers.judged, policy)
+    pool = (peers.judged if fitted is None else peers.adjusted) if peers else None
+    noise = own if learning else _pooled(own, pool, policy)
     factor = _pred_factor(n, release is not None)
+    pred_sd = noise.sigma * factor
     mid = statistics.median(logs) if n else centre
     spread = max((abs(v - mid) for v in logs), default=0.0)
     spread_before = max((abs(v - mid) for v in logs[1:]), default=0.0)
+    if fitted is not None:  # to tonight's covariate, with the slope's error over the way
+        centre += fitted.rise(at)
+        away = at - (fitted.mean_x if anchor is None else anchor)
+        pred_sd = noise.sigma * math.sqrt(factor ** 2 + fitted.slope_error(away))
     peers_noise = peers.doubt if learning and peers else None
     doubt_floor = 0.0 if peers_noise is None else factor * peers_noise.sigma * bad_threshold(
         policy.doubt_level, round(peers_noise.dof, 1), policy.tail_dof)
     return Reference("release" if release is not None else "rolling", centre, noise,
-                     noise.sigma * factor, n, spread, spread_before, doubt_floor)
+                     pred_sd, n, spread, spread_before, doubt_floor, fitted)
 
 
 def _pred_factor(n: int, release: bool) -> float:
@@ -478,13 +535,15 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
-                   peers: Peers | None = None) -> Verdict | None:
+                   peers: Peers | None = None,
+                   covariate: float | None = None) -> Verdict | None:
     """One metric's verdict. `previous`: the last comparable night's verdict of this stage
     and metric ({"verdict", "detail"}), which tonight confirms or clears; `peers`: the
-    metric's noise pooled over the run's other stages on this fingerprint."""
+    metric's noise pooled over the run's other stages on this fingerprint; `covariate`:
+    tonight's value of the metric's covariate (`MetricDef.adjusted_by`), if it has one."""
     if value is None:
         return None
-    base = baseline_for(metric, history, release, policy, peers)
+    base = baseline_for(metric, history, release, policy, peers, covariate)
     kind = f"release:{release.get('label')}" if release else "rolling"
     if base is None:
         return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
@@ -504,6 +563,9 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
         "noise_pct": round(100 * base.noise.sigma, 3), "noise_stages": base.noise.stages,
         "floor_pct": round(100 * math.expm1(floor), 2),
     }
+    if base.fit is not None:
+        detail["adjusted"] = {"by": METRICS[metric].adjusted_by,
+                              "slope": round(base.fit.slope, 3)}
     if learning:
         detail["note"] = f"learning: {base.nights} of {policy.min_history} nights"
         detail["doubt_once"] = (verdict == "learning"
@@ -548,9 +610,10 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
         return [Verdict(stage_id, m, "invalid", metrics[m], None, None, None, {}) for m in names]
     out = []
     for m in names:
+        by = METRICS[m].adjusted_by
         v = compare_metric(stage_id, m, metrics[m], history, policy,
                            previous=(previous or {}).get(m), release=release, run_id=run_id,
-                           peers=(peers or {}).get(m))
+                           peers=(peers or {}).get(m), covariate=metrics.get(by) if by else None)
         if v is not None and v.verdict == "no_baseline" and new_history:
             v.detail["new_history"] = new_history
         if v is not None:

@@ -50,13 +50,20 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
 def verdict_note(comparison: dict, *, short: bool = False) -> str:
     """What a person should know beside a verdict: the metric is too noisy to guard (and
     why, unless `short`), its history is still learning the noise, or why it has none
-    (its setup or the fingerprint changed)."""
+    (its setup or the fingerprint changed), or that its baseline is what its nights say
+    it is at tonight's value of its covariate (`tasks.analysis.covariate`)."""
     detail = comparison.get("detail") or {}
     if detail.get("too_noisy"):
         return "too noisy to guard" if short else detail["too_noisy"]
     if comparison["verdict"] == "no_baseline":
         return detail.get("new_history") or ""
-    return detail.get("note") or "" if comparison["verdict"] == "learning" else ""
+    if comparison["verdict"] == "learning":
+        return detail.get("note") or ""
+    adjusted = detail.get("adjusted")
+    if adjusted:
+        return f"at tonight's {adjusted['by']}" + (
+            "" if short else f" (slope {adjusted['slope']:g} over {detail.get('history')} nights)")
+    return ""
 
 
 def verdict_rows(stages: list[dict]) -> list[dict]:
