@@ -172,3 +172,18 @@ def test_aa_on_a_swinging_host_stays_quiet():
                 histories[i].insert(0, {"run_id": f"n{k}", "metrics": values,
                                         "held_out": [COST] if judged.detail.get("hold") else []})
     assert alarms <= 1  # 100 series
+
+
+def test_the_shift_named_for_a_flagged_cost_is_the_broker_s_not_the_host_s():
+    rng = random.Random(5)
+    values = ([night(-0.1 + rng.gauss(0, 0.01), rng.gauss(0, 0.01)) for _ in range(15)]
+              + [night(0.2 + rng.gauss(0, 0.01), rng.gauss(0, 0.01)) for _ in range(5)])
+    history = [{"run_id": f"n{i}", "metrics": v, "held_out": []}
+               for i, v in reversed(list(enumerate(values, 1)))]  # the host slower from n16
+    costlier = night(0.2, own=math.log(1.25))  # and the broker 25% costlier from b1
+    first = cost_verdict(costlier, history)
+    history.insert(0, {"run_id": "b1", "metrics": costlier, "held_out": [COST]})
+    judged = cost_verdict(costlier, history, previous={COST: first.to_dict()})
+    assert (first.verdict, judged.verdict) == ("suspected", "regression")
+    assert judged.detail["change_point"]["run_id"] == "b1"  # on the cost alone: n16
+    assert judged.detail["change_point"]["shift_pct"] == pytest.approx(25, abs=3)

@@ -32,12 +32,11 @@ better-direction and a minimum practical effect) of a valid stage:
 - **Covariate.** A metric that declares one (`MetricDef.adjusted_by`: the broker's CPU per
   message, on the driver's where they share a host) is judged at tonight's value of it
   when tonight (and a release baseline) has one and `min_history` of its baseline nights
-  have it: those nights are fitted on it (log on
-  log, `tasks.analysis.covariate`), baseline and noise are taken from the nights moved
-  along the slope (a degree of freedom fewer), the baseline is moved to tonight's
-  covariate (the baseline value the verdict shows), and the slope's own error adds to
-  tonight's sd. Peers pool their noise the same way; a learning stage and its doubt floor
-  use the values as they are.
+  have it: those nights are fitted on it (log on log, `tasks.analysis.covariate`),
+  baseline and noise are taken from the nights moved along the slope (a degree of freedom
+  fewer), the baseline is moved to tonight's covariate (the baseline value the verdict
+  shows), and the slope's own error adds to tonight's sd. Peers pool their noise the same
+  way (`Peers.adjusted`); a learning stage and its doubt floor use the values as they are.
 - **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
@@ -78,7 +77,8 @@ better-direction and a minimum practical effect) of a valid stage:
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
 - For a flagged metric the detail names the run where the level shift began: the E-Divisive
-  pass of `tasks.analysis.changepoint` over the recent history, for the report.
+  pass of `tasks.analysis.changepoint` over the recent history (judged at a covariate:
+  its nights moved along the slope), for the report.
 
 Each judged metric has its own false-alarm budget: at most one false alarm per 100 series
 of 30 nights (`false_alarm_level` x 22 judged nights, 0.66, checked by the bench); a stage
@@ -177,7 +177,7 @@ class Reference:
     spread: float  # the widest deviation of a baseline night from the baseline median
     spread_before: float  # the same without the newest night
     doubt_floor: float  # while learning: the two-night threshold with the peers' noise
-    fit: Fit | None = None  # the nights on their covariate, when judged at tonight's
+    fit: Fit | None = None  # the nights on their covariate, when judged at tonight's value
 
 
 def judged_metrics(policy: Policy) -> list[str]:
@@ -438,12 +438,21 @@ def score(change: float, base: Reference, policy: Policy) -> float:
     return change / base.pred_sd / bad_threshold(policy.false_alarm_level, dof, policy.tail_dof)
 
 
-def _shift(metric: str, history: list[dict], value: float, run_id: str | None) -> dict | None:
-    """Where the latest level shift began, over every recent value (held-out ones too)."""
-    past = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0]
+def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
+           base: Reference, covariate: float | None) -> dict | None:
+    """Where the latest level shift began, over every recent value (held-out ones too);
+    when the metric is judged at its covariate (`base.fit`), over the nights that have it,
+    each moved along the slope as the judged ones are (a shift of the host's pace alone is
+    no shift of the metric)."""
+    by, fitted = METRICS[metric].adjusted_by, base.fit
+    past = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
+            and (fitted is None or (h["metrics"].get(by) or 0) > 0)]
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
-    points = change_points([math.log(h["metrics"][metric]) for h in past] + [math.log(value)],
-                           min_size=2)
+    logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
+    if fitted is not None:
+        xs = [math.log(h["metrics"][by]) for h in past] + [math.log(covariate)]
+        logs = [fitted.adjust(y, x) for y, x in zip(logs, xs)]
+    points = change_points(logs, min_size=2)
     if not points:
         return None
     last = points[-1]
@@ -585,7 +594,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
         if release.get("fingerprint_matches") is False:
             detail["fingerprint"] = "differs from the release baseline's"
     if verdict in FLAGGED:
-        detail["change_point"] = _shift(metric, history, value, run_id)
+        detail["change_point"] = _shift(metric, history, value, run_id, base, covariate)
     return Verdict(stage_id, metric, verdict, value, baseline_value,
                    round(100 * (value / baseline_value - 1), 3),
                    None if learning else _confidence(worse, base, policy), detail)
