@@ -140,6 +140,20 @@ for _kind in TAIL_KINDS:
               MetricDef(f"{_kind}_stall_longest", "us", "lower")]
 
 METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
+
+
+def check_covariates(defs: dict[str, MetricDef]) -> None:
+    """Every `MetricDef.adjusted_by` names a metric of `defs` that is recorded, not judged
+    (a judged covariate would move its own verdicts with the other's): a name that is not
+    there would leave the metric judged as it is, unseen."""
+    for m in defs.values():
+        by = m.adjusted_by
+        if by is not None and (by not in defs or defs[by].better != "none"):
+            raise ValueError(f"tasks.metrics: {m.name}.adjusted_by = {by!r} is not a recorded, "
+                             "never judged metric: name one defined here with better='none'")
+
+
+check_covariates(METRICS)
 # What a broker team asks of a stage first, beside its rate: its capacity and what a message
 # and a connection cost (drawn open in the report's history, with earlier nights in Slack)
 CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu",

@@ -7,7 +7,7 @@ import pytest
 
 from tasks.analysis.covariate import SLOPE_RANGE, fit
 from tasks.analysis.detector import Policy, compare_stage, pooled_noise
-from tasks.metrics import METRICS
+from tasks.metrics import METRICS, MetricDef, check_covariates
 from tasks.views.tables import verdict_note
 
 COST = "broker_cpu_s_per_10k"
@@ -187,3 +187,11 @@ def test_the_shift_named_for_a_flagged_cost_is_the_broker_s_not_the_host_s():
     assert (first.verdict, judged.verdict) == ("suspected", "regression")
     assert judged.detail["change_point"]["run_id"] == "b1"  # on the cost alone: n16
     assert judged.detail["change_point"]["shift_pct"] == pytest.approx(25, abs=3)
+
+
+def test_a_covariate_must_be_a_recorded_metric():
+    check_covariates(METRICS)  # the shipped definitions
+    for by in ("driver_cpu_s_per_1k", "delivered_rate"):  # a typo; a judged metric
+        bad = {**METRICS, "x": MetricDef("x", "CPU-s", "lower", 0.05, adjusted_by=by)}
+        with pytest.raises(ValueError, match=f"x.adjusted_by = '{by}'.*better='none'"):
+            check_covariates(bad)
