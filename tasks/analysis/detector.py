@@ -197,6 +197,11 @@ def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
             and metric not in night.get("held_out", ())][:policy.window]
 
 
+def _log_of(value: float | None) -> float | None:
+    """The log of a usable value (a positive number), else None."""
+    return math.log(value) if value is not None and value > 0 else None
+
+
 def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
     """The baseline nights' logs, newest first."""
     return [math.log(night["metrics"][metric]) for night in _usable(metric, history, policy)]
@@ -210,9 +215,9 @@ def _judged_logs(metric: str, history: list[dict], policy: Policy,
     (`tasks.analysis.covariate`), and the fit. Else the nights' logs as they are."""
     by = METRICS[metric].adjusted_by
     if adjust and by:
-        pairs = [(math.log(night["metrics"][metric]), math.log(x))
+        pairs = [(math.log(night["metrics"][metric]), x)
                  for night in _usable(metric, history, policy)
-                 if (x := night["metrics"].get(by) or 0) > 0]
+                 if (x := _log_of(night["metrics"].get(by))) is not None]
         if len(pairs) >= policy.min_history:
             fitted = fit(pairs)
             return [fitted.adjust(y, x) for y, x in pairs], fitted
@@ -337,10 +342,10 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
     it and, against a release, the release night having it too, the baseline is what the
     nights say the metric is at tonight's covariate; else the values as they are."""
     by = METRICS[metric].adjusted_by
-    at = math.log(covariate) if by and covariate is not None and covariate > 0 else None
+    at = _log_of(covariate) if by else None
     anchor = None  # the release night's log covariate
     if release is not None and at is not None:
-        anchor = math.log(x) if (x := release["metrics"].get(by) or 0) > 0 else None
+        anchor = _log_of(release["metrics"].get(by))
     logs, fitted = _judged_logs(metric, history, policy,
                                 adjust=at is not None and (release is None or anchor is not None))
     n = len(logs)
@@ -439,18 +444,18 @@ def score(change: float, base: Reference, policy: Policy) -> float:
 
 
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
-           base: Reference, covariate: float | None) -> dict | None:
+           fitted: Fit | None, covariate: float | None) -> dict | None:
     """Where the latest level shift began, over every recent value (held-out ones too);
-    when the metric is judged at its covariate (`base.fit`), over the nights that have it,
+    when the metric is judged at its covariate (`fitted`), over the nights that have it,
     each moved along the slope as the judged ones are (a shift of the host's pace alone is
     no shift of the metric)."""
-    by, fitted = METRICS[metric].adjusted_by, base.fit
+    by = METRICS[metric].adjusted_by
     past = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
-            and (fitted is None or (h["metrics"].get(by) or 0) > 0)]
+            and (fitted is None or _log_of(h["metrics"].get(by)) is not None)]
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
     logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
     if fitted is not None:
-        xs = [math.log(h["metrics"][by]) for h in past] + [math.log(covariate)]
+        xs = [_log_of(h["metrics"][by]) for h in past] + [_log_of(covariate)]
         logs = [fitted.adjust(y, x) for y, x in zip(logs, xs)]
     points = change_points(logs, min_size=2)
     if not points:
@@ -594,7 +599,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
         if release.get("fingerprint_matches") is False:
             detail["fingerprint"] = "differs from the release baseline's"
     if verdict in FLAGGED:
-        detail["change_point"] = _shift(metric, history, value, run_id, base, covariate)
+        detail["change_point"] = _shift(metric, history, value, run_id, base.fit, covariate)
     return Verdict(stage_id, metric, verdict, value, baseline_value,
                    round(100 * (value / baseline_value - 1), 3),
                    None if learning else _confidence(worse, base, policy), detail)
