@@ -42,8 +42,10 @@ class Nights:
         return SlackNotifier(token_client(TOKEN, self.slack.base_url), "#perf")
 
     def run(self, verdicts: dict[str, list[tuple]], *, kind: str = "nightly",
-            invalid: dict[str, str] | None = None, label: str | None = None) -> str:
-        """verdicts: stage id -> [(metric, verdict, baseline, value, nights[, detail])]."""
+            invalid: dict[str, str] | None = None, label: str | None = None,
+            metrics: dict[str, dict] | None = None) -> str:
+        """verdicts: stage id -> [(metric, verdict, baseline, value, nights[, detail])];
+        metrics: stage id -> the metrics stored for it (none by default)."""
         self.day += 1
         run_id = f"{kind}-{self.day:02d}"
         self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
@@ -55,7 +57,8 @@ class Nights:
             self.store.record_stage(run_id, stage_id, scenario="ibm_fanin", stage_key=keys[stage_id],
                                     params=FANIN, fingerprint_hash="fp0123")
             reason = (invalid or {}).get(stage_id)
-            self.store.record_results(run_id, stage_id, metrics={}, series={},
+            self.store.record_results(run_id, stage_id, metrics=(metrics or {}).get(stage_id, {}),
+                                      series={},
                                       validity="invalid" if reason else "valid", reason=reason)
             for metric, verdict, base, value, nights, *more in verdicts.get(stage_id, []):
                 rows.append({"stage_id": stage_id, "metric": metric, "verdict": verdict,
@@ -111,6 +114,31 @@ def test_a_confirmed_regression_is_posted_with_its_evidence(nights: Nights) -> N
     # the suspicion is not posted, and not re-posted later either
     assert {a["status"]: a["delivered"] for a in nights.store.alerts()} == \
         {"confirmed": True, "suspected": True}
+
+
+def test_a_cost_judged_at_tonights_driver_cpu_says_so_beside_its_nights_as_measured(
+        nights: Nights) -> None:
+    """The baseline of a cost judged at its covariate is the nights moved to tonight's
+    driver CPU, not their level: the row says so, and that the earlier nights are shown
+    as they were measured (on a slow night the baseline sits above them)."""
+    cost = "broker_cpu_s_per_10k"
+    for value in (0.250, 0.260, 0.240):
+        nights.run({"fanin.q1.c100": [(cost, "unchanged", 0.25, value, 1)]},
+                   metrics={"fanin.q1.c100": {cost: value}})
+    adjusted = {"adjusted": {"by": "driver_cpu_s_per_10k", "slope": 0.8}}
+    run_id = nights.run({"fanin.q1.c100": [(cost, "regression", 0.30, 0.33, 1, adjusted)]},
+                        metrics={"fanin.q1.c100": {cost: 0.33}})
+    assert nights.alert(run_id)["posted"]
+    row = json.loads(blocks_text(nights.slack.calls[-1]))[2]["text"]["text"].split("\n")[-1]
+    assert row == ("• `broker_cpu_s_per_10k` 0.3 CPU-s (at tonight's driver_cpu_s_per_10k) → "
+                   "*0.33 CPU-s* (+10.0%) · confidence 99.9% · 1 night · confirmed · "
+                   "before, as measured: 0.25 CPU-s, 0.26 CPU-s, 0.24 CPU-s")
+    # judged as measured, the same nights are just "before"
+    run_id = nights.run({"fanin.q1.c200": [(cost, "regression", 0.25, 0.33, 1)]},
+                        metrics={"fanin.q1.c200": {cost: 0.33}})
+    nights.alert(run_id)
+    assert "· before:" not in blocks_text(nights.slack.calls[-1])  # a new stage: no nights
+    assert "at tonight's" not in blocks_text(nights.slack.calls[-1])
 
 
 def test_later_nights_thread_quiet_when_unchanged_and_recovery_said(nights: Nights) -> None:

@@ -2,8 +2,10 @@
 
 - `run_message`: the regressions a run has to tell (new confirmed alerts), grouped by
   scenario, each with its stage (clients, QoS, rate), metric, baseline -> tonight with
-  units, % change, confidence, nights of evidence, state and fingerprint; capped at
-  `MAX_ROWS`, the rest summarised with a count. Release runs always get one (a summary).
+  units (for a metric judged at its covariate, the baseline says so, and its earlier
+  nights are listed as measured), % change, confidence, nights of evidence, state and
+  fingerprint; capped at `MAX_ROWS`, the rest summarised with a count. Release runs
+  always get one (a summary).
 - `thread_reply`: later news about alerts already told (grown, recovered), for their thread.
 - `invalid_run_message`, `missing_nightly_message`, `failure_message`: the short ones.
 Slack's limits: a header is at most 150 characters, a section text at most 3000.
@@ -38,8 +40,11 @@ class Row:
     nights: int
     fingerprint: str | None
     run_id: str  # the run the evidence comes from
-    history: tuple[float, ...] = ()  # earlier nights' values, oldest first (EARLIER_NIGHTS)
+    history: tuple[float, ...] = ()  # earlier nights' values as measured, oldest first
     mde_pct: float | None = None  # the smallest step the metric shows within two nights
+    # why the baseline is not the earlier nights' level: 'at tonight's <covariate>' (the
+    # nights moved along their slope to tonight's covariate), or ''
+    baseline_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,10 +82,13 @@ def _row_line(row: Row) -> str:
     change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f}%"
     confidence = "n/a" if row.confidence is None else f"{100 * row.confidence:.1f}%"
     nights = f"{row.nights} night{'s' if row.nights != 1 else ''}"
-    earlier = (" · before: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
+    before = "before, as measured" if row.baseline_note else "before"
+    earlier = (f" · {before}: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
                if row.history else "")
     sees = f" · sees steps from {row.mde_pct:.1f}%" if row.mde_pct is not None else ""
-    return (f"• `{row.metric}` {with_unit(row.baseline_value, unit)} → "
+    baseline = with_unit(row.baseline_value, unit) + (
+        f" ({row.baseline_note})" if row.baseline_note else "")
+    return (f"• `{row.metric}` {baseline} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
             f"{nights} · {row.status}{sees}{earlier}")
 

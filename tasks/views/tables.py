@@ -59,11 +59,17 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
         return detail.get("new_history") or ""
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
+    return covariate_note(detail, short=short)
+
+
+def covariate_note(detail: dict, *, short: bool = False) -> str:
+    """'at tonight's driver_cpu_s_per_10k' when the baseline is what the nights say the
+    metric is at tonight's value of its covariate, not their level as measured; else ''."""
     adjusted = detail.get("adjusted")
-    if adjusted:
-        return f"at tonight's {adjusted['by']}" + (
-            "" if short else f" (slope {adjusted['slope']:g} over {detail.get('history')} nights)")
-    return ""
+    if not adjusted:
+        return ""
+    return f"at tonight's {adjusted['by']}" + (
+        "" if short else f" (slope {adjusted['slope']:g} over {detail.get('history')} nights)")
 
 
 def verdict_rows(stages: list[dict]) -> list[dict]:
