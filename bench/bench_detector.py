@@ -16,8 +16,9 @@ has 1), scaled so its robust sigma (1.4826 x MAD) is the measured one (the sd, w
 measured MAD is 0); delivered and
 published msg/s are the mean of 10 per-second samples, an AR(1) process with the measured
 per-second CV and lag-1 autocorrelation around the night's level.
-A metric judged on a covariate (`MetricDef.adjusted_by`: the broker's CPU per message on
-its driver's) is drawn as the measured slope times the covariate's log (t3 at its measured
+A metric judged on a covariate (`MetricDef.adjusted_by`: the broker's CPU per message and
+e2e p50, on the driver's CPU per message) is drawn as the measured slope times the
+covariate's log (one t3 draw a night for all its metrics, at its measured
 noise: the shared host's pace) plus its own t3 noise along the slope, as measured
 (noise_measured.json ``covariates``, the medians over the stages); its noise and bound are
 that own noise's.
@@ -129,7 +130,8 @@ def load_noise(path: Path) -> tuple[Noise, dict]:
     rate = metrics["delivered_rate"]
     covaried = {m: Covaried(c["by"], c["median"]["slope"], c["median"]["covariate_sigma"],
                             c["median"]["adjusted_sigma"])
-                for m, c in doc.get("covariates", {}).items() if c.get("median")}
+                for m, c in doc.get("covariates", {}).items()
+                if c.get("median") and m in METRICS and METRICS[m].adjusted_by == c["by"]}
     return Noise(night, rate["per_second_cv_median"] or 0.0,
                  rate["per_second_lag1_autocorr_median"] or 0.0, covaried), doc
 
@@ -144,13 +146,16 @@ class Stage:
 
     def night(self, k: int) -> tuple[dict[str, float], dict[str, list[float]]]:
         values, series = {}, {}
+        hosts: dict[str, float] = {}  # covariate -> tonight's host (log): one for its metrics
         for m in self.metrics:
             scale = self.noise.night.get(m, 0.0) / T_ROBUST
             level = 1000.0 * math.exp(scale * self.rng.standard_t(T_DOF))
             if m in self.noise.covaried:  # the host's pace, shared with its covariate
                 c = self.noise.covaried[m]
-                host = c.covariate_sigma / T_ROBUST * self.rng.standard_t(T_DOF)
-                values[c.by] = 1000.0 * math.exp(host)
+                if c.by not in hosts:
+                    hosts[c.by] = c.covariate_sigma / T_ROBUST * self.rng.standard_t(T_DOF)
+                    values[c.by] = 1000.0 * math.exp(hosts[c.by])
+                host = hosts[c.by]
                 level = 1000.0 * math.exp(c.slope * host
                                           + c.own_sigma / T_ROBUST * self.rng.standard_t(T_DOF))
             if m == self.step_metric and k >= self.step_night:

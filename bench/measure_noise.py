@@ -22,9 +22,11 @@ reads the stored results and the raw latency histograms and writes, per metric:
   (`tasks.driver.pace`) explains of the broker's CPU per message from night to night
   (`bench/host_pace.py`'s figures), in the output file.
 - ``covariates``: for each judged metric with a covariate (`MetricDef.adjusted_by`: the
-  broker's CPU per message on the driver's), per stage, the slope the detector fits, the
-  noise of the metric as it is and along that slope (in sample, as the detector estimates
-  it, and out of sample), and the medians over stages that `bench_detector.py` draws from.
+  broker's CPU per message and e2e p50, on the driver's CPU per message), per stage, the
+  slope the detector fits, the noise of the metric as it is and along that slope (in
+  sample, as the detector estimates it, and out of sample), and the medians over stages
+  that `bench_detector.py` draws from; with --covariate METRIC=BY, also for a pairing the
+  pipeline does not judge (yet).
 Load average and the busiest other processes are recorded before every run: this machine
 is shared, and the figures are only as quiet as it was.
 """
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa:
 from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 from tasks.metrics import METRICS as DEFS  # noqa: E402
+from tasks.metrics import check_covariates  # noqa: E402
 
 from host_pace import explained, explained_pooled  # noqa: E402  (bench/, beside it)
 
@@ -81,24 +85,33 @@ def busy_processes(limit: int = 5) -> list[str]:
     return [line.strip() for line in out[:limit]]
 
 
-def run_all(runs: int, suite: str, state: Path) -> list[dict]:
+def run_one(suite: str, state: Path, log_file: Path, inventory: Path | None = None) -> dict:
+    """One `perfpipe run --suite SUITE` in the scratch state dir `state` (on `inventory`,
+    else the embedded default), its output in `log_file`: the conditions it ran in."""
     env = {**os.environ, "PERFPIPE_STATE_DIR": str(state)}
     for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY"):
         env.pop(name, None)
+    if inventory is not None:
+        env["PERFPIPE_INVENTORY"] = str(inventory)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    before = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "loadavg": [round(x, 2) for x in os.getloadavg()], "busy": busy_processes()}
+    t0 = time.monotonic()
+    with open(log_file, "w") as log:
+        rc = subprocess.call([str(REPO / ".state/venv/bin/perfpipe"), "run", "--suite", suite],
+                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return {**before, "exit": rc, "seconds": round(time.monotonic() - t0, 1),
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+
+
+def run_all(runs: int, suite: str, state: Path) -> list[dict]:
     logs = state / "noise-logs"
     logs.mkdir(parents=True, exist_ok=True)
     conditions = []
     for i in range(runs):
-        before = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "loadavg": [round(x, 2) for x in os.getloadavg()], "busy": busy_processes()}
-        t0 = time.monotonic()
-        with open(logs / f"run-{i:02d}.log", "w") as log:
-            rc = subprocess.call([str(REPO / ".state/venv/bin/perfpipe"), "run", "--suite", suite],
-                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        conditions.append({**before, "exit": rc, "seconds": round(time.monotonic() - t0, 1),
-                           "loadavg_after": [round(x, 2) for x in os.getloadavg()]})
-        print(f"run {i + 1}/{runs}: exit {rc} in {conditions[-1]['seconds']} s, "
-              f"load {before['loadavg']}", flush=True)
+        conditions.append(run_one(suite, state, logs / f"run-{i:02d}.log"))
+        print(f"run {i + 1}/{runs}: exit {conditions[-1]['exit']} in "
+              f"{conditions[-1]['seconds']} s, load {conditions[-1]['loadavg']}", flush=True)
     (logs / "conditions.json").write_text(json.dumps(conditions, indent=1))
     return conditions
 
@@ -218,7 +231,9 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 5)
 
 
-def analyse(state: Path) -> dict:
+def analyse(state: Path, adjusted: dict[str, str] = ADJUSTED) -> dict:
+    """`adjusted`: judged metric -> its covariate, for ``covariates`` (the pipeline's by
+    default; --covariate adds a candidate)."""
     store = Store(f"sqlite:///{state / 'results.db'}")
     # A run that failed after aggregation (e.g. in the report step) still measured its
     # stages: its valid stages count; the run statuses are recorded with the figures.
@@ -238,7 +253,7 @@ def analyse(state: Path) -> dict:
             pair = (st["metrics"].get("host_pace_us"), st["metrics"].get("broker_cpu_s_per_10k"))
             if all(pair):
                 paced[key].append((run["run_id"], *pair))
-            for m, by in ADJUSTED.items():
+            for m, by in adjusted.items():
                 x = st["metrics"].get(by) or (RECORDED_AS[by](st["metrics"]) if by in RECORDED_AS
                                               else None)
                 if st["metrics"].get(m) and x:
@@ -304,7 +319,7 @@ def analyse(state: Path) -> dict:
             "runs_measured": max((len(v) for k in nightly for v in nightly[k].values()), default=0),
             "run_statuses": statuses, "metrics": by_metric,
             "tail_estimators": tail_estimators(tails), "host_pace": pace_figures(paced),
-            "covariates": {m: covariate_figures(ADJUSTED[m], stages)
+            "covariates": {m: covariate_figures(adjusted[m], stages)
                            for m, stages in covaried.items()}}
 
 
@@ -363,14 +378,31 @@ def main() -> int:
     ap.add_argument("--stall-factor", type=float, metavar="F",
                     help="analyse with stall seconds at F x the typical second's p99, to try "
                          "another factor than the pipeline's (tasks.analysis.tails.STALL_FACTOR)")
+    ap.add_argument("--covariate", action="append", default=[], metavar="METRIC=BY",
+                    help="also fit METRIC on BY in ``covariates``, as the detector would if "
+                         "METRIC declared adjusted_by=BY (a candidate, before it does)")
     args = ap.parse_args()
+    adjusted = dict(ADJUSTED)
+    for pairing in args.covariate:
+        metric, _, by = pairing.partition("=")
+        unknown = [n for n in (metric, by) if n not in DEFS]
+        if unknown or metric not in METRICS:
+            ap.error(f"--covariate {pairing!r}: {', '.join(unknown) or metric} is not a "
+                     f"{'metric of tasks.metrics' if unknown else 'judged metric'}; give "
+                     "METRIC=BY, a judged metric and a recorded one (e.g. "
+                     "e2e_latency_avg=driver_cpu_s_per_10k)")
+        try:
+            check_covariates({**DEFS, metric: replace(DEFS[metric], adjusted_by=by)})
+        except ValueError as e:
+            ap.error(f"--covariate {pairing!r}: {e}")
+        adjusted[metric] = by
     args.state.mkdir(parents=True, exist_ok=True)
     cond_file = args.state / "noise-logs" / "conditions.json"
     conditions = (json.loads(cond_file.read_text()) if args.analyse_only and cond_file.exists()
                   else [] if args.analyse_only else run_all(args.runs, args.suite, args.state))
     if args.stall_factor:
         tail_rules.STALL_FACTOR = args.stall_factor  # read by tasks.analysis.tails.stalls
-    result = analyse(args.state)
+    result = analyse(args.state, adjusted)
     this = " ".join([".state/venv/bin/python", "bench/measure_noise.py", *sys.argv[1:]])
     runs_cmd = f"{this} (each run: PERFPIPE_STATE_DIR={args.state} perfpipe run --suite {args.suite})"
     doc = {

@@ -212,8 +212,8 @@ def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, delivered_rat
     its frequency): on the bench's 10K msgs/s row and the smoke suite's stages their costs
     a message correlate 0.93-0.99 from run to run, so the ratio keeps a change in the
     broker's own cost and leaves most of the host's out (bench/README.md, host_pace.py; not
-    on every load: see there), and the detector judges the broker's cost at tonight's
-    driver_cpu_s_per_10k (its covariate: `tasks.analysis.covariate`).
+    on every load: see there), and the detector judges the broker's cost and e2e p50 at
+    tonight's driver_cpu_s_per_10k (their covariate: `tasks.analysis.covariate`).
 
     Null without a problem line of its own: a driver on another host shares nothing of the
     broker's host (the topology, not a fault), and the other causes already have one (a

@@ -48,9 +48,10 @@ def tuning_hash(entries: Iterable[dict]) -> str:
 # perfpipe's own way of measuring. Raise it with a change that moves what a metric reads
 # for the same broker (how the driver times or counts sends and receives, how the
 # aggregation defines a metric, and what the driver's own CPU a message is: the broker's
-# cost is judged at it, so a cheaper driver would read as a costlier broker), so that the
-# nights before and after it are not compared: a new history starts, as on new hosts. Version 1 is in no hash, so the fingerprints
-# recorded before this version existed still match the nights after it.
+# cost and e2e p50 are judged at it, so a cheaper driver would read as a costlier,
+# slower broker), so that the nights before and after it are not compared: a new history
+# starts, as on new hosts. Version 1 is in no hash, so the fingerprints recorded before
+# this version existed still match the nights after it.
 MEASUREMENT_VERSION = 1
 
 

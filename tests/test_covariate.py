@@ -73,6 +73,36 @@ def test_an_8pct_costlier_broker_is_caught_that_the_host_swings_hide_in_the_cost
     assert verdicts[0][0].detail["mde_pct"] * 3 < verdicts[0][1].detail["mde_pct"]
 
 
+def test_e2e_p50_is_judged_at_the_driver_cpu_too_and_a_slower_broker_shows_on_a_fast_night():
+    """e2e p50 moves with the driver's CPU along a slope of about 0.3 on the smoke stages
+    (bench/README.md): a 15% slower broker on nights the host runs fast reads as about 8%
+    as measured, under the 10% that matters, and as itself at the driver's CPU."""
+    p50, slope = "e2e_latency_p50", 0.3
+    assert METRICS[p50].adjusted_by == DRIVER
+
+    def latency(h: dict, own: float = 0.0) -> dict:
+        host = math.log(h["metrics"][DRIVER] / 0.25)  # the night's host, as night() drew it
+        return {**h["metrics"], p50: 120.0 * math.exp(slope * host + own)}
+
+    history = [{**h, "metrics": latency(h)} for h in swinging(own_sd=0.005)]
+    raw = [{**h, "metrics": {p50: h["metrics"][p50]}} for h in history]
+    verdicts = []
+    for k, host in enumerate((-0.20, -0.22)):  # two nights on a fast host
+        tonight = latency({"metrics": night(host)}, own=math.log(1.15))
+        previous = {p50: verdicts[-1][0].to_dict()} if verdicts else None
+        before = {p50: verdicts[-1][1].to_dict()} if verdicts else None
+        judged = [next(v for v in compare_stage("s", m, "valid", h, previous=p) if v.metric == p50)
+                  for m, h, p in ((tonight, history, previous), ({p50: tonight[p50]}, raw, before))]
+        verdicts.append(judged)
+        entry = {"run_id": f"b{k}", "held_out": [p50]}
+        history.insert(0, {**entry, "metrics": tonight})
+        raw.insert(0, {**entry, "metrics": {p50: tonight[p50]}})
+    assert [a.verdict for a, _ in verdicts] == ["suspected", "regression"]
+    assert [a.change_pct for a, _ in verdicts] == [pytest.approx(15, abs=3)] * 2
+    assert verdicts[0][0].detail["adjusted"]["slope"] == pytest.approx(slope, abs=0.1)
+    assert all(b.verdict == "unchanged" and b.change_pct < 10 for _, b in verdicts)
+
+
 def test_without_enough_nights_of_the_driver_cpu_the_cost_is_judged_as_it_is():
     history = swinging()
     for h in history[7:]:  # 7 of the window's nights have the driver's CPU: fewer than 8

@@ -57,8 +57,8 @@ class Nights:
             self.store.record_stage(run_id, stage_id, scenario="ibm_fanin", stage_key=keys[stage_id],
                                     params=FANIN, fingerprint_hash="fp0123")
             reason = (invalid or {}).get(stage_id)
-            self.store.record_results(run_id, stage_id, metrics=(metrics or {}).get(stage_id, {}),
-                                      series={},
+            self.store.record_results(run_id, stage_id, series={},
+                                      metrics=(metrics or {}).get(stage_id, {}),
                                       validity="invalid" if reason else "valid", reason=reason)
             for metric, verdict, base, value, nights, *more in verdicts.get(stage_id, []):
                 rows.append({"stage_id": stage_id, "metric": metric, "verdict": verdict,
@@ -133,6 +133,12 @@ def test_a_cost_judged_at_tonights_driver_cpu_says_so_beside_its_nights_as_measu
     assert row == ("• `broker_cpu_s_per_10k` 0.3 CPU-s (at tonight's driver_cpu_s_per_10k) → "
                    "*0.33 CPU-s* (+10.0%) · confidence 99.9% · 1 night · confirmed · "
                    "before, as measured: 0.25 CPU-s, 0.26 CPU-s, 0.24 CPU-s")
+    # its recovery, told in the thread, names the same baseline
+    back = nights.run({"fanin.q1.c100": [(cost, "unchanged", 0.32, 0.321, 1, adjusted)]},
+                      metrics={"fanin.q1.c100": {cost: 0.321}})
+    nights.alert(back)
+    assert ("`broker_cpu_s_per_10k` recovered: 0.321 CPU-s against the baseline 0.32 CPU-s "
+            "(at tonight's driver_cpu_s_per_10k)") in nights.slack.calls[-1].body["text"]
     # judged as measured, the same nights are just "before"
     run_id = nights.run({"fanin.q1.c200": [(cost, "regression", 0.25, 0.33, 1)]},
                         metrics={"fanin.q1.c200": {cost: 0.33}})

@@ -2,10 +2,12 @@
 
 On a host the broker shares with its driver, both slow down when the host does (its other
 tenants, its frequency): from night to night the log of the broker's CPU per message
-follows the log of the driver's with a slope mostly below 1 (0.69 to 0.96 per stage in two
-batches of the smoke suite, bench/README.md). Judging the broker's cost at the driver's
-CPU of tonight takes most of the host's pace out of it, and what is left is mostly the
-broker's own: the driver does the same work a message whatever the broker does.
+follows the log of the driver's with a slope mostly below 1 (0.63 to 0.96 per stage in
+three batches of the smoke suite, bench/README.md). Judging the broker's cost at the
+driver's CPU of tonight takes most of the host's pace out of it, and what is left is mostly the
+broker's own: the driver does the same work a message whatever the broker does. The
+median end-to-end latency moves with it too, less steeply (0.27 to 0.34 per smoke stage):
+it holds the driver's own send and read of every message.
 
 A metric declares its covariate (`tasks.metrics.MetricDef.adjusted_by`). Its nights are
 then fitted on the covariate's, log on log, with the Theil-Sen slope (the median of the
@@ -55,6 +57,12 @@ class Fit:
         least-squares slope's, which the Theil-Sen slope's is close to (a little more on
         normal noise, less on heavy tails)."""
         return distance ** 2 / self.sxx if self.sxx > 0 else 0.0
+
+
+def log_of(value: float | None) -> float | None:
+    """The log of a usable value (a positive number), else None: a night's metric or
+    covariate as it is fitted."""
+    return math.log(value) if value is not None and value > 0 else None
 
 
 def fit(pairs: list[tuple[float, float]]) -> Fit:

@@ -30,9 +30,9 @@ better-direction and a minimum practical effect) of a valid stage:
   `sigma * sqrt(1 + pi / 2n)` (the median's own error) or `sigma * sqrt(2)` (release: one
   night against one).
 - **Covariate.** A metric that declares one (`MetricDef.adjusted_by`: the broker's CPU per
-  message, on the driver's where they share a host) is judged at tonight's value of it
-  when tonight (and a release baseline) has one and `min_history` of its baseline nights
-  have it: those nights are fitted on it (log on log, `tasks.analysis.covariate`),
+  message and e2e p50, on the driver's CPU where they share a host) is judged at tonight's
+  value of it when tonight (and a release baseline) has one and `min_history` of its
+  baseline nights have it: those nights are fitted on it (log on log, `tasks.analysis.covariate`),
   baseline and noise are taken from the nights moved along the slope (a degree of freedom
   fewer), the baseline is moved to tonight's covariate (the baseline value the verdict
   shows), and the slope's own error adds to tonight's sd. Peers pool their noise the same
@@ -103,7 +103,7 @@ from scipy.stats import f as f_dist
 
 from ..metrics import FLAGGED, METRICS
 from .changepoint import change_points
-from .covariate import Fit, fit
+from .covariate import Fit, fit, log_of
 
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
 T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
@@ -197,11 +197,6 @@ def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
             and metric not in night.get("held_out", ())][:policy.window]
 
 
-def _log_of(value: float | None) -> float | None:
-    """The log of a usable value (a positive number), else None."""
-    return math.log(value) if value is not None and value > 0 else None
-
-
 def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
     """The baseline nights' logs, newest first."""
     return [math.log(night["metrics"][metric]) for night in _usable(metric, history, policy)]
@@ -217,7 +212,7 @@ def _judged_logs(metric: str, history: list[dict], policy: Policy,
     if adjust and by:
         pairs = [(math.log(night["metrics"][metric]), x)
                  for night in _usable(metric, history, policy)
-                 if (x := _log_of(night["metrics"].get(by))) is not None]
+                 if (x := log_of(night["metrics"].get(by))) is not None]
         if len(pairs) >= policy.min_history:
             fitted = fit(pairs)
             return [fitted.adjust(y, x) for y, x in pairs], fitted
@@ -342,10 +337,10 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
     it and, against a release, the release night having it too, the baseline is what the
     nights say the metric is at tonight's covariate; else the values as they are."""
     by = METRICS[metric].adjusted_by
-    at = _log_of(covariate) if by else None
+    at = log_of(covariate) if by else None
     anchor = None  # the release night's log covariate
     if release is not None and at is not None:
-        anchor = _log_of(release["metrics"].get(by))
+        anchor = log_of(release["metrics"].get(by))
     logs, fitted = _judged_logs(metric, history, policy,
                                 adjust=at is not None and (release is None or anchor is not None))
     n = len(logs)
@@ -451,11 +446,11 @@ def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
     no shift of the metric)."""
     by = METRICS[metric].adjusted_by
     past = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
-            and (fitted is None or _log_of(h["metrics"].get(by)) is not None)]
+            and (fitted is None or log_of(h["metrics"].get(by)) is not None)]
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
     logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
     if fitted is not None:
-        xs = [_log_of(h["metrics"][by]) for h in past] + [_log_of(covariate)]
+        xs = [log_of(h["metrics"][by]) for h in past] + [log_of(covariate)]
         logs = [fitted.adjust(y, x) for y, x in zip(logs, xs)]
     points = change_points(logs, min_size=2)
     if not points:

@@ -166,7 +166,8 @@ def thread_reply(run: dict, rows: list[Row], links: Links) -> dict:
             unit = METRICS[row.metric].unit if row.metric in METRICS else ""
             lines.append(f":white_check_mark: {row.stage_id} `{row.metric}` recovered: "
                          f"{with_unit(row.value, unit)} against the baseline "
-                         f"{with_unit(row.baseline_value, unit)}")
+                         f"{with_unit(row.baseline_value, unit)}"
+                         + (f" ({row.baseline_note})" if row.baseline_note else ""))
         else:
             lines.append(f":small_red_triangle: {row.stage_id} {_row_line(row)[2:]}")
     text = f"run {run['run_id']}:\n" + "\n".join(lines)
