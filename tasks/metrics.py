@@ -135,8 +135,8 @@ for _kind in LATENCY_KINDS:
         # e2e p50 includes the driver's own send and read of each message: on a host the
         # broker shares with its driver it moves with the driver's CPU from night to night
         # (slope 0.27-0.34 on the smoke stages, bench/README.md "paired_change.py"), and is
-        # judged at tonight's, as the cost is. The mean and the tails move with their single
-        # slow seconds more than with the host, and fit no slope: judged as they are.
+        # judged at tonight's, as the cost is. The mean, PUBACK p50 and the judged tail fit
+        # no slope that held on every stage (bench/README.md): judged as they are.
         _by = DRIVER_CPU if (_kind, _stat) == ("e2e", "p50") else None
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect,
                                adjusted_by=_by))

@@ -77,6 +77,12 @@ def stage_label(stage_id: str, params: dict) -> str:
     return f"{stage_id} ({pubs:,} pubs, {subs:,} subs, QoS {qos}, {rate:,.0f} msg/s)"
 
 
+def _baseline(row: Row, unit: str) -> str:
+    """'0.3 CPU-s', and '(at tonight's driver_cpu_s_per_10k)' after it when it is so."""
+    value = with_unit(row.baseline_value, unit)
+    return f"{value} ({row.baseline_note})" if row.baseline_note else value
+
+
 def _row_line(row: Row) -> str:
     unit = METRICS[row.metric].unit if row.metric in METRICS else ""
     change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f}%"
@@ -86,9 +92,7 @@ def _row_line(row: Row) -> str:
     earlier = (f" · {before}: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
                if row.history else "")
     sees = f" · sees steps from {row.mde_pct:.1f}%" if row.mde_pct is not None else ""
-    baseline = with_unit(row.baseline_value, unit) + (
-        f" ({row.baseline_note})" if row.baseline_note else "")
-    return (f"• `{row.metric}` {baseline} → "
+    return (f"• `{row.metric}` {_baseline(row, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
             f"{nights} · {row.status}{sees}{earlier}")
 
@@ -166,8 +170,7 @@ def thread_reply(run: dict, rows: list[Row], links: Links) -> dict:
             unit = METRICS[row.metric].unit if row.metric in METRICS else ""
             lines.append(f":white_check_mark: {row.stage_id} `{row.metric}` recovered: "
                          f"{with_unit(row.value, unit)} against the baseline "
-                         f"{with_unit(row.baseline_value, unit)}"
-                         + (f" ({row.baseline_note})" if row.baseline_note else ""))
+                         f"{_baseline(row, unit)}")
         else:
             lines.append(f":small_red_triangle: {row.stage_id} {_row_line(row)[2:]}")
     text = f"run {run['run_id']}:\n" + "\n".join(lines)
