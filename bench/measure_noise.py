@@ -386,7 +386,7 @@ def main() -> int:
     for pairing in args.covariate:
         metric, _, by = pairing.partition("=")
         unknown = [n for n in (metric, by) if n not in DEFS]
-        if unknown or metric not in METRICS:
+        if unknown or metric not in judged_metrics(Policy()):
             ap.error(f"--covariate {pairing!r}: {', '.join(unknown) or metric} is not a "
                      f"{'metric of tasks.metrics' if unknown else 'judged metric'}; give "
                      "METRIC=BY, a judged metric and a recorded one (e.g. "

@@ -61,7 +61,7 @@ def burning_inventory(path: Path, burn_us: int) -> Path:
     return path
 
 
-def _newest_run(state: Path) -> str | None:
+def newest_run(state: Path) -> str | None:
     if not (state / "results.db").exists():
         return None
     store = Store(f"sqlite:///{state / 'results.db'}")
@@ -78,10 +78,10 @@ def run_pairs(pairs: int, burn_us: int, suite: str, state: Path) -> None:
     for i in range(pairs):
         pair: dict[str, str | None] = {}
         for variant in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
-            before = _newest_run(state / variant)
+            before = newest_run(state / variant)
             cond = run_one(suite, state / variant, state / "logs" / f"{i:02d}-{variant}.log",
                            inventories[variant])
-            newest = _newest_run(state / variant)
+            newest = newest_run(state / variant)
             pair[variant] = newest if newest != before else None  # None: it stored no run
             print(f"pair {i + 1}/{pairs} {variant}: exit {cond['exit']} in {cond['seconds']} s, "
                   f"load {cond['loadavg']}" + ("" if pair[variant] else ", stored no run"),
@@ -131,7 +131,7 @@ def paired_figures(plain: list[dict | None], burn: list[dict | None], metric: st
             pairs.append((i, logs_a, logs_b))
     out: dict = {"pairs": len(pairs),
                  "measured": [math.exp(b[0] - a[0]) for _, a, b in pairs]}
-    fitted = {i: _logs(n, *names) for i, n in enumerate(plain) if by and _logs(n, *names)}
+    fitted = {i: logs for i, n in enumerate(plain) if by and (logs := _logs(n, *names))}
     if by and len(fitted) > 3:
         lines = [fit([p for j, p in fitted.items() if j != i]) for i, _, _ in pairs]
         out["slopes"] = [line.slope for line in lines]

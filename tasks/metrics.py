@@ -19,11 +19,18 @@ class MetricDef:
     # a recorded metric that shares this one's night-to-night noise: judged at tonight's
     # value of it, along the slope its nights show (`tasks.analysis.covariate`)
     adjusted_by: str | None = None
+    # a recorded measure of the host's pace: on a night the host ran more than
+    # `Policy.pace_gate` off its baseline nights' (their median), slower or faster, this
+    # metric is not judged, and such nights stay out of its baseline (`tasks.analysis.detector`)
+    gated_by: str | None = None
 
 
 # The driver processes' CPU a message where they share the broker's host: the covariate
 # the broker's cost and e2e p50 are judged at (`MetricDef.adjusted_by`)
 DRIVER_CPU = "driver_cpu_s_per_10k"
+# The CPU time a fixed piece of work took on the broker's host (`tasks.driver.pace`): what
+# the latency metrics are gated by (`MetricDef.gated_by`)
+HOST_PACE = "host_pace_us"
 
 LATENCY_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 LATENCY_STATS = ("avg", "p50", "p95", "p99", "p99_9", "max", "stddev")
@@ -109,8 +116,9 @@ _DEFS: list[MetricDef] = [
     MetricDef("host_net_rx_avg", "bytes/s", "none"),
     MetricDef("host_net_tx_avg", "bytes/s", "none"),
     # the median over the window of the CPU time a fixed piece of work took on the broker's
-    # host (tasks/driver/pace.py): more, a slower host; recorded, not judged
-    MetricDef("host_pace_us", "us", "none"),
+    # host (tasks/driver/pace.py): more, a slower host; recorded, not judged; the latency
+    # metrics are not judged on a night it is far off its usual (`gated_by`)
+    MetricDef(HOST_PACE, "us", "none"),
     # the mean over the window of the time the host's virtual CPUs were ready to run while the
     # hypervisor ran something else (% of one core; 0 on bare metal): suspected of raising the
     # broker's CPU per message, not yet shown (bench/README.md, host_pace.py); recorded, not
@@ -139,13 +147,14 @@ for _kind in LATENCY_KINDS:
         # no slope that held on every stage (bench/README.md): judged as they are.
         _by = DRIVER_CPU if (_kind, _stat) == ("e2e", "p50") else None
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect,
-                               adjusted_by=_by))
+                               adjusted_by=_by, gated_by=HOST_PACE))
 
 # Per-second tails and stalls of the tail kinds (`tasks.analysis.tails`, which says which
 # one is judged and why).
 for _kind in TAIL_KINDS:
-    _DEFS += [MetricDef(f"{_kind}_latency_p99_typical", "us", "lower"),
-              MetricDef(f"{_kind}_latency_p99_no_stall", "us", "lower", 0.10),
+    _DEFS += [MetricDef(f"{_kind}_latency_p99_typical", "us", "lower", gated_by=HOST_PACE),
+              MetricDef(f"{_kind}_latency_p99_no_stall", "us", "lower", 0.10,
+                        gated_by=HOST_PACE),
               MetricDef(f"{_kind}_stall_seconds", "s", "lower"),
               MetricDef(f"{_kind}_stall_longest", "us", "lower")]
 
@@ -153,14 +162,15 @@ METRICS: dict[str, MetricDef] = {m.name: m for m in _DEFS}
 
 
 def check_covariates(defs: dict[str, MetricDef]) -> None:
-    """Every `MetricDef.adjusted_by` names a metric of `defs` that is recorded, not judged
-    (a judged covariate would move its own verdicts with the other's): a name that is not
-    there would leave the metric judged as it is, unseen."""
+    """Every `MetricDef.adjusted_by` and `gated_by` names a metric of `defs` that is
+    recorded, not judged (a judged covariate would move its own verdicts with the other's):
+    a name that is not there would leave the metric judged as it is, unseen."""
     for m in defs.values():
-        by = m.adjusted_by
-        if by is not None and (by not in defs or defs[by].better != "none"):
-            raise ValueError(f"tasks.metrics: {m.name}.adjusted_by = {by!r} is not a recorded, "
-                             "never judged metric: name one defined here with better='none'")
+        for field_name, by in (("adjusted_by", m.adjusted_by), ("gated_by", m.gated_by)):
+            if by is not None and (by not in defs or defs[by].better != "none"):
+                raise ValueError(f"tasks.metrics: {m.name}.{field_name} = {by!r} is not a "
+                                 "recorded, never judged metric: name one defined here with "
+                                 "better='none'")
 
 
 check_covariates(METRICS)

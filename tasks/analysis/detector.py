@@ -37,6 +37,16 @@ better-direction and a minimum practical effect) of a valid stage:
   fewer), the baseline is moved to tonight's covariate (the baseline value the verdict
   shows), and the slope's own error adds to tonight's sd. Peers pool their noise the same
   way (`Peers.adjusted`); a learning stage and its doubt floor use the values as they are.
+- **Host pace.** A metric gated by the host's pace (`MetricDef.gated_by`: the latency
+  metrics, on `host_pace_us`) is not judged on a night whose host ran more than
+  `Policy.pace_gate` off its usual pace (the median of the newest `window` nights', once
+  `min_history` have one): `no_baseline`, with the reason; and such nights stay out of its
+  baseline and noise (`off_pace`). On this machine's real nights (bench/README.md,
+  real_nights.py) every false change verdict of 20 unchanged nights fell on such a night:
+  the host 27% to 62% slower, e2e p50 up 18% to 37%, more than the driver's CPU it is
+  judged at explains (along a slope fitted on usual nights, where the driver's own noise
+  flattens it); on 10 nights after, the gate took the change verdicts from 7 to 4
+  suspected, none a regression.
 - **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
@@ -129,6 +139,7 @@ class Policy:
     doubt_nights: int = 5  # ... shown by at least this many nights
     doubt_level: float = 4e-5  # ... and two nights beyond the peers' noise this unlikely
     too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
+    pace_gate: float = 0.2  # a gated metric is not judged on a host this much off its pace
     min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics
 
     def effect(self, metric: str) -> float:
@@ -192,9 +203,34 @@ def noise_sigma(logs: list[float]) -> float:
 
 
 def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
-    """The baseline nights of `metric`, newest first: a usable value, not held out."""
+    """The baseline nights of `metric`, newest first: a usable value, not held out, and
+    for a metric gated by the host's pace (`MetricDef.gated_by`), on a host at its usual
+    pace (`off_pace`)."""
+    gate = METRICS[metric].gated_by
+    usual = usual_pace(history, gate, policy) if gate else None
     return [night for night in history if (night["metrics"].get(metric) or 0) > 0
-            and metric not in night.get("held_out", ())][:policy.window]
+            and metric not in night.get("held_out", ())
+            and off_pace(night["metrics"].get(gate) if gate else None, usual, policy) is None
+            ][:policy.window]
+
+
+def usual_pace(history: list[dict], gate: str, policy: Policy) -> float | None:
+    """The median log host pace (`gate`) of the newest `window` nights that recorded one,
+    if at least `min_history` did."""
+    paces = [x for night in history[:policy.window]
+             if (x := log_of(night["metrics"].get(gate))) is not None]
+    return statistics.median(paces) if len(paces) >= policy.min_history else None
+
+
+def off_pace(pace: float | None, usual: float | None, policy: Policy) -> float | None:
+    """How far (log) a night's host pace is from the usual one, when it is more than
+    `pace_gate` off it: a host that ran that much slower or faster than on its usual
+    nights. None when it is not, or either is unknown."""
+    tonight = log_of(pace)
+    if tonight is None or usual is None:
+        return None
+    off = tonight - usual
+    return off if abs(off) > math.log1p(policy.pace_gate) else None
 
 
 def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
@@ -544,16 +580,27 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
-                   peers: Peers | None = None,
-                   covariate: float | None = None) -> Verdict | None:
+                   peers: Peers | None = None, covariate: float | None = None,
+                   pace: float | None = None) -> Verdict | None:
     """One metric's verdict. `previous`: the last comparable night's verdict of this stage
     and metric ({"verdict", "detail"}), which tonight confirms or clears; `peers`: the
     metric's noise pooled over the run's other stages on this fingerprint; `covariate`:
-    tonight's value of the metric's covariate (`MetricDef.adjusted_by`), if it has one."""
+    tonight's value of the metric's covariate (`MetricDef.adjusted_by`), if it has one;
+    `pace`: tonight's value of the host pace it is gated by (`MetricDef.gated_by`)."""
     if value is None:
         return None
-    base = baseline_for(metric, history, release, policy, peers, covariate)
     kind = f"release:{release.get('label')}" if release else "rolling"
+    gate = METRICS[metric].gated_by
+    off = off_pace(pace, usual_pace(history, gate, policy), policy) if gate else None
+    if off is not None:
+        return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
+                       {"history": len(history), "baseline": kind,
+                        "off_pace_pct": round(100 * math.expm1(off), 1), "note": (
+                           f"not judged: the host ran {abs(math.expm1(off)):.0%} "
+                           f"{'slower' if off > 0 else 'faster'} than on its usual nights "
+                           f"({gate} {pace:.4g} against their median "
+                           f"{pace / math.exp(off):.4g})")})
+    base = baseline_for(metric, history, release, policy, peers, covariate)
     if base is None:
         return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
                        {"history": 0, "baseline": kind})
@@ -619,10 +666,11 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
         return [Verdict(stage_id, m, "invalid", metrics[m], None, None, None, {}) for m in names]
     out = []
     for m in names:
-        by = METRICS[m].adjusted_by
+        by, gate = METRICS[m].adjusted_by, METRICS[m].gated_by
         v = compare_metric(stage_id, m, metrics[m], history, policy,
                            previous=(previous or {}).get(m), release=release, run_id=run_id,
-                           peers=(peers or {}).get(m), covariate=metrics.get(by) if by else None)
+                           peers=(peers or {}).get(m), covariate=metrics.get(by) if by else None,
+                           pace=metrics.get(gate) if gate else None)
         if v is not None and v.verdict == "no_baseline" and new_history:
             v.detail["new_history"] = new_history
         if v is not None:

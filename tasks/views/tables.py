@@ -50,13 +50,14 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
 def verdict_note(comparison: dict, *, short: bool = False) -> str:
     """What a person should know beside a verdict: the metric is too noisy to guard (and
     why, unless `short`), its history is still learning the noise, or why it has none
-    (its setup or the fingerprint changed), or that its baseline is what its nights say
+    (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
+    its usual pace), or that its baseline is what its nights say
     it is at tonight's value of its covariate (`tasks.analysis.covariate`)."""
     detail = comparison.get("detail") or {}
     if detail.get("too_noisy"):
         return "too noisy to guard" if short else detail["too_noisy"]
-    if comparison["verdict"] == "no_baseline":
-        return detail.get("new_history") or ""
+    if comparison["verdict"] == "no_baseline":  # why: a history anew, or tonight not judged
+        return detail.get("new_history") or detail.get("note") or ""
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
     return covariate_note(detail, short=short)

@@ -1,0 +1,249 @@
+"""Real nights through the pipeline, then a known change in the broker: what the nightly says.
+
+    .state/venv/bin/python bench/real_nights.py --state /tmp/rn --plain 20 --burn-us 2
+    .state/venv/bin/python bench/real_nights.py --state /tmp/rn2 --seed-from /tmp/rn \\
+        --plain 0 --burn-us 1
+    .state/venv/bin/python bench/real_nights.py --analyse-only --state /tmp/rn
+
+Runs `perfpipe run --suite SUITE` PLAIN times on the embedded default
+(infra/inventories/local.yml), then BURN_NIGHTS times with Mosquitto loading the burn
+plugin (infra/slowdown: BURN_US of the broker's own CPU on every PUBLISH it takes, before
+it delivers it), all in one results store (PERFPIPE_STATE_DIR=STATE), as nights of a
+nightly would be. --seed-from starts STATE with a copy of another state's store (its
+nights come first: a noise batch of `measure_noise.py`, or this script's plain nights, so
+one history is tried with several steps). The runs, in order, are kept in STATE/nights.json.
+
+Then every run is judged again in the order it ran, with the detector as it is now, on a
+copy of the store (STATE/rejudged.db: the verdicts the runs recorded are kept), and it
+prints:
+- the plain nights past learning: every change verdict (suspected, regression,
+  improvement) on a judged metric, per 100 judged stage-nights of that metric: what a user
+  would have been shown on an unchanged broker;
+- the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
+  moves), each night's verdict, change and the MDE the nightly reported beside it; and the
+  change the burn makes to the cost, BURN_US x 10,000 / 1e6 CPU-s per 10K over the plain
+  nights' median (the plugin's own call adds a little more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sql import Store  # noqa: E402
+from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
+from tasks.metrics import FLAGGED  # noqa: E402
+from tasks.steps.compare import compare_stored  # noqa: E402
+
+from measure_noise import run_one  # noqa: E402  (bench/, beside it)
+from paired_change import burning_inventory, newest_run  # noqa: E402
+
+# [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night}], in order
+NIGHTS_FILE = "nights.json"
+REJUDGED = "rejudged.db"
+STEPPED = ("broker_cpu_s_per_10k", "e2e_latency_p50")  # the figures the burn moves
+COST = "broker_cpu_s_per_10k"
+CHANGES = (*FLAGGED, "improvement")  # the verdicts that tell a person something changed
+
+
+def seed(state: Path, source: Path) -> list[dict]:
+    """STATE's store begun as a copy of `source`'s: its runs, oldest first, as seed nights."""
+    shutil.copy2(source / "results.db", state / "results.db")
+    store = Store(f"sqlite:///{state / 'results.db'}")
+    try:
+        runs = sorted(store.latest_runs(10_000), key=lambda r: r["started_at"])
+    finally:
+        store.close()
+    known = json.loads((source / NIGHTS_FILE).read_text()) \
+        if (source / NIGHTS_FILE).exists() else []
+    variants = {n["run_id"]: n for n in known if n["run_id"]}
+    return [variants.get(r["run_id"], {"run_id": r["run_id"], "variant": "seed"})
+            for r in runs]
+
+
+def run_nights(state: Path, suite: str, plain: int, burn_nights: int, burn_us: int,
+               nights: list[dict]) -> None:
+    burning = burning_inventory(state / "burn.yml", burn_us)
+    plan = [("plain", None)] * plain + [("burn", burning)] * burn_nights
+    for i, (variant, inventory) in enumerate(plan):
+        before = newest_run(state)
+        cond = run_one(suite, state, state / "logs" / f"{i:02d}-{variant}.log", inventory)
+        run_id = newest_run(state)
+        stored = run_id if run_id != before else None
+        nights.append({"run_id": stored, "variant": variant,
+                       **({"burn_us": burn_us} if inventory else {})})
+        (state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
+        print(f"night {i + 1}/{len(plan)} {variant}: exit {cond['exit']} in "
+              f"{cond['seconds']} s, load {cond['loadavg']}"
+              + ("" if stored else ", stored no run"), flush=True)
+
+
+
+def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[str, dict]]:
+    """Every stored night judged again in order with `policy`, on a copy of the store
+    without its verdicts and alerts: run id -> stage key -> {"metrics", "validity",
+    "verdicts": metric -> row}."""
+    copy = state / REJUDGED
+    shutil.copy2(state / "results.db", copy)
+    with sqlite3.connect(copy) as db:  # the verdicts and alerts the runs recorded
+        db.execute("DELETE FROM comparisons")
+        db.execute("DELETE FROM alerts")
+    store = Store(f"sqlite:///{copy}")
+    judged: dict[str, dict[str, dict]] = {}
+    try:
+        for night in nights:
+            if not night["run_id"]:
+                continue
+            compare_stored(store, night["run_id"], {}, policy)
+            judged[night["run_id"]] = {
+                st["stage_key"]: {"metrics": st["metrics"], "validity": st["validity"],
+                                  "verdicts": {c["metric"]: c for c in st["comparisons"]}}
+                for st in store.stages(night["run_id"])}
+    finally:
+        store.close()
+    return judged
+
+
+def plain_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
+    """The change verdicts on the plain nights past learning, per judged metric."""
+    metrics = judged_metrics(Policy())
+    seen, off, changes, shown = Counter(), Counter(), {v: Counter() for v in CHANGES}, []
+    for i, night in enumerate(nights):
+        if night["variant"] == "burn" or night["run_id"] not in judged:
+            continue
+        for key, stage in sorted(judged[night["run_id"]].items()):
+            for m in metrics:
+                row = stage["verdicts"].get(m, {})
+                if row.get("verdict") in ("unchanged",) + CHANGES:
+                    seen[m] += 1
+                off[m] += "off_pace_pct" in (row.get("detail") or {})
+                if row.get("verdict") in CHANGES:
+                    changes[row["verdict"]][m] += 1
+                    shown.append(f"  night {i + 1} {key} {m}: {_said(row)}")
+    print("\nplain nights: change verdicts on an unchanged broker past learning "
+          "(stage-nights judged), and nights not judged as their host ran off its pace")
+    print(f"{'metric':30} {'judged':>7} " + " ".join(f"{v:>11}" for v in CHANGES)
+          + f" {'off pace':>9}")
+    for m in metrics:
+        print(f"{m:30} {seen[m]:7d} " + " ".join(f"{changes[v][m]:11d}" for v in CHANGES)
+              + f" {off[m]:9d}")
+    print(f"{'every judged metric':30} {sum(seen.values()):7d} "
+          + " ".join(f"{sum(changes[v].values()):11d}" for v in CHANGES)
+          + f" {sum(off.values()):9d}")
+    print("\n".join(shown))
+
+
+def _said(row: dict) -> str:
+    """A verdict row as a line: the verdict, the change and the MDE reported beside it."""
+    detail = row.get("detail") or {}
+    change, mde, off = row.get("change_pct"), detail.get("mde_pct"), detail.get("off_pace_pct")
+    return (f"{row['verdict']:11} change " + (f"{change:+.1f}%" if change is not None else "-")
+            + (f", MDE {mde:.1f}%" if mde is not None else "")
+            + (f", not judged: the host's pace {off:+.0f}%" if off is not None else ""))
+
+
+def _median(values: list[float | None]) -> float | None:
+    usable = [v for v in values if v]
+    return statistics.median(usable) if usable else None
+
+
+def _last_mde(plain: list[dict[str, dict]], key: str, metric: str) -> float | None:
+    """The MDE of the newest plain night on which `metric` of stage `key` was judged."""
+    for stages in reversed(plain):
+        row = stages.get(key, {}).get("verdicts", {}).get(metric) or {}
+        if "mde_pct" in (row.get("detail") or {}):
+            return row["detail"]["mde_pct"]
+    return None
+
+
+def burning_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
+    """Per stage, the stepped figures' verdicts on each burning night, beside the change
+    the burn makes."""
+    plain = [judged[n["run_id"]] for n in nights
+             if n["variant"] != "burn" and n["run_id"] in judged]
+    burning = [(n, judged.get(n["run_id"])) for n in nights if n["variant"] == "burn"]
+    if not burning:
+        return
+    print(f"\nburning nights ({len(burning)}): per stage, the change each night, its "
+          "verdict and the MDE the nightly reported beside it")
+    for key in sorted({k for p in plain for k in p}):
+        print(f"\n{key}")
+        for m in STEPPED:
+            base = _median([p[key]["metrics"].get(m) for p in plain
+                            if key in p and p[key]["validity"] == "valid"])
+            burn_us = burning[0][0].get("burn_us") or 0
+            if base is None:
+                print(f"  {m}: no plain night measured it")
+                continue
+            # the burn adds exactly this to the cost; to e2e p50, at least this
+            floor = burn_us * 1e4 / 1e6 if m == COST else burn_us
+            mde = _last_mde(plain, key, m)
+            print(f"  {m}: plain median {base:.4g}; the burn's {burn_us} us adds "
+                  f"{'' if m == COST else 'at least '}{100 * floor / base:+.1f}%; the MDE of the "
+                  "last plain night judged " + (f"{mde:.1f}%" if mde is not None else "-"))
+            for i, (night, stages) in enumerate(burning):
+                row = ((stages or {}).get(key) or {}).get("verdicts", {}).get(m)
+                if row is None:
+                    print(f"    night {i + 1}: no verdict (the run or stage is missing)")
+                    continue
+                print(f"    night {i + 1}: {_said(row)}")
+
+
+def report(state: Path, policy: Policy) -> None:
+    nights = json.loads((state / NIGHTS_FILE).read_text())
+    variants = Counter(n["variant"] for n in nights if n["run_id"])
+    print(f"nights stored: {dict(variants)}; judged again in order with the detector as it "
+          f"is now, pace_gate {policy.pace_gate} ({state / REJUDGED})")
+    judged = rejudge(state, nights, policy)
+    plain_verdicts(nights, judged)
+    burning_verdicts(nights, judged)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state", type=Path, required=True,
+                        help="scratch state dir of the runs (PERFPIPE_STATE_DIR)")
+    parser.add_argument("--seed-from", type=Path,
+                        help="a state dir whose store STATE starts with (its runs come first)")
+    parser.add_argument("--plain", type=int, default=20, help="plain nights to run")
+    parser.add_argument("--burn-nights", type=int, default=2,
+                        help="burning nights to run after them")
+    parser.add_argument("--burn-us", type=int, default=2,
+                        help="the broker's extra CPU on every message it takes, in us (0: the "
+                             "plugin loaded, burning nothing: what loading it costs)")
+    parser.add_argument("--suite", default="smoke", help="the suite each night runs")
+    parser.add_argument("--pace-gate", type=float, default=Policy().pace_gate,
+                        help="the detector's pace_gate when judging again (latency is not "
+                             "judged on a host this far off its usual pace; 10: no gate)")
+    parser.add_argument("--analyse-only", action="store_true",
+                        help="only judge again and print the nights already in STATE")
+    args = parser.parse_args(argv)
+    if not args.analyse_only:
+        if (args.state / NIGHTS_FILE).exists() or (args.state / "results.db").exists():
+            parser.error(f"--state {args.state}: it holds runs already; give an empty "
+                         "folder, or add --analyse-only to read them")
+        if min(args.burn_us, args.plain, args.burn_nights) < 0:
+            parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
+        if args.seed_from and not (args.seed_from / "results.db").exists():
+            parser.error(f"--seed-from {args.seed_from}: no results.db there")
+        args.state.mkdir(parents=True, exist_ok=True)
+        nights = seed(args.state, args.seed_from) if args.seed_from else []
+        (args.state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
+        run_nights(args.state, args.suite, args.plain, args.burn_nights, args.burn_us, nights)
+    if not (args.state / NIGHTS_FILE).exists():
+        parser.error(f"--state {args.state}: no {NIGHTS_FILE}, so no nights ran there")
+    report(args.state, Policy(pace_gate=args.pace_gate))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

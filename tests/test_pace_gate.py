@@ -1,0 +1,88 @@
+"""Latency is not judged on a night the broker's host ran far off its usual pace: pure, no
+store. On this machine's real nights (bench/README.md, real_nights.py) every false change
+verdict of 20 unchanged nights fell on such a night: the host 27% to 62% slower by its
+pace probe, e2e p50 18% to 37% higher, more than the driver's CPU a message it is judged
+at explains; the broker's cost, judged at the same covariate, stayed within its noise."""
+
+import math
+import random
+
+import pytest
+
+from tasks.analysis.detector import Policy, compare_stage
+from tasks.metrics import DRIVER_CPU, HOST_PACE, METRICS, MetricDef, check_covariates
+from tasks.views.tables import verdict_note
+
+P50, COST = "e2e_latency_p50", "broker_cpu_s_per_10k"
+NO_GATE = Policy(pace_gate=10.0)  # the gate out of reach: the detector as it was
+
+
+def night(slow: float = 0.0, latency: float = 0.0, rng: random.Random | None = None) -> dict:
+    """A night's metrics on a host `slow` (log) slower than usual by its pace, its latency
+    `latency` (log) off what the driver's CPU explains; with `rng`, the host's pace swings
+    4% and each figure has 1% of its own noise, as on the real quiet nights."""
+    e = (lambda sd: rng.gauss(0, sd)) if rng else (lambda sd: 0.0)
+    host = slow + e(0.04)
+    return {HOST_PACE: 250 * math.exp(host + e(0.01)), DRIVER_CPU: 0.8 * math.exp(host),
+            COST: 0.3 * math.exp(0.7 * host + e(0.01)),
+            P50: 120 * math.exp(0.3 * host + latency + e(0.01))}
+
+
+def history(nights: list[dict]) -> list[dict]:
+    """History entries, newest first, of nights given oldest first."""
+    return [{"run_id": f"n{i}", "metrics": m, "held_out": []}
+            for i, m in reversed(list(enumerate(nights, 1)))]
+
+
+def quiet(n: int = 20, seed: int = 3) -> list[dict]:
+    rng = random.Random(seed)
+    return [night(rng=rng) for _ in range(n)]
+
+
+def verdicts(tonight: dict, nights: list[dict], policy: Policy = Policy()) -> dict:
+    return {v.metric: v for v in compare_stage("s", tonight, "valid", history(nights), policy)}
+
+
+def test_latency_on_a_host_far_slower_than_usual_is_not_judged_and_says_why():
+    # the host 32% slower: e2e p50 a further 15% up, as on the real slow nights
+    tonight = night(slow=math.log(1.32), latency=math.log(1.15))
+    judged = verdicts(tonight, quiet())
+    assert judged[P50].verdict == "no_baseline"
+    note = verdict_note(judged[P50].to_dict())
+    assert note.startswith("not judged: the host ran 32% slower than on its usual nights")
+    assert f"{HOST_PACE} 330" in note
+    assert judged[COST].verdict == "unchanged"  # the cost is judged, at the driver's CPU
+    # without the gate the same night is a suspected regression of e2e p50
+    assert verdicts(tonight, quiet(), NO_GATE)[P50].verdict == "suspected"
+    # nor on a host as far faster than usual
+    faster = night(slow=-math.log(1.32), latency=-math.log(1.15))
+    assert "ran 24% faster" in verdict_note(verdicts(faster, quiet())[P50].to_dict())
+
+
+def test_within_the_gate_latency_is_judged_as_before():
+    tonight = night(slow=math.log(1.15), latency=math.log(1.15))  # the host 15% slower
+    assert verdicts(tonight, quiet())[P50].verdict == "suspected"
+    # and the gate waits for the nights that tell the host's usual pace
+    far = night(slow=math.log(1.32), latency=math.log(1.15))
+    few = [{**m, HOST_PACE: None} for m in quiet(13)] + quiet(7, seed=4)
+    assert verdicts(far, few)[P50].verdict == "suspected"
+
+
+def test_nights_far_off_pace_stay_out_of_the_latency_baseline():
+    nights = quiet()
+    for i in (4, 11, 17):  # three slow nights, their e2e p50 well up
+        nights[i] = night(slow=math.log(1.4), latency=math.log(1.3))
+    gated = verdicts(night(), nights)[P50]
+    kept = verdicts(night(), nights, NO_GATE)[P50]
+    assert gated.verdict == kept.verdict == "unchanged"
+    assert gated.detail["history"] == 17 and kept.detail["history"] == 20
+    # their noise would have been the baseline's: the slope does not take it out
+    assert gated.detail["noise_pct"] < 0.7 * kept.detail["noise_pct"]
+    assert gated.detail["mde_pct"] < kept.detail["mde_pct"]
+
+
+def test_a_gate_must_be_a_recorded_metric():
+    check_covariates(METRICS)
+    bad = {**METRICS, "x": MetricDef("x", "us", "lower", 0.1, gated_by="host_pace_ms")}
+    with pytest.raises(ValueError, match="x.gated_by = 'host_pace_ms'.*better='none'"):
+        check_covariates(bad)
