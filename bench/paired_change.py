@@ -62,6 +62,7 @@ def burning_inventory(path: Path, burn_us: int) -> Path:
 
 
 def newest_run(state: Path) -> str | None:
+    """The id of the newest run in the state dir's store, None if it has none."""
     if not (state / "results.db").exists():
         return None
     store = Store(f"sqlite:///{state / 'results.db'}")

@@ -17,8 +17,9 @@ Then every run is judged again in the order it ran, with the detector as it is n
 copy of the store (STATE/rejudged.db: the verdicts the runs recorded are kept), and it
 prints:
 - the plain nights past learning: every change verdict (suspected, regression,
-  improvement) on a judged metric, per 100 judged stage-nights of that metric: what a user
-  would have been shown on an unchanged broker;
+  improvement) on a judged metric, beside how many stage-nights it was judged on and how
+  many were not judged as their host ran off its pace: what a user would have been shown
+  on an unchanged broker;
 - the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
   moves), each night's verdict, change and the MDE the nightly reported beside it; and the
   change the burn makes to the cost, BURN_US x 10,000 / 1e6 CPU-s per 10K over the plain
@@ -34,6 +35,7 @@ import sqlite3
 import statistics
 import sys
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,8 +43,9 @@ sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
 from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
-from tasks.metrics import FLAGGED  # noqa: E402
+from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
+from tasks.views.summary import NOTABLE  # noqa: E402
 
 from measure_noise import run_one  # noqa: E402  (bench/, beside it)
 from paired_change import burning_inventory, newest_run  # noqa: E402
@@ -50,9 +53,10 @@ from paired_change import burning_inventory, newest_run  # noqa: E402
 # [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night}], in order
 NIGHTS_FILE = "nights.json"
 REJUDGED = "rejudged.db"
-STEPPED = ("broker_cpu_s_per_10k", "e2e_latency_p50")  # the figures the burn moves
+# the figures the burn moves: those judged at the driver's CPU (the broker's cost, e2e p50)
+STEPPED = tuple(m for m, d in DEFS.items() if d.adjusted_by == DRIVER_CPU)
 COST = "broker_cpu_s_per_10k"
-CHANGES = (*FLAGGED, "improvement")  # the verdicts that tell a person something changed
+CHANGES = NOTABLE  # the verdicts that tell a person something changed
 
 
 def seed(state: Path, source: Path) -> list[dict]:
@@ -72,7 +76,7 @@ def seed(state: Path, source: Path) -> list[dict]:
 
 def run_nights(state: Path, suite: str, plain: int, burn_nights: int, burn_us: int,
                nights: list[dict]) -> None:
-    burning = burning_inventory(state / "burn.yml", burn_us)
+    burning = burning_inventory(state / "burn.yml", burn_us) if burn_nights else None
     plan = [("plain", None)] * plain + [("burn", burning)] * burn_nights
     for i, (variant, inventory) in enumerate(plan):
         before = newest_run(state)
@@ -87,16 +91,16 @@ def run_nights(state: Path, suite: str, plain: int, burn_nights: int, burn_us: i
               + ("" if stored else ", stored no run"), flush=True)
 
 
-
 def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[str, dict]]:
     """Every stored night judged again in order with `policy`, on a copy of the store
     without its verdicts and alerts: run id -> stage key -> {"metrics", "validity",
     "verdicts": metric -> row}."""
     copy = state / REJUDGED
     shutil.copy2(state / "results.db", copy)
-    with sqlite3.connect(copy) as db:  # the verdicts and alerts the runs recorded
+    with closing(sqlite3.connect(copy)) as db:  # the verdicts and alerts the runs recorded
         db.execute("DELETE FROM comparisons")
         db.execute("DELETE FROM alerts")
+        db.commit()
     store = Store(f"sqlite:///{copy}")
     judged: dict[str, dict[str, dict]] = {}
     try:
@@ -233,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                          "folder, or add --analyse-only to read them")
         if min(args.burn_us, args.plain, args.burn_nights) < 0:
             parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
+    if not 0 < args.pace_gate:
+        parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
+                     "10: no gate)")
         if args.seed_from and not (args.seed_from / "results.db").exists():
             parser.error(f"--seed-from {args.seed_from}: no results.db there")
         args.state.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.analysis.detector import Policy, compare_stage
 from tasks.metrics import DRIVER_CPU, HOST_PACE, METRICS, MetricDef, check_covariates
-from tasks.views.tables import verdict_note
+from tasks.views.tables import OFF_PACE, verdict_counts, verdict_note
 
 P50, COST = "e2e_latency_p50", "broker_cpu_s_per_10k"
 NO_GATE = Policy(pace_gate=10.0)  # the gate out of reach: the detector as it was
@@ -48,15 +48,36 @@ def test_latency_on_a_host_far_slower_than_usual_is_not_judged_and_says_why():
     tonight = night(slow=math.log(1.32), latency=math.log(1.15))
     judged = verdicts(tonight, quiet())
     assert judged[P50].verdict == "no_baseline"
+    assert judged[P50].detail["off_pace_pct"] == pytest.approx(32, abs=2)
     note = verdict_note(judged[P50].to_dict())
-    assert note.startswith("not judged: the host ran 32% slower than on its usual nights")
-    assert f"{HOST_PACE} 330" in note
+    assert note.startswith("not judged: tonight the host ran ")
+    assert f"% slower than on its usual nights ({HOST_PACE} 330 against their median " in note
+    assert verdict_note(judged[P50].to_dict(), short=True).startswith("host off its pace +3")
     assert judged[COST].verdict == "unchanged"  # the cost is judged, at the driver's CPU
+    counts = verdict_counts(v.to_dict() for v in judged.values())
+    assert counts[OFF_PACE] == len([m for m in judged if METRICS[m].gated_by])
+    assert counts["no_baseline"] == 0 and counts["unchanged"] >= 1
     # without the gate the same night is a suspected regression of e2e p50
     assert verdicts(tonight, quiet(), NO_GATE)[P50].verdict == "suspected"
-    # nor on a host as far faster than usual
-    faster = night(slow=-math.log(1.32), latency=-math.log(1.15))
-    assert "ran 24% faster" in verdict_note(verdicts(faster, quiet())[P50].to_dict())
+    # nor on a host more than 20% faster: its pace under 0.8 of the usual
+    faster = verdicts(night(slow=math.log(0.76), latency=-math.log(1.15)), quiet())[P50]
+    assert faster.detail["off_pace_pct"] < -20 and "% faster than" in verdict_note(faster.to_dict())
+    assert "off_pace_pct" not in verdicts(night(slow=math.log(0.85)), quiet())[P50].detail
+
+
+def test_against_a_release_pinned_on_a_slow_night_latency_is_not_judged():
+    pinned = night(slow=math.log(1.35), latency=math.log(1.2))
+    release = {"label": "v1", "run_id": "r1", "metrics": pinned}
+    judged = {v.metric: v for v in compare_stage("s", night(), "valid", history(quiet()),
+                                                  Policy(), release=release)}
+    assert judged[P50].verdict == "no_baseline"
+    assert verdict_note(judged[P50].to_dict()).startswith(
+        "not judged: the release night the host ran ")
+    assert judged[COST].verdict == "unchanged"
+    # judged against it, tonight's usual host would read as a large improvement
+    kept = {v.metric: v for v in compare_stage("s", night(), "valid", history(quiet()),
+                                                NO_GATE, release=release)}
+    assert kept[P50].change_pct < -15
 
 
 def test_within_the_gate_latency_is_judged_as_before():

@@ -40,13 +40,14 @@ better-direction and a minimum practical effect) of a valid stage:
 - **Host pace.** A metric gated by the host's pace (`MetricDef.gated_by`: the latency
   metrics, on `host_pace_us`) is not judged on a night whose host ran more than
   `Policy.pace_gate` off its usual pace (the median of the newest `window` nights', once
-  `min_history` have one): `no_baseline`, with the reason; and such nights stay out of its
-  baseline and noise (`off_pace`). On this machine's real nights (bench/README.md,
-  real_nights.py) every false change verdict of 20 unchanged nights fell on such a night:
-  the host 27% to 62% slower, e2e p50 up 18% to 37%, more than the driver's CPU it is
-  judged at explains (along a slope fitted on usual nights, where the driver's own noise
-  flattens it); on 10 nights after, the gate took the change verdicts from 7 to 4
-  suspected, none a regression.
+  `min_history` have one), or against a release whose night did: `no_baseline`, with the
+  reason; and such nights stay out of its baseline, noise and change point (`off_pace`: a
+  stage whose nights at the usual pace are fewer than `min_history` is learning again).
+  On this machine's real nights (bench/README.md, real_nights.py) every false change
+  verdict of 20 unchanged nights fell on such a night: the host 27% to 62% slower, e2e
+  p50 up 18% to 37%, more than the driver's CPU it is judged at explains (along a slope
+  fitted on usual nights, where the driver's own noise flattens it); on 20 nights after,
+  the gate took the change verdicts from 11 (1 regression) to 5 suspected.
 - **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
@@ -206,17 +207,27 @@ def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
     """The baseline nights of `metric`, newest first: a usable value, not held out, and
     for a metric gated by the host's pace (`MetricDef.gated_by`), on a host at its usual
     pace (`off_pace`)."""
+    usual = [night for night in history if (night["metrics"].get(metric) or 0) > 0
+             and metric not in night.get("held_out", ())]
+    return _at_usual_pace(metric, usual, history, policy)[:policy.window]
+
+
+def _at_usual_pace(metric: str, nights: list[dict], history: list[dict],
+                   policy: Policy) -> list[dict]:
+    """`nights` but those whose host ran off the usual pace of `history`, for a metric
+    gated by the host's pace (`MetricDef.gated_by`); all of them for another."""
     gate = METRICS[metric].gated_by
     usual = usual_pace(history, gate, policy) if gate else None
-    return [night for night in history if (night["metrics"].get(metric) or 0) > 0
-            and metric not in night.get("held_out", ())
-            and off_pace(night["metrics"].get(gate) if gate else None, usual, policy) is None
-            ][:policy.window]
+    if usual is None:
+        return nights
+    return [night for night in nights
+            if off_pace(night["metrics"].get(gate), usual, policy) is None]
 
 
 def usual_pace(history: list[dict], gate: str, policy: Policy) -> float | None:
-    """The median log host pace (`gate`) of the newest `window` nights that recorded one,
-    if at least `min_history` did."""
+    """The median log host pace (`gate`) over the newest `window` nights, of those that
+    recorded one, if at least `min_history` did (held-out and off-pace nights count: the
+    usual pace is the host's, whatever a metric did)."""
     paces = [x for night in history[:policy.window]
              if (x := log_of(night["metrics"].get(gate))) is not None]
     return statistics.median(paces) if len(paces) >= policy.min_history else None
@@ -224,13 +235,14 @@ def usual_pace(history: list[dict], gate: str, policy: Policy) -> float | None:
 
 def off_pace(pace: float | None, usual: float | None, policy: Policy) -> float | None:
     """How far (log) a night's host pace is from the usual one, when it is more than
-    `pace_gate` off it: a host that ran that much slower or faster than on its usual
-    nights. None when it is not, or either is unknown."""
+    `pace_gate` off it: a pace that much higher (a slower host) or lower (a faster one).
+    None when it is not, or either is unknown."""
     tonight = log_of(pace)
     if tonight is None or usual is None:
         return None
     off = tonight - usual
-    return off if abs(off) > math.log1p(policy.pace_gate) else None
+    beyond = off > math.log1p(policy.pace_gate) or off < math.log1p(-min(policy.pace_gate, 0.99))
+    return off if beyond else None
 
 
 def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
@@ -475,14 +487,16 @@ def score(change: float, base: Reference, policy: Policy) -> float:
 
 
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
-           fitted: Fit | None, covariate: float | None) -> dict | None:
-    """Where the latest level shift began, over every recent value (held-out ones too);
-    when the metric is judged at its covariate (`fitted`), over the nights that have it,
-    each moved along the slope as the judged ones are (a shift of the host's pace alone is
-    no shift of the metric)."""
+           fitted: Fit | None, covariate: float | None, policy: Policy) -> dict | None:
+    """Where the latest level shift began, over every recent value (held-out ones too, not
+    those of a night its host ran off its pace, for a metric gated by it); when the metric
+    is judged at its covariate (`fitted`), over the nights that have it, each moved along
+    the slope as the judged ones are (a shift of the host's pace alone is no shift of the
+    metric)."""
     by = METRICS[metric].adjusted_by
-    past = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
-            and (fitted is None or log_of(h["metrics"].get(by)) is not None)]
+    recorded = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
+                and (fitted is None or log_of(h["metrics"].get(by)) is not None)]
+    past = _at_usual_pace(metric, recorded, history, policy)
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
     logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
     if fitted is not None:
@@ -577,6 +591,27 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
             f"{100 * effect:.0f}% that matters")
 
 
+def _off_pace_verdict(stage_id: str, metric: str, value: float, history: list[dict],
+                      release: dict | None, kind: str, pace: float | None,
+                      policy: Policy) -> Verdict | None:
+    """`no_baseline`, saying why, for a metric gated by the host's pace when tonight's host
+    (or the release night's, against a release) ran off the usual pace of `history`."""
+    gate = METRICS[metric].gated_by
+    usual = usual_pace(history, gate, policy) if gate else None
+    for night, its_pace in (("tonight", pace),
+                            ("the release night", (release or {}).get("metrics", {}).get(gate))):
+        off = off_pace(its_pace, usual, policy)
+        if off is not None:
+            median = its_pace / math.exp(off)
+            return Verdict(stage_id, metric, "no_baseline", value, None, None, None, {
+                "history": len(_usable(metric, history, policy)), "baseline": kind,
+                "off_pace_pct": round(100 * math.expm1(off), 1), "note": (
+                    f"not judged: {night} the host ran {abs(math.expm1(off)):.0%} "
+                    f"{'slower' if off > 0 else 'faster'} than on its usual nights "
+                    f"({gate} {its_pace:.4g} against their median {median:.4g})")})
+    return None
+
+
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
@@ -590,16 +625,10 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     if value is None:
         return None
     kind = f"release:{release.get('label')}" if release else "rolling"
-    gate = METRICS[metric].gated_by
-    off = off_pace(pace, usual_pace(history, gate, policy), policy) if gate else None
-    if off is not None:
-        return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
-                       {"history": len(history), "baseline": kind,
-                        "off_pace_pct": round(100 * math.expm1(off), 1), "note": (
-                           f"not judged: the host ran {abs(math.expm1(off)):.0%} "
-                           f"{'slower' if off > 0 else 'faster'} than on its usual nights "
-                           f"({gate} {pace:.4g} against their median "
-                           f"{pace / math.exp(off):.4g})")})
+    off_pace_verdict = _off_pace_verdict(stage_id, metric, value, history, release, kind,
+                                         pace, policy)
+    if off_pace_verdict is not None:
+        return off_pace_verdict
     base = baseline_for(metric, history, release, policy, peers, covariate)
     if base is None:
         return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
@@ -641,7 +670,8 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
         if release.get("fingerprint_matches") is False:
             detail["fingerprint"] = "differs from the release baseline's"
     if verdict in FLAGGED:
-        detail["change_point"] = _shift(metric, history, value, run_id, base.fit, covariate)
+        detail["change_point"] = _shift(metric, history, value, run_id, base.fit, covariate,
+                                        policy)
     return Verdict(stage_id, metric, verdict, value, baseline_value,
                    round(100 * (value / baseline_value - 1), 3),
                    None if learning else _confidence(worse, base, policy), detail)

@@ -24,7 +24,6 @@ marked as late, once).
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote
@@ -47,7 +46,7 @@ from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
 from ..views.history import Histories
-from ..views.tables import covariate_note
+from ..views.tables import covariate_note, verdict_counts
 from . import Call
 from .load_metrics import stage_failures
 from .report import stored_histories
@@ -188,7 +187,7 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
                 for r in {a["last_run_id"] for a in undelivered} - {run_id}}
     evidence[run_id] = evidence_of(stages, run_id, stored_histories(store, run_id, stages))
     plan = plan_delivery(undelivered, evidence)
-    counts = Counter(c["verdict"] for s in stages for c in s.get("comparisons", []))
+    counts = verdict_counts(c for s in stages for c in s.get("comparisons", []))
     message = run_message(run, _rows_to_tell(run, plan, evidence[run_id]), dict(counts), links,
                           blind_spots(stages))
     needs_attention = bool(plan.headline) or run["kind"] == "release"

@@ -5,15 +5,15 @@ run`, `perfpipe show`); `short_summary` only those that need a look, the others 
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 from ..metrics import VERDICTS
-from .tables import in_run_order, metrics_rows, table, verdict_rows
+from .tables import OFF_PACE, in_run_order, metrics_rows, table, verdict_counts, verdict_rows
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
 NOT_JUDGED = ("no_baseline", "invalid")
+COUNTED = VERDICTS + (OFF_PACE,)  # the short summary's counts, in this order
 NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
                "compared (the next run compares against this one)")
 
@@ -31,8 +31,8 @@ def _files(files: dict[str, Path]) -> list[str]:
 
 def _no_baseline(run: dict, stages: list[dict]) -> str:
     """Why nothing was compared: no earlier run, or (named) a history that starts anew."""
-    why = sorted({(c.get("detail") or {}).get("new_history") or "" for s in stages
-                  for c in s.get("comparisons", [])} - {""})
+    details = [c.get("detail") or {} for s in stages for c in s.get("comparisons", [])]
+    why = sorted({d.get("new_history") or d.get("note") or "" for d in details} - {""})
     if not why:
         return NO_BASELINE
     return why[0] + (f" (and {len(why) - 1} more: perfpipe show {run['run_id']})"
@@ -59,15 +59,15 @@ def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     stages = in_run_order(stages)
     lines = _header(run)
     verdicts = verdict_rows(stages)
-    counts = Counter(v["verdict"] for v in verdicts)
+    counts = verdict_counts(c for s in stages for c in s.get("comparisons", []))
     if stages:
         lines.append(table(metrics_rows(stages)))
     if not verdicts:
         lines.append(f"no verdicts: the run ended before {'compare' if stages else 'load_metrics'}")
-    elif set(counts) <= set(NOT_JUDGED):
+    elif set(counts) <= {*NOT_JUDGED, OFF_PACE}:
         lines.append(f"verdicts: none, {_no_baseline(run, stages)}")
     else:
-        said = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+        said = ", ".join(f"{counts[v]} {v}" for v in COUNTED if counts[v])
         lines.append(f"verdicts: {said} (all of them: perfpipe show {run['run_id']})")
         notable = [v for v in verdicts if v["verdict"] in NOTABLE]
         if notable:

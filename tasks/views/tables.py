@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+# How a metric not judged tonight because its host ran off its usual pace is counted for a
+# person (its verdict is no_baseline: `tasks.analysis.detector`, "Host pace")
+OFF_PACE = "not judged (host off its pace)"
 
 
 def _cell(value) -> str:
@@ -56,11 +61,20 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     detail = comparison.get("detail") or {}
     if detail.get("too_noisy"):
         return "too noisy to guard" if short else detail["too_noisy"]
+    if "off_pace_pct" in detail and short:
+        return f"host off its pace {detail['off_pace_pct']:+.0f}%"
     if comparison["verdict"] == "no_baseline":  # why: a history anew, or tonight not judged
         return detail.get("new_history") or detail.get("note") or ""
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
     return covariate_note(detail, short=short)
+
+
+def verdict_counts(comparisons: Iterable[dict]) -> Counter:
+    """Verdicts counted as a person reads them: a metric not judged as its host ran off its
+    usual pace (`OFF_PACE`) apart from a history with no baseline yet."""
+    return Counter(OFF_PACE if "off_pace_pct" in (c.get("detail") or {}) else c["verdict"]
+                   for c in comparisons)
 
 
 def covariate_note(detail: dict, *, short: bool = False) -> str:
