@@ -72,7 +72,7 @@ def test_against_a_release_pinned_on_a_slow_night_latency_is_not_judged():
                                                   Policy(), release=release)}
     assert judged[P50].verdict == "no_baseline"
     assert verdict_note(judged[P50].to_dict()).startswith(
-        "not judged: the release night the host ran ")
+        "not judged: on the release night the host ran ")
     assert judged[COST].verdict == "unchanged"
     # judged against it, tonight's usual host would read as a large improvement
     kept = {v.metric: v for v in compare_stage("s", night(), "valid", history(quiet()),
@@ -107,3 +107,21 @@ def test_a_gate_must_be_a_recorded_metric():
     bad = {**METRICS, "x": MetricDef("x", "us", "lower", 0.1, gated_by="host_pace_ms")}
     with pytest.raises(ValueError, match="x.gated_by = 'host_pace_ms'.*better='none'"):
         check_covariates(bad)
+
+
+def test_the_change_point_of_a_latency_regression_skips_the_nights_off_pace():
+    nights = quiet()
+    nights[-4:-1] = [night(slow=math.log(1.4), latency=math.log(1.3))] * 3  # slow, then b1
+    nights[-1] = night(latency=math.log(1.25))  # b1: the broker 25% slower, a usual host
+    entries = history(nights)
+    entries[0].update(run_id="b1", held_out=[P50])  # flagged: held out, as the store does
+    previous = {P50: {"verdict": "suspected", "detail": {"nights": 1}}}
+    tonight = night(latency=math.log(1.25))
+
+    def judged(policy: Policy):
+        return {v.metric: v for v in compare_stage("s", tonight, "valid", entries, policy,
+                                                    previous=previous, run_id="b2")}[P50]
+    gated, kept = judged(Policy()), judged(NO_GATE)
+    assert gated.verdict == "regression"
+    assert gated.detail["change_point"]["run_id"] == "b1"
+    assert kept.detail["change_point"]["run_id"] != "b1"  # the slow nights' start

@@ -207,9 +207,9 @@ def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
     """The baseline nights of `metric`, newest first: a usable value, not held out, and
     for a metric gated by the host's pace (`MetricDef.gated_by`), on a host at its usual
     pace (`off_pace`)."""
-    usual = [night for night in history if (night["metrics"].get(metric) or 0) > 0
-             and metric not in night.get("held_out", ())]
-    return _at_usual_pace(metric, usual, history, policy)[:policy.window]
+    recorded = [night for night in history if (night["metrics"].get(metric) or 0) > 0
+                and metric not in night.get("held_out", ())]
+    return _at_usual_pace(metric, recorded, history, policy)[:policy.window]
 
 
 def _at_usual_pace(metric: str, nights: list[dict], history: list[dict],
@@ -599,7 +599,8 @@ def _off_pace_verdict(stage_id: str, metric: str, value: float, history: list[di
     gate = METRICS[metric].gated_by
     usual = usual_pace(history, gate, policy) if gate else None
     for night, its_pace in (("tonight", pace),
-                            ("the release night", (release or {}).get("metrics", {}).get(gate))):
+                            ("on the release night",
+                             (release or {}).get("metrics", {}).get(gate))):
         off = off_pace(its_pace, usual, policy)
         if off is not None:
             median = its_pace / math.exp(off)
