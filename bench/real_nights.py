@@ -23,7 +23,7 @@ prints:
 - the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
   moves), each night's verdict, change and the MDE the nightly reported beside it; and the
   change the burn makes to the cost, BURN_US x 10,000 / 1e6 CPU-s per 10K over the plain
-  nights' median (the plugin's own call adds a little more).
+  nights' median (loading the plugin adds a cost of its own: --burn-us 0 measures it).
 """
 
 from __future__ import annotations
@@ -231,15 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--analyse-only", action="store_true",
                         help="only judge again and print the nights already in STATE")
     args = parser.parse_args(argv)
+    if not 0 < args.pace_gate:
+        parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
+                     "10: no gate)")
     if not args.analyse_only:
         if (args.state / NIGHTS_FILE).exists() or (args.state / "results.db").exists():
             parser.error(f"--state {args.state}: it holds runs already; give an empty "
                          "folder, or add --analyse-only to read them")
         if min(args.burn_us, args.plain, args.burn_nights) < 0:
             parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
-    if not 0 < args.pace_gate:
-        parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
-                     "10: no gate)")
         if args.seed_from and not (args.seed_from / "results.db").exists():
             parser.error(f"--seed-from {args.seed_from}: no results.db there")
         args.state.mkdir(parents=True, exist_ok=True)
