@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tasks.analysis.detector import Policy, compare_stage
+from tasks.analysis.detector import Policy, compare_stage, pooled_noise
 from tasks.metrics import DRIVER_CPU, HOST_PACE, METRICS, MetricDef, check_covariates
 from tasks.views.tables import OFF_PACE, verdict_counts, verdict_note
 
@@ -125,3 +125,15 @@ def test_the_change_point_of_a_latency_regression_skips_the_nights_off_pace():
     assert gated.verdict == "regression"
     assert gated.detail["change_point"]["run_id"] == "b1"
     assert kept.detail["change_point"]["run_id"] != "b1"  # the slow nights' start
+
+
+def test_peers_lend_their_noise_without_their_nights_off_pace():
+    peers = []
+    for seed in (5, 6, 7):  # the run's other stages, each with three slow nights
+        nights = quiet(seed=seed)
+        for i in (3, 9, 15):
+            nights[i] = night(slow=math.log(1.4), latency=math.log(1.3))
+        peers.append(history(nights))
+    gated, kept = (pooled_noise(peers, policy)[P50].adjusted for policy in (Policy(), NO_GATE))
+    assert gated.stages == kept.stages == 3
+    assert gated.sigma < 0.7 * kept.sigma
