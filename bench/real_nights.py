@@ -56,7 +56,6 @@ REJUDGED = "rejudged.db"
 # the figures the burn moves: those judged at the driver's CPU (the broker's cost, e2e p50)
 STEPPED = tuple(m for m, d in DEFS.items() if d.adjusted_by == DRIVER_CPU)
 COST = "broker_cpu_s_per_10k"
-CHANGES = NOTABLE  # the verdicts that tell a person something changed
 
 
 def seed(state: Path, source: Path) -> list[dict]:
@@ -120,28 +119,28 @@ def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[s
 def plain_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
     """The change verdicts on the plain nights past learning, per judged metric."""
     metrics = judged_metrics(Policy())
-    seen, off, changes, shown = Counter(), Counter(), {v: Counter() for v in CHANGES}, []
+    seen, off, changes, shown = Counter(), Counter(), {v: Counter() for v in NOTABLE}, []
     for i, night in enumerate(nights):
         if night["variant"] == "burn" or night["run_id"] not in judged:
             continue
         for key, stage in sorted(judged[night["run_id"]].items()):
             for m in metrics:
                 row = stage["verdicts"].get(m, {})
-                if row.get("verdict") in ("unchanged",) + CHANGES:
+                if row.get("verdict") in ("unchanged",) + NOTABLE:
                     seen[m] += 1
                 off[m] += "off_pace_pct" in (row.get("detail") or {})
-                if row.get("verdict") in CHANGES:
+                if row.get("verdict") in NOTABLE:
                     changes[row["verdict"]][m] += 1
                     shown.append(f"  night {i + 1} {key} {m}: {_said(row)}")
     print("\nplain nights: change verdicts on an unchanged broker past learning "
           "(stage-nights judged), and nights not judged as their host ran off its pace")
-    print(f"{'metric':30} {'judged':>7} " + " ".join(f"{v:>11}" for v in CHANGES)
+    print(f"{'metric':30} {'judged':>7} " + " ".join(f"{v:>11}" for v in NOTABLE)
           + f" {'off pace':>9}")
     for m in metrics:
-        print(f"{m:30} {seen[m]:7d} " + " ".join(f"{changes[v][m]:11d}" for v in CHANGES)
+        print(f"{m:30} {seen[m]:7d} " + " ".join(f"{changes[v][m]:11d}" for v in NOTABLE)
               + f" {off[m]:9d}")
     print(f"{'every judged metric':30} {sum(seen.values()):7d} "
-          + " ".join(f"{sum(changes[v].values()):11d}" for v in CHANGES)
+          + " ".join(f"{sum(changes[v].values()):11d}" for v in NOTABLE)
           + f" {sum(off.values()):9d}")
     print("\n".join(shown))
 

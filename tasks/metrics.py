@@ -20,8 +20,9 @@ class MetricDef:
     # value of it, along the slope its nights show (`tasks.analysis.covariate`)
     adjusted_by: str | None = None
     # a recorded measure of the host's pace: on a night the host ran more than
-    # `Policy.pace_gate` off its baseline nights' (their median), slower or faster, this
-    # metric is not judged, and such nights stay out of its baseline (`tasks.analysis.detector`)
+    # `Policy.pace_gate` off its usual pace (the median of its recent nights'), slower or
+    # faster, this metric is not judged, and such nights stay out of its baseline
+    # (`tasks.analysis.detector`, "Host pace")
     gated_by: str | None = None
 
 

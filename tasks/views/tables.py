@@ -56,8 +56,8 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     """What a person should know beside a verdict: the metric is too noisy to guard (and
     why, unless `short`), its history is still learning the noise, or why it has none
     (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
-    its usual pace), or that its baseline is what its nights say
-    it is at tonight's value of its covariate (`tasks.analysis.covariate`)."""
+    its usual pace), or that its baseline is what its nights say it is at tonight's value
+    of its covariate (`tasks.analysis.covariate`)."""
     detail = comparison.get("detail") or {}
     if detail.get("too_noisy"):
         return "too noisy to guard" if short else detail["too_noisy"]
