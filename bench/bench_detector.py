@@ -7,8 +7,11 @@ Every simulated night is a run of `SUITE` stages on one fingerprint, each with a
 judged metrics, run through `tasks.analysis.detector.compare_stage` as the compare step
 runs it (each stage's noise pooled with the other stages' histories) with the store's
 rules replayed in memory: history newest first, flagged values held out of the baseline
-until the next night clears them, the previous verdict handed back. A step hits one stage
-of the suite; every stage of an A/A suite is a series.
+until the next night clears them, the previous verdict handed back; then the night's
+verdicts of every stage through `tasks.analysis.across.judge_across`, which judges the
+broker's cost across the suite's stages too. A step hits one stage of the suite, or, in
+the rows of a change of the broker (`--broker-only` prints them alone), every stage;
+every stage of an A/A suite is a series.
 
 Noise per metric: night-to-night log noise from a Student t with 3 degrees of freedom
 (the measured latency and CPU figures have sd / robust-sigma ratios of 1.2 to 2.4, a normal
@@ -83,6 +86,7 @@ from tasks.analysis.detector import (  # noqa: E402
 )
 from tasks.metrics import METRICS  # noqa: E402
 
+from tasks.analysis.across import judge_across  # noqa: E402
 import scale_bound  # noqa: E402  (bench/, the script's own folder)
 
 RATES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s"}
@@ -183,16 +187,18 @@ NOISE_VERDICTS = ("suspected", "regression", "improvement")
 
 
 def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metric: str | None = None,
-          step: float = 0.0, scales: tuple[float, ...] | None = None) -> list[Stage]:
+          step: float = 0.0, scales: tuple[float, ...] | None = None,
+          everywhere: bool = False) -> list[Stage]:
     """`SUITE` stages on one fingerprint with the same noise (times `scales`, when given);
-    the first one takes the step."""
+    the first one takes the step, or every one (`everywhere`: a change of the broker)."""
     stages = []
     for i, factor in enumerate(scales or (1.0,) * SUITE):
         scaled = Noise({m: factor * v for m, v in noise.night.items()}, noise.per_second_cv,
                        noise.per_second_ar,
                        {m: replace(c, own_sigma=factor * c.own_sigma)
                         for m, c in noise.covaried.items()})
-        stages.append(Stage(scaled, metrics, rng, step_metric if i == 0 else None, step, WARM))
+        stages.append(Stage(scaled, metrics, rng, step_metric if i == 0 or everywhere else None,
+                            step, WARM))
     return stages
 
 
@@ -212,11 +218,13 @@ def perfpipe(stages: list[Stage], nights: int,
     out: list[list[dict[str, Verdict]]] = [[] for _ in stages]
     for k in range(nights):
         tonight = [stage.night(k)[0] for stage in stages]
-        for i, values in enumerate(tonight):
-            others = histories[:i] + histories[i + 1:]
-            peers = pooled_noise(others, policy)
-            verdicts = compare_stage("s", values, "valid", histories[i], policy,
-                                     previous=previous[i], run_id=f"n{k}", peers=peers)
+        judged = judge_across([compare_stage("s", values, "valid", histories[i], policy,
+                                             previous=previous[i], run_id=f"n{k}",
+                                             peers=pooled_noise(histories[:i] + histories[i + 1:],
+                                                                policy))
+                               for i, values in enumerate(tonight)],
+                              ["fp"] * len(stages), previous, policy)
+        for i, (values, verdicts) in enumerate(zip(tonight, judged)):
             out[i].append({v.metric: v for v in verdicts})
             follow(verdicts, {"run_id": f"n{k}", "metrics": values}, histories[i],
                    previous[i], suspicion[i])
@@ -290,16 +298,24 @@ def learning_flags(verdicts: list[dict[str, Verdict]], metric: str) -> int:
 
 
 def run_step(detector: Detector, noise: Noise, metrics: list[str], metric: str, step: float,
-             series: int, rng: np.random.Generator) -> dict:
-    delays, early = [], 0
+             series: int, rng: np.random.Generator, everywhere: bool = False) -> dict:
+    """Recall of a step on the first stage of each suite (`everywhere`: on every stage)."""
+    delays, early, mdes = [], 0, {"own": [], "across": []}
     for _ in range(series):
-        verdicts = detector(suite(noise, metrics, rng, metric, step), WARM + WATCH)[0]
+        stages = suite(noise, metrics, rng, metric, step, everywhere=everywhere)
+        verdicts = detector(stages, WARM + WATCH)[0]
         early += alarms(verdicts[:WARM], metric) > 0
         hit = next((k - WARM + 1 for k in range(WARM, WARM + WATCH)
                     if verdicts[k][metric].verdict == "regression"), None)
         delays.append(hit)
+        before = verdicts[WARM - 1][metric].detail  # the MDE reported the night before it
+        for kind, mde in (("own", before.get("mde_pct")),
+                          ("across", (before.get("across") or {}).get("mde_pct"))):
+            if mde is not None:
+                mdes[kind].append(mde)
     found = sorted(d for d in delays if d is not None)
-    return {"recall1": sum(d == 1 for d in found) / series,
+    return {"mde": {k: float(np.median(v)) if v else None for k, v in mdes.items()},
+            "recall1": sum(d == 1 for d in found) / series,
             "recall2": sum(d <= 2 for d in found) / series,
             "recall5": len(found) / series,
             "median": found[len(found) // 2] if found else None,
@@ -511,6 +527,35 @@ def measured_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Gener
                   f"{fmt_pct(r['recall5']):>8} {nights:>14} {r['early']:>18} {bound:>14}")
 
 
+def stages_alone(stages: list[Stage], nights: int) -> list[list[dict[str, Verdict]]]:
+    """perfpipe without the test across stages: each stage's own test spends the whole
+    false-alarm budget of a metric judged across stages."""
+    return perfpipe(stages, nights, replace(POLICY, across_level=0.0))
+
+
+def broker_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> None:
+    """A change of the broker itself, the same on every stage: the metrics judged across
+    stages (`tasks.analysis.across`), perfpipe against its stages judged alone; the MDE
+    each reported on the night before the step (median over the series), for a step on
+    its stage and on all of them."""
+    across = [m for m in metrics if METRICS[m].across_stages]
+    print(f"\na change of the broker: the step on all {SUITE} stages of the suite at night "
+          f"{WARM + 1}; recall of the first stage, perfpipe against its stages judged alone "
+          "(across_level 0: their own test spends the whole budget)")
+    print(f"{'step (size in noise sigmas)':34} {'detector':12} {'recall@1':>8} {'recall@2':>8} "
+          f"{'recall@5':>8} {'alarms before step':>18} {'MDE own / all stages':>20}")
+    for metric in across:
+        for size in (0.03, 0.05, 0.10):
+            for name, det in (("perfpipe", perfpipe), ("stages alone", stages_alone)):
+                r = run_step(det, noise, metrics, metric, size, n, rng, everywhere=True)
+                sigmas = math.log1p(size) / max(noise.judged(metric), 1e-9)
+                label = f"{step_name(metric, size)} ({sigmas:,.1f})" if name == "perfpipe" else ""
+                mde = " / ".join("-" if v is None else f"{v:.1f}%" for v in r["mde"].values())
+                print(f"{label:34} {name:12} {fmt_pct(r['recall1']):>8} "
+                      f"{fmt_pct(r['recall2']):>8} {fmt_pct(r['recall5']):>8} {r['early']:>18} "
+                      f"{mde:>20}")
+
+
 def fisher_dof_per_night(tail: float) -> float:
     """The most a night can add, asymptotically, to an unbiased noise estimate on t noise
     with `tail` d.o.f., in the chi-square d.o.f. the detector counts: the Fisher
@@ -577,7 +622,8 @@ def mixed_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generato
     print(f"\nA/A, one stage of each suite twice as noisy as its {SUITE - 1} peers ({aa.series} "
           f"series of that stage): false alarms per 100 series, worst metric {worst} "
           f"{100 * aa.alarms[worst] / aa.series:.2f}, every metric "
-          f"{100 * sum(aa.alarms.values()) / aa.series / len(metrics):.2f} on average")
+          f"{100 * sum(aa.alarms.values()) / aa.series / len(metrics):.2f} on average; "
+          + ", ".join(f"{m} {100 * aa.alarms[m] / aa.series:.2f}" for m in metrics))
     return aa
 
 
@@ -662,6 +708,17 @@ def main() -> int:
                          "near the 1 per 100 bar needs thousands to tell 0.8 from 1.2")
     ap.add_argument("--skip-measured", action="store_true",
                     help="skip the step rows at the measured noise (the A/A and sweep run)")
+    ap.add_argument("--across-level", type=float, default=Policy().across_level,
+                    help="the detector's across_level (the share of the broker's cost's "
+                         "false-alarm budget its test across the stages spends; 0: no such "
+                         "test, each stage's own test spends it all)")
+    ap.add_argument("--aa-only", action="store_true",
+                    help="only the A/A rows, like and mixed suites (--aa-series each), and "
+                         "their bars")
+    ap.add_argument("--broker-only", action="store_true",
+                    help="only the rows of a change of the broker on every stage (--series "
+                         "series each): perfpipe, which also judges the broker's cost across "
+                         "the stages, against its stages judged alone, and the MDE of each")
     ap.add_argument("--cell", metavar="METRIC:NOISE:STEP",
                     help="only one sensitivity cell, e.g. delivered_rate:0.015:0.05 (--series "
                          "series): recall within two nights, perfpipe / noise known / the "
@@ -680,12 +737,18 @@ def main() -> int:
                          "no change)")
     args = ap.parse_args()
     global POLICY
+    if not 0 <= args.across_level < args.level:
+        ap.error(f"--across-level {args.across_level}: give 0 or more, under --level "
+                 f"{args.level:g}")
     POLICY = Policy(pool_level=args.pool_level, pool_power=args.pool_power,
-                    false_alarm_level=args.level)
+                    false_alarm_level=args.level, across_level=args.across_level)
     noise, doc = load_noise(args.noise)
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)
     n = args.series
+    if args.broker_only:
+        broker_rows(noise, metrics, n, rng)
+        return 0
     if args.cell:
         metric, sd, size = args.cell.split(":")
         swept = Noise({**noise.night, metric: float(sd)}, noise.per_second_cv, noise.per_second_ar)
@@ -708,7 +771,8 @@ def main() -> int:
                           f" times in 100" for p in (CHECKED_BUDGET, 0.006, 0.008, 0.01)))
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
-          f"seed {args.seed}, false_alarm_level {POLICY.false_alarm_level:g}, pool_level "
+          f"seed {args.seed}, false_alarm_level {POLICY.false_alarm_level:g}, across_level "
+          f"{POLICY.across_level:g}, pool_level "
           f"{POLICY.pool_level:g}, pool_power {POLICY.pool_power:g}, load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "
@@ -719,9 +783,14 @@ def main() -> int:
          "pub_ack_latency_p99_no_stall")))
     print(f"delivered msg/s per second: CV {100 * noise.per_second_cv:.3f}%, "
           f"lag-1 autocorrelation {noise.per_second_ar:+.2f}")
+    if args.aa_only:
+        aa_bars(aa_rows(noise, metrics, args.aa_series or n, rng),
+                mixed_rows(noise, metrics, args.aa_series or n, rng), metrics)
+        return 0
     estimator_rows(rng)
     if not args.skip_measured:
         measured_rows(noise, metrics, n, rng)
+        broker_rows(noise, metrics, n, rng)
     aa = aa_rows(noise, metrics, args.aa_series or n, rng)
     mixed = mixed_rows(noise, metrics, args.aa_series or n, rng)
 
@@ -737,8 +806,6 @@ def main() -> int:
     cells = sensitivity(noise, args.sweep_series, rng)
     judged = [c for c in cells if c["pass"] is not None]
     worst = min(judged, key=lambda c: c["recall2"] / c["bound"])
-    worst_fa = max(max(aa.alarms.values()) / aa.series, max(mixed.alarms.values()) / mixed.series)
-    learning = sum(aa.learning_flags.values())
     print("\nbar:")
     print(f"  {'PASS' if all(c['pass'] for c in judged) else 'FAIL'}  recall@2 >= 80% of the "
           f"bound in all {len(judged)} cells where the bound reaches 50%: worst "
@@ -756,6 +823,15 @@ def main() -> int:
               f"(every stage pooled, as if their noise were known to be equal) it reaches 80% "
               f"in {pooled}")
         learned_rows(short)
+    aa_bars(aa, mixed, metrics)
+    return 0
+
+
+def aa_bars(aa: AA, mixed: AA, metrics: list[str]) -> None:
+    """The A/A bars: at most 1 false alarm per 100 series on every metric, like and mixed
+    suites; no change verdict while learning."""
+    worst_fa = max(max(aa.alarms.values()) / aa.series, max(mixed.alarms.values()) / mixed.series)
+    learning = sum(aa.learning_flags.values())
     worst_suite = max((aa, mixed), key=lambda a: max(a.alarms.values()) / a.series)
     count = max(worst_suite.alarms.values())
     low, high = interval(count, worst_suite.series)
@@ -767,7 +843,6 @@ def main() -> int:
           f"like, {100 * sum(mixed.alarms.values()) / mixed.series / len(metrics):.2f} mixed")
     print(f"  {'PASS' if learning == 0 else 'FAIL'}  no change verdict while learning: "
           f"{learning} in {aa.series} A/A series x {len(metrics)} metrics")
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,8 +20,13 @@ prints:
   improvement) on a judged metric, beside how many stage-nights it was judged on and how
   many were not judged as their host ran off its pace: what a user would have been shown
   on an unchanged broker;
+- for the broker's cost, judged across the stages too: on the plain nights past learning,
+  the rank correlations of the stages' changes and the robust sigma of each change over
+  its sd, per stage and combined (near 1 when the stages are independent, as judging them
+  together assumes);
 - the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
-  moves), each night's verdict, change and the MDE the nightly reported beside it; and the
+  moves), each night's verdict, change and the MDE the nightly reported beside it (for
+  the cost also its change and MDE across the stages, `tasks.analysis.across`); and the
   change the burn makes to the cost, BURN_US x 10,000 / 1e6 CPU-s per 10K over the plain
   nights' median (loading the plugin adds a cost of its own: --burn-us 0 measures it).
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sqlite3
 import statistics
@@ -37,6 +43,9 @@ import sys
 from collections import Counter
 from contextlib import closing
 from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -46,6 +55,7 @@ from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
 from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
 from tasks.views.summary import NOTABLE  # noqa: E402
+from tasks.views.tables import across_note, mde_text  # noqa: E402
 
 from measure_noise import run_one  # noqa: E402  (bench/, beside it)
 from paired_change import burning_inventory, newest_run  # noqa: E402
@@ -145,13 +155,53 @@ def plain_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> No
     print("\n".join(shown))
 
 
+def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
+    """For each metric judged across stages, on the plain nights past learning: are the
+    stages' changes independent, as judging them together assumes? Each change in units
+    of its sd under no change (z), as the detector judged it: their rank correlations from
+    stage to stage, and the robust sigma of the stages' z and of the combination's (near 1
+    each when the sds are right and the stages independent; the combination's higher when
+    the stages move together)."""
+    for m in (m for m, d in DEFS.items() if d.across_stages):
+        rows = [{key: st["verdicts"].get(m, {}).get("detail") or {}
+                 for key, st in judged[n["run_id"]].items()} for n in nights
+                if n["variant"] != "burn" and n["run_id"] in judged]
+        # nights on which every stage of the suite's first such night was judged together
+        rows = [r for r in rows if all("evidence" in d and "across" in d for d in r.values())]
+        rows = [r for r in rows if rows and sorted(r) == sorted(rows[0])]
+        if len(rows) < 3:
+            print(f"\n{m} across stages: {len(rows)} plain nights judged so, too few to check")
+            continue
+        keys = sorted(rows[0])
+        z = np.array([[r[k]["evidence"]["change"] / r[k]["evidence"]["sd"] for k in keys]
+                      for r in rows])
+        combined = [math.log1p(r[keys[0]]["across"]["change_pct"] / 100)
+                    / (r[keys[0]]["across"]["sd_pct"] / 100) for r in rows]
+        corr = spearmanr(z).correlation if len(keys) > 2 else [[1, spearmanr(z).correlation]]
+        pairs = [corr[i][j] for i in range(len(keys)) for j in range(i + 1, len(keys))]
+        print(f"\n{m} across {len(keys)} stages, {len(rows)} plain nights past learning: rank "
+              f"correlation of the stages' changes {min(pairs):+.2f} to {max(pairs):+.2f}; "
+              "robust sigma of z, per stage " + " / ".join(f"{_robust(col):.2f}" for col in z.T)
+              + f", combined {_robust(combined):.2f}; the combination's largest score "
+              f"{max(r[keys[0]]['across']['score'] for r in rows):.2f} (1: a bad night)")
+
+
+def _robust(values) -> float:
+    """1.4826 x the MAD: the robust sigma."""
+    values = np.asarray(values, dtype=float)
+    return float(1.4826 * np.median(np.abs(values - np.median(values))))
+
+
 def _said(row: dict) -> str:
     """A verdict row as a line: the verdict, the change and the MDE reported beside it."""
     detail = row.get("detail") or {}
     change, mde, off = row.get("change_pct"), detail.get("mde_pct"), detail.get("off_pace_pct")
+    across = detail.get("across")
     return (f"{row['verdict']:11} change " + (f"{change:+.1f}%" if change is not None else "-")
             + (f", MDE {mde:.1f}%" if mde is not None else "")
-            + (f", not judged: the host's pace {off:+.0f}%" if off is not None else ""))
+            + (f", not judged: the host's pace {off:+.0f}%" if off is not None else "")
+            + (f"; {across_note(detail, short=True)}, MDE {across['mde_pct']:.1f}% on all"
+               if across else ""))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -159,13 +209,14 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(usable) if usable else None
 
 
-def _last_mde(plain: list[dict[str, dict]], key: str, metric: str) -> float | None:
-    """The MDE of the newest plain night on which `metric` of stage `key` was judged."""
+def _last_mde(plain: list[dict[str, dict]], key: str, metric: str) -> str:
+    """The MDE of the newest plain night on which `metric` of stage `key` was judged (and
+    of a step on every stage, for a metric judged across them), or '-'."""
     for stages in reversed(plain):
         row = stages.get(key, {}).get("verdicts", {}).get(metric) or {}
         if "mde_pct" in (row.get("detail") or {}):
-            return row["detail"]["mde_pct"]
-    return None
+            return mde_text(row["detail"])
+    return "-"
 
 
 def burning_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
@@ -192,7 +243,7 @@ def burning_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> 
             mde = _last_mde(plain, key, m)
             print(f"  {m}: plain median {base:.4g}; the burn's {burn_us} us adds "
                   f"{'' if m == COST else 'at least '}{100 * floor / base:+.1f}%; the MDE of the "
-                  "last plain night judged " + (f"{mde:.1f}%" if mde is not None else "-"))
+                  f"last plain night judged {mde}")
             for i, (night, stages) in enumerate(burning):
                 row = ((stages or {}).get(key) or {}).get("verdicts", {}).get(m)
                 if row is None:
@@ -205,9 +256,11 @@ def report(state: Path, policy: Policy) -> None:
     nights = json.loads((state / NIGHTS_FILE).read_text())
     variants = Counter(n["variant"] for n in nights if n["run_id"])
     print(f"nights stored: {dict(variants)}; judged again in order with the detector as it "
-          f"is now, pace_gate {policy.pace_gate} ({state / REJUDGED})")
+          f"is now, pace_gate {policy.pace_gate}, across_level {policy.across_level:g} "
+          f"({state / REJUDGED})")
     judged = rejudge(state, nights, policy)
     plain_verdicts(nights, judged)
+    across_check(nights, judged)
     burning_verdicts(nights, judged)
 
 
@@ -227,12 +280,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-gate", type=float, default=Policy().pace_gate,
                         help="the detector's pace_gate when judging again (latency is not "
                              "judged on a host this far off its usual pace; 10: no gate)")
+    parser.add_argument("--across-level", type=float, default=Policy().across_level,
+                        help="the detector's across_level when judging again (the share of a "
+                             "metric's false-alarm budget its test across stages spends; 0: "
+                             "no such test, the stages' own test spends it all)")
     parser.add_argument("--analyse-only", action="store_true",
                         help="only judge again and print the nights already in STATE")
     args = parser.parse_args(argv)
     if not 0 < args.pace_gate:
         parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
                      "10: no gate)")
+    if not 0 <= args.across_level < Policy().false_alarm_level:
+        parser.error(f"--across-level {args.across_level}: give 0 or more, under the "
+                     f"false_alarm_level {Policy().false_alarm_level:g}")
     if not args.analyse_only:
         if (args.state / NIGHTS_FILE).exists() or (args.state / "results.db").exists():
             parser.error(f"--state {args.state}: it holds runs already; give an empty "
@@ -247,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         run_nights(args.state, args.suite, args.plain, args.burn_nights, args.burn_us, nights)
     if not (args.state / NIGHTS_FILE).exists():
         parser.error(f"--state {args.state}: no {NIGHTS_FILE}, so no nights ran there")
-    report(args.state, Policy(pace_gate=args.pace_gate))
+    report(args.state, Policy(pace_gate=args.pace_gate, across_level=args.across_level))
     return 0
 
 

@@ -24,6 +24,9 @@ class MetricDef:
     # faster, this metric is not judged, and such nights stay out of its baseline
     # (`tasks.analysis.detector`, "Host pace")
     gated_by: str | None = None
+    # a figure of the broker itself, the same on every stage it serves: also judged across
+    # the run's stages on one fingerprint, their changes pooled (`tasks.analysis.across`)
+    across_stages: bool = False
 
 
 # The driver processes' CPU a message where they share the broker's host: the covariate
@@ -88,7 +91,12 @@ _DEFS: list[MetricDef] = [
     # one batch to the next, as the shared host's pace moved (bench/noise_measured.json).
     # Where every driver process runs on the broker's host, it is judged at tonight's
     # driver_cpu_s_per_10k, along the slope the stage's nights show (`adjusted_by`).
-    MetricDef("broker_cpu_s_per_10k", "CPU-s", "lower", 0.05, adjusted_by=DRIVER_CPU),
+    # A broker that costs more a message costs more on every stage: judged across the run's
+    # stages too (`across_stages`; on 32 real nights past learning the stages' changes at
+    # the driver's CPU, as judged, had rank correlations of -0.14 to +0.03 from stage to
+    # stage: bench/README.md real_nights.py).
+    MetricDef("broker_cpu_s_per_10k", "CPU-s", "lower", 0.05, adjusted_by=DRIVER_CPU,
+              across_stages=True),
     # The same for the driver's processes (each over its publish phase), where every one
     # runs on the broker's host (`spark.stage_metrics.relative_cost`); null on other
     # topologies. Recorded, the covariate of broker_cpu_s_per_10k and e2e_latency_p50: on

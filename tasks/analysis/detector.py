@@ -52,7 +52,7 @@ better-direction and a minimum practical effect) of a valid stage:
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
   is bad when its change reaches the threshold at which two given nights judged against
-  the same estimated sigma are both bad with probability `false_alarm_level` under no
+  the same estimated sigma are both bad with probability `Policy.level` under no
   change (`bad_threshold`; a shared sigma that came out too small makes both bad at once,
   so with few d.o.f. the threshold sits well above a single night's quantile), and at
   least the effect floor (`effect_floor` x the minimum practical effect). Detail `score`
@@ -93,7 +93,13 @@ better-direction and a minimum practical effect) of a valid stage:
 
 Each judged metric has its own false-alarm budget: at most one false alarm per 100 series
 of 30 nights (`false_alarm_level` x 22 judged nights, 0.66, checked by the bench); a stage
-with m judged metrics has up to m times that. The level keeps a third of the budget in
+with m judged metrics has up to m times that. A figure of the broker itself
+(`MetricDef.across_stages`: its cost) is also judged across the run's stages on its
+fingerprint (`tasks.analysis.across`, after this module's verdicts, with the stage's
+change, sd and d.o.f. in detail `evidence`): a regression is two bad nights in a row of
+one test, the stage's own or the one across stages (`prior_nights`), so the first spends
+`Policy.level` (`false_alarm_level` less `across_level`) and the second `across_level`.
+The level keeps a third of the budget in
 hand for a stage noisier than its peers that pooling cannot tell apart: the bench's mixed
 suite (one stage of 4 twice as noisy) had its worst metric at 1.15 false alarms per 100
 series at 4e-4, 0.85 and 1.00 at 3e-4 on two sets of draws, each over 2000 series.
@@ -141,10 +147,28 @@ class Policy:
     doubt_level: float = 4e-5  # ... and two nights beyond the peers' noise this unlikely
     too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
     pace_gate: float = 0.2  # a gated metric is not judged on a host this much off its pace
+    across_level: float = 1e-4  # a metric judged across stages too: that test's share of
+    # false_alarm_level (its own nights' test has the rest: `tasks.analysis.across`)
     min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics
 
     def effect(self, metric: str) -> float:
         return self.min_effect.get(metric, METRICS[metric].min_effect)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.across_level < self.false_alarm_level:
+            raise ValueError(f"Policy.across_level {self.across_level:g}: give 0 or more, "
+                             f"under false_alarm_level {self.false_alarm_level:g}")
+
+    def floor(self, metric: str) -> float:
+        """The log change below which `metric` is never flagged: `effect_floor` x its
+        minimum effect."""
+        return math.log1p(self.effect_floor * self.effect(metric))
+
+    def level(self, metric: str) -> float:
+        """The false-alarm level of a stage's own two-night test of `metric`: the whole
+        `false_alarm_level`, less `across_level` for a metric also judged across stages."""
+        across = self.across_level if METRICS[metric].across_stages else 0.0
+        return self.false_alarm_level - across
 
     @property
     def history_nights(self) -> int:
@@ -477,13 +501,13 @@ def _solve(decreasing, level: float) -> float:
     return high
 
 
-def score(change: float, base: Reference, policy: Policy) -> float:
-    """A log change (positive: the direction tested) in units of the bad-night threshold:
-    1 or more is a bad night (`bad_threshold`)."""
-    if base.pred_sd <= 0:
+def score(change: float, sd: float, dof: float, level: float, policy: Policy) -> float:
+    """A log change (positive: the direction tested) with sd `sd` under no change, its
+    sigma worth `dof`, in units of the bad-night threshold at `level`: 1 or more is a bad
+    night (`bad_threshold`)."""
+    if sd <= 0:
         return 0.0 if change == 0 else math.copysign(1e3, change)
-    dof = round(base.noise.dof, 1)
-    return change / base.pred_sd / bad_threshold(policy.false_alarm_level, dof, policy.tail_dof)
+    return change / sd / bad_threshold(level, round(dof, 1), policy.tail_dof)
 
 
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
@@ -516,8 +540,7 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
     """(verdict, nights of evidence) by the rules in the module docstring. `change` and
     `tonight` (its score) are in the worse direction."""
     before = previous or {}
-    prior = int(before.get("detail", {}).get("nights") or 0) \
-        if before.get("verdict") in FLAGGED else 0
+    prior = prior_nights(before)
     if base.nights < policy.min_history:
         return _learning(change, base, prior, before, policy)
     if tonight >= 1 and change >= floor:
@@ -534,6 +557,21 @@ def _decide(change: float, tonight: float, base: Reference, floor: float,
             and before.get("verdict") in ("unchanged", "improvement") and -last >= 1):
         return "improvement", 0
     return "unchanged", 0
+
+
+def prior_nights(previous: dict | None, *, across: bool = False) -> int:
+    """The nights of evidence a flagged previous verdict holds for a test: the stage's own
+    (`across` False: a verdict the stages together flagged holds none for it), or the one
+    across the run's stages (True: a flagged night on which they were bad for this stage,
+    detail `across.bad`; `tasks.analysis.across`). Two bad nights in a row of one test, not
+    one of each, make a regression: so each test spends its own level."""
+    before = previous or {}
+    if before.get("verdict") not in FLAGGED:
+        return 0
+    detail = before.get("detail") or {}
+    together = detail.get("across") or {}
+    held = together.get("bad") if across else not together.get("flagged")
+    return int(detail.get("nights") or 0) if held else 0
 
 
 def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy) -> bool:
@@ -571,14 +609,14 @@ def _confidence(change: float, base: Reference, policy: Policy) -> float:
     return round(1 - null_sf(abs(change) / base.pred_sd, base.noise.dof, policy.tail_dof), 4)
 
 
-def minimum_detectable(base: Reference, floor: float, policy: Policy) -> float:
+def minimum_detectable(sd: float, dof: float, level: float, floor: float,
+                       policy: Policy) -> float:
     """The smallest log step caught within two nights with `MDE_POWER` probability: two bad
-    nights in a row, each night bad with probability sqrt(MDE_POWER) when its change is
-    the step plus the noise law of `null_sf`."""
-    dof, tail = round(base.noise.dof, 1), policy.tail_dof
-    step = (bad_threshold(policy.false_alarm_level, dof, tail)
-            + null_quantile(1 - math.sqrt(MDE_POWER), dof, tail))
-    return max(floor, base.pred_sd * step)
+    nights in a row at `level`, each night bad with probability sqrt(MDE_POWER) when its
+    change is the step plus `sd` times the noise law of `null_sf`."""
+    dof, tail = round(dof, 1), policy.tail_dof
+    step = bad_threshold(level, dof, tail) + null_quantile(1 - math.sqrt(MDE_POWER), dof, tail)
+    return max(floor, sd * step)
 
 
 def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str | None:
@@ -613,6 +651,14 @@ def _off_pace_verdict(stage_id: str, metric: str, value: float, history: list[di
     return None
 
 
+def _combinable(metric: str, base: Reference, release: dict | None) -> bool:
+    """Tonight's change may be judged across stages: the metric is a figure of the broker
+    judged at its covariate (as measured the host's pace moves every stage at once, which
+    the covariate takes out) against a baseline of this fingerprint."""
+    return (METRICS[metric].across_stages and base.fit is not None
+            and (release or {}).get("fingerprint_matches") is not False)
+
+
 def compare_metric(stage_id: str, metric: str, value: float | None, history: list[dict],
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
@@ -640,8 +686,9 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
                        {"history": base.nights, "baseline": kind, "note": "zero: not judged"})
     change = math.log(value) - base.centre
     worse = -change if METRICS[metric].better == "higher" else change
-    tonight = score(worse, base, policy)
-    floor = math.log1p(policy.effect_floor * policy.effect(metric))
+    level = policy.level(metric)
+    tonight = score(worse, base.pred_sd, base.noise.dof, level, policy)
+    floor = policy.floor(metric)
     verdict, nights = _decide(worse, tonight, base, floor, previous, policy)
     learning = base.nights < policy.min_history
     detail: dict[str, Any] = {
@@ -660,7 +707,10 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
             detail["note"] += "; tonight's change is beyond doubt: a second such night is a regression"
     else:
         detail["score"] = round(tonight, 3)
-        mde = minimum_detectable(base, floor, policy)
+        if _combinable(metric, base, release):  # what `tasks.analysis.across` combines
+            detail["evidence"] = {"change": round(worse, 6), "sd": round(base.pred_sd, 6),
+                                  "dof": round(base.noise.dof, 1)}
+        mde = minimum_detectable(base.pred_sd, base.noise.dof, level, floor, policy)
         detail["mde_pct"] = round(100 * math.expm1(mde), 2)
         warning = _too_noisy(metric, mde, base, policy)
         if warning:

@@ -41,7 +41,11 @@ class Row:
     fingerprint: str | None
     run_id: str  # the run the evidence comes from
     history: tuple[float, ...] = ()  # earlier nights' values as measured, oldest first
-    mde_pct: float | None = None  # the smallest step the metric shows within two nights
+    # the smallest step the metric shows within two nights, as a person reads it
+    # (`tables.mde_text`: '7.6%', '7.6% (4.2% on all 4 stages at once)'), or ''
+    mde_text: str = ""
+    # what judging it across the run's stages said, when they flagged it (`tables.across_note`)
+    across_note: str = ""
     # why the baseline is not the earlier nights' level: 'at tonight's <covariate>' (the
     # nights moved along their slope to tonight's covariate), or ''
     baseline_note: str = ""
@@ -91,10 +95,11 @@ def _row_line(row: Row) -> str:
     before = "before, as measured" if row.baseline_note else "before"
     earlier = (f" · {before}: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
                if row.history else "")
-    sees = f" · sees steps from {row.mde_pct:.1f}%" if row.mde_pct is not None else ""
+    sees = f" · sees steps from {row.mde_text}" if row.mde_text else ""
+    across = f" · {row.across_note}" if row.across_note else ""
     return (f"• `{row.metric}` {_baseline(row, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
-            f"{nights} · {row.status}{sees}{earlier}")
+            f"{nights} · {row.status}{across}{sees}{earlier}")
 
 
 def blind_spots(stages: list[dict]) -> list[str]:

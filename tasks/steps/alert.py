@@ -46,7 +46,13 @@ from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
 from ..views.history import Histories
-from ..views.tables import covariate_note, verdict_counts
+from ..views.tables import (
+    across_note,
+    covariate_note,
+    flagged_across,
+    mde_text,
+    verdict_counts,
+)
 from . import Call
 from .load_metrics import stage_failures
 from .report import stored_histories
@@ -84,7 +90,9 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
                            nights=int(c["detail"].get("nights") or 1),
                            fingerprint=stage.get("fingerprint_hash"), run_id=run_id,
                            history=tuple(v for v in nights if v is not None),
-                           mde_pct=c["detail"].get("mde_pct"),
+                           mde_text=mde_text(c["detail"]),
+                           across_note=across_note(c["detail"], short=True)
+                           if flagged_across(c["detail"]) else "",
                            baseline_note=covariate_note(c["detail"], short=True))
     return out
 

@@ -4,7 +4,8 @@ The I/O around `tasks.analysis.detector` (pure): per stage it reads the comparab
 (same stage key, fingerprint and setup, since the last accepted change, flagged values held
 out), the previous night's verdicts (which tonight confirms or clears) and, for a release run,
 the pinned release baseline; it hands each stage the histories of the run's other stages
-on its fingerprint, whose noise the detector pools; then records the verdicts and opens,
+on its fingerprint, whose noise the detector pools, and judges the broker's own figures
+across those stages too (`tasks.analysis.across`); then records the verdicts and opens,
 updates or closes one alert per stage key and metric. Only alerts that are new or changed
 are undelivered afterwards, so the alert step never re-posts the same regression.
 
@@ -18,12 +19,14 @@ a rolling history.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
+from ..analysis.across import judge_across, shares_a_fingerprint
 from ..analysis.detector import Policy, Verdict, compare_stage, pooled_noise
 from ..fingerprint import same_setup, setup_changes
 from ..run_context import RunContext
@@ -102,19 +105,25 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
               run_id: str) -> list[Verdict]:
     """Every stage's verdicts, each stage's noise pooled with the other stages of the run
-    on its fingerprint."""
-    verdicts: list[Verdict] = []
+    on its fingerprint, and the broker's own figures judged across those stages too
+    (`tasks.analysis.across`)."""
+    per_stage: list[list[Verdict]] = []
+    shared = shares_a_fingerprint(stages)
     for stage in stages:
         given = inputs[stage["stage_id"]]
+        # a stage no other shares its fingerprint with keeps its metrics' whole budget
+        own = policy if stage["fingerprint_hash"] in shared else replace(policy, across_level=0.0)
         others = [inputs[s["stage_id"]]["noise_history"] for s in stages
                   if s["stage_id"] != stage["stage_id"]
                   and s["fingerprint_hash"] == stage["fingerprint_hash"]]
-        verdicts += compare_stage(stage["stage_id"], stage["metrics"], stage["validity"],
-                                  given["history"], policy, previous=given["previous"],
-                                  release=given["release"], run_id=run_id,
-                                  new_history=given["new_history"],
-                                  peers=pooled_noise(others, policy))
-    return verdicts
+        per_stage.append(compare_stage(stage["stage_id"], stage["metrics"], stage["validity"],
+                                       given["history"], own, previous=given["previous"],
+                                       release=given["release"], run_id=run_id,
+                                       new_history=given["new_history"],
+                                       peers=pooled_noise(others, policy)))
+    judged = judge_across(per_stage, [s["fingerprint_hash"] for s in stages],
+                          [inputs[s["stage_id"]]["previous"] for s in stages], policy)
+    return [v for verdicts in judged for v in verdicts]
 
 
 def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],

@@ -10,7 +10,7 @@ from html import escape
 
 from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
-from .tables import verdict_note
+from .tables import mde_text, verdict_note
 from .units import readable, show, unit_of
 
 Histories = dict[str, list[dict]]  # stage id -> its earlier comparable nights, oldest first
@@ -118,7 +118,7 @@ def _figure(stage: dict, comparison: dict, earlier: list[dict]) -> str:
                           y_label=f"{metric} ({unit})" if unit else metric, change_at=began,
                           chart_id=f"history-{stage['stage_id']}-{metric}",
                           scale=lambda v: readable(metric, v))
-    mde = f" · smallest step it can show {detail['mde_pct']:g}%" if detail.get("mde_pct") else ""
+    mde = f" · smallest step it can show {mde_text(detail)}" if detail.get("mde_pct") else ""
     note = verdict_note(comparison)
     return (f'<figure class="{escape(comparison["verdict"])}">{chart}<figcaption>'
             f'<b>{escape(metric)}</b>: tonight {escape(comparison["verdict"])}{escape(mde)}'

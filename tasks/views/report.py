@@ -213,6 +213,7 @@ def verdicts(stages: list[dict]) -> str:
         f'<td class="l">{escape(c["metric"])}</td><td class="l">{escape(c["verdict"])}</td>'
         f'<td>{show(c["baseline_value"], c["metric"])}</td><td>{show(c["value"], c["metric"])}</td>'
         f'<td class="l">{escape(unit_of(c["metric"]))}</td><td>{show(c["change_pct"])}</td><td>{show((c.get("detail") or {}).get("mde_pct"))}</td>'
+        f'<td>{show(((c.get("detail") or {}).get("across") or {}).get("mde_pct"))}</td>'
         f'<td>{show(None if c["confidence"] is None else 100 * c["confidence"])}</td>'
         f'<td class="l">{escape(verdict_note(c))}</td></tr>'
         for stage_id, c in found)
@@ -220,7 +221,9 @@ def verdicts(stages: list[dict]) -> str:
             '<th class="l">verdict</th><th>baseline</th><th>this run</th><th class="l">unit</th>'
             '<th>change %</th>'
             '<th title="the smallest step caught within two nights (90%) at this noise">'
-            f'MDE %</th><th>confidence %</th><th class="l">note</th></tr>{rows}</table>')
+            'MDE %</th><th title="the same for a step on every stage of the run on this '
+            'fingerprint (a change of the broker), judged across them">MDE all stages %</th>'
+            f'<th>confidence %</th><th class="l">note</th></tr>{rows}</table>')
 
 
 def invalid_stages(stages: list[dict]) -> str:

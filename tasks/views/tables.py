@@ -59,15 +59,46 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     its usual pace), or that its baseline is what its nights say it is at tonight's value
     of its covariate (`tasks.analysis.covariate`)."""
     detail = comparison.get("detail") or {}
-    if detail.get("too_noisy"):
-        return "too noisy to guard" if short else detail["too_noisy"]
+    flagged = across_note(detail, short=short) if flagged_across(detail) else ""
+    if detail.get("too_noisy"):  # a step on every stage may still be seen: `flagged` says so
+        return "; ".join(n for n in (flagged, "too noisy to guard" if short
+                                     else detail["too_noisy"]) if n)
     if "off_pace_pct" in detail and short:
         return f"host off its pace {detail['off_pace_pct']:+.0f}%"
     if comparison["verdict"] == "no_baseline":  # why: a history anew, or tonight not judged
         return detail.get("new_history") or detail.get("note") or ""
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
-    return covariate_note(detail, short=short)
+    return "; ".join(n for n in (flagged, covariate_note(detail, short=short)) if n)
+
+
+def flagged_across(detail: dict) -> bool:
+    """The run's stages together set this verdict (`tasks.analysis.across`)."""
+    return bool((detail.get("across") or {}).get("flagged"))
+
+
+def across_note(detail: dict, *, short: bool = False) -> str:
+    """What judging the metric across the run's stages on its fingerprint said
+    (`tasks.analysis.across`): 'flagged with its 4 stages: together +6.9%' for a stage
+    flagged by them, 'across 4 stages +0.3%' otherwise; '' for a metric not judged so."""
+    across = detail.get("across")
+    if not across:
+        return ""
+    head = (f"flagged with its {across['stages']} stages: together "
+            if across.get("flagged") else f"across {across['stages']} stages ")
+    return head + f"{across['change_pct']:+.1f}%" + (
+        "" if short else f" (sd {across['sd_pct']:.2g}%; a step on every stage is caught from "
+                         f"{across['mde_pct']:g}%)")
+
+
+def mde_text(detail: dict) -> str:
+    """'7.6%', or '7.6% (4.2% on all 4 stages at once)' for a metric also judged across
+    stages; '' without an MDE."""
+    if detail.get("mde_pct") is None:
+        return ""
+    across = detail.get("across")
+    return f"{detail['mde_pct']:.1f}%" + (
+        f" ({across['mde_pct']:.1f}% on all {across['stages']} stages at once)" if across else "")
 
 
 def verdict_counts(comparisons: Iterable[dict]) -> Counter:
@@ -91,5 +122,7 @@ def verdict_rows(stages: list[dict]) -> list[dict]:
     return [{
         "stage": s["stage_id"], "metric": c["metric"], "verdict": c["verdict"],
         "baseline": c["baseline_value"], "tonight": c["value"], "change %": c["change_pct"],
-        "MDE %": (c.get("detail") or {}).get("mde_pct"), "note": verdict_note(c, short=True),
+        "MDE %": (c.get("detail") or {}).get("mde_pct"),
+        "MDE all stages %": ((c.get("detail") or {}).get("across") or {}).get("mde_pct"),
+        "note": verdict_note(c, short=True),
     } for s in stages for c in s.get("comparisons", [])]

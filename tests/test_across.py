@@ -1,0 +1,194 @@
+"""The broker's cost judged across the run's stages too (`tasks.analysis.across`): a broker a
+few percent costlier on every stage, too little for any stage's own nights, is flagged by
+the stages together, confirmed on the second night and told in Slack, through the compare
+and alert steps on a real SQLite store; what is not combined stays as it was judged."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from sql import Store
+from tasks.analysis.across import combine, judge_across
+from tasks.analysis.detector import Policy, compare_stage
+from tasks.metrics import DRIVER_CPU
+from tasks.run_context import RunContext
+from tasks.settings import Settings
+from tasks.steps import execute
+from tasks.views.tables import across_note, mde_text, verdict_note
+
+COST = "broker_cpu_s_per_10k"
+STAGES = ("fanin.q0", "fanin.q1", "fanout.q0", "fanout.q1")
+START = datetime.now(timezone.utc) - timedelta(days=60)
+
+
+def cost_night(host: float, own: float, step: float = 0.0) -> dict:
+    """A stage's cost on a host `host` (log) off its usual pace, `own` (log) of its own
+    noise, times 1 + `step`: the cost follows the driver's CPU at a slope of 0.7."""
+    return {DRIVER_CPU: 0.8 * math.exp(host),
+            COST: 0.3 * math.exp(0.7 * host + own) * (1 + step)}
+
+
+class Suite:
+    """Nights of four stages on one fingerprint through compare and alert, as the pipeline
+    runs them."""
+
+    def __init__(self, state: Path) -> None:
+        self.settings = Settings(state_dir=state)
+        self.store = Store(self.settings.database_url())
+        self.store.migrate()
+        self.rng = random.Random(7)
+        self.day = 0
+
+    def night(self, step: float = 0.0, *, quiet: bool = False) -> str:
+        """One run; `quiet`: tonight's figures exactly on the stages' line (no noise of
+        their own), so what is judged is the step alone."""
+        self.day += 1
+        run_id = f"nightly-{self.day:02d}"
+        run_dir = self.settings.run_dir(run_id)
+        run_dir.mkdir(parents=True)
+        self.store.create_run(run_id, kind="nightly", suite="smoke", broker_kind="mosquitto",
+                              artifact_dir=str(run_dir),
+                              started_at=START + timedelta(days=self.day))
+        host = self.rng.gauss(0, 0.04)  # the shared host's pace, the same for every stage
+        for stage in STAGES:
+            self.store.record_stage(run_id, stage, scenario=stage.split(".")[0],
+                                    stage_key=f"mosquitto|{stage}", params={},
+                                    fingerprint_hash="fp1")
+            own = 0.0 if quiet else self.rng.gauss(0, 0.01)
+            self.store.record_results(run_id, stage, metrics=cost_night(host, own, step),
+                                      series={}, validity="valid", reason=None)
+        ctx = RunContext(self.settings, run_id, run_dir, {})
+        execute("compare", ctx)
+        execute("alert", ctx)
+        self.store.finish_run(run_id, "ok")
+        return run_id
+
+    def costs(self, run_id: str) -> dict[str, dict]:
+        return {s["stage_id"]: next(c for c in s["comparisons"] if c["metric"] == COST)
+                for s in self.store.stages(run_id)}
+
+    def message(self, run_id: str) -> dict:
+        return json.loads((self.settings.run_dir(run_id) / "slack_message.json").read_text())
+
+
+@pytest.fixture
+def suite(perfpipe_env: Path) -> Suite:
+    return Suite(perfpipe_env)
+
+
+def test_a_broker_3pct_costlier_on_every_stage_is_flagged_by_the_stages_together(suite):
+    for _ in range(20):
+        suite.night()
+    first = suite.costs(suite.night(0.03, quiet=True))
+    for stage, c in first.items():
+        across, own = c["detail"]["across"], c["detail"]["score"]
+        assert 0 < own < 1, stage  # no stage's own nights call +3% a bad night ...
+        assert c["verdict"] == "suspected" and across["flagged"], stage  # ... the 4 together do
+        assert across["stages"] == 4 and across["change_pct"] == pytest.approx(3.0, abs=0.6)
+        assert across["mde_pct"] < 0.7 * c["detail"]["mde_pct"]
+        assert c["detail"]["hold"]  # held out of later baselines like any flagged night
+        assert verdict_note(c, short=True).startswith("flagged with its 4 stages: together +3.")
+    second_run = suite.night(0.03, quiet=True)
+    second = suite.costs(second_run)
+    assert {c["verdict"] for c in second.values()} == {"regression"}
+    assert all(c["detail"]["nights"] == 2 for c in second.values())
+    alerts = [a for a in suite.store.alerts(open_only=True) if a["metric"] == COST]
+    assert len(alerts) == 4 and {a["status"] for a in alerts} == {"confirmed"}
+    text = json.dumps(suite.message(second_run)["blocks"])
+    assert text.count("flagged with its 4 stages: together +3.") == 4
+    assert "on all 4 stages at once" in text  # the MDE a step on every stage has
+    # and a night back on the line clears it, as it clears any regression
+    back = suite.costs(suite.night(quiet=True))
+    assert {c["verdict"] for c in back.values()} == {"unchanged"}
+
+
+def four_stages(tonight_step: list[float], fps: tuple[str | None, ...] = ("fp1",) * 4,
+                policy: Policy = Policy(), nights: int = 20,
+                previous: dict | None = None) -> list[dict]:
+    """The cost's verdict of four stages judged as the compare step judges them: their
+    noise pooled, then across the stages of each fingerprint; `previous`: every stage's
+    last verdict of the cost."""
+    rng = random.Random(3)
+    history = [[] for _ in fps]
+    for k in range(nights):
+        host = rng.gauss(0, 0.04)
+        for i in range(len(fps)):
+            history[i].insert(0, {"run_id": f"n{k}", "held_out": [],
+                                  "metrics": cost_night(host, rng.gauss(0, 0.01))})
+    before = {COST: previous} if previous else {}
+    verdicts = [compare_stage(f"s{i}", cost_night(0.0, 0.0, step), "valid", history[i], policy,
+                              run_id="tonight", previous=before)
+                for i, step in enumerate(tonight_step)]
+    judged = judge_across(verdicts, list(fps), [before for _ in fps], policy)
+    return [next(v for v in stage if v.metric == COST).to_dict() for stage in judged]
+
+
+def test_what_is_not_combined_stays_as_judged():
+    # +2.5% on all four is flagged (the first test's step, on other nights, here smaller) ...
+    together = four_stages([0.025] * 4)
+    assert {c["verdict"] for c in together} == {"suspected"}
+    assert all(c["detail"]["across"]["flagged"] for c in together)
+    # ... but not a stage whose own change is under the effect floor (1.5%), nor one that
+    # moved the other way
+    low = four_stages([0.04, 0.04, 0.04, 0.01])
+    assert [c["detail"]["across"]["flagged"] for c in low] == [True, True, True, False]
+    assert low[3]["verdict"] == "unchanged" and not low[3]["detail"]["across"]["bad"]
+    other_way = four_stages([0.05, 0.05, 0.05, -0.01])
+    assert other_way[3]["verdict"] == "unchanged"
+    assert any(c["detail"]["across"]["flagged"] for c in other_way[:3])
+    # one stage's own regression is not spread over its siblings: without it they did not rise
+    one = four_stages([0.15, 0.0, 0.0, 0.0])
+    assert one[0]["verdict"] == "suspected" and not one[0]["detail"]["across"]["flagged"]
+    assert [c["verdict"] for c in one[1:]] == ["unchanged"] * 3
+    assert one[1]["detail"]["across"]["score"] >= 1 and not one[1]["detail"]["across"]["broad"]
+    # on two fingerprints they are two pairs, and two stages are not enough for it
+    split = four_stages([0.025] * 4, fps=("fp1", "fp1", "fp2", "fp2"))
+    assert {c["detail"]["across"]["stages"] for c in split} == {2}
+    assert {c["verdict"] for c in split} == {"unchanged"}
+    # a stage alone on its fingerprint, or on none known, has no one to be judged with
+    for fps in (("fp1", "fp2", "fp3", "fp4"), (None,) * 4):
+        assert all("across" not in c["detail"] for c in four_stages([0.025] * 4, fps=fps))
+    # without the test (across_level 0) the own test spends the whole budget: a lower MDE
+    full = four_stages([0.025] * 4, policy=Policy(across_level=0.0))
+    assert {c["verdict"] for c in full} == {"unchanged"}
+    assert all(f["detail"]["mde_pct"] < t["detail"]["mde_pct"] for f, t in zip(full, together))
+    # learning stages (fewer than 8 nights) give no evidence to combine
+    learning = four_stages([0.2] * 4, nights=5)
+    assert all("across" not in c["detail"] for c in learning)
+    with pytest.raises(ValueError, match="Policy.across_level"):
+        Policy(across_level=3e-4)
+
+
+def test_two_bad_nights_of_one_test_make_a_regression_not_one_of_each():
+    after_own = {"verdict": "suspected", "detail": {"nights": 1, "score": 1.2}}
+    after_across = {"verdict": "suspected", "detail": {
+        "nights": 1, "score": 0.6, "across": {"bad": True, "flagged": True}}}
+    # a night bad across the stages after one bad by the stage's own test: suspected again
+    assert {c["verdict"] for c in four_stages([0.025] * 4, previous=after_own)} == {"suspected"}
+    # after one bad across the stages too: a regression, its two nights counted
+    confirmed = four_stages([0.025] * 4, previous=after_across)
+    assert {c["verdict"] for c in confirmed} == {"regression"}
+    assert {c["detail"]["nights"] for c in confirmed} == {2}
+    # and the stage's own test does not count a night the stages flagged: +6% on one stage,
+    # bad by its own test, after a night only they called bad, is suspected, not confirmed
+    own_only = four_stages([0.06, 0.0, 0.0, 0.0], previous=after_across)[0]
+    assert own_only["verdict"] == "suspected" and own_only["detail"]["score"] >= 1
+
+
+def test_the_combination_is_inverse_variance_weighted():
+    got = combine(COST, [{"change": 0.04, "sd": 0.01, "dof": 30},
+                         {"change": 0.0, "sd": 0.02, "dof": 12}], Policy())
+    assert got.change == pytest.approx(0.04 * 0.8)  # weights 1/0.01^2 and 1/0.02^2
+    assert got.sd == pytest.approx(1 / math.sqrt(1e4 + 2.5e3)) and got.dof == 12
+    assert combine(COST, [{"change": 0.04, "sd": 0.01, "dof": 30}], Policy()) is None
+    detail = {"mde_pct": 7.6, "across": {"stages": 4, "change_pct": 0.3, "sd_pct": 0.8,
+                                         "mde_pct": 4.2, "score": 0.1, "bad": False}}
+    assert mde_text(detail) == "7.6% (4.2% on all 4 stages at once)"
+    assert across_note(detail, short=True) == "across 4 stages +0.3%"
+    assert "a step on every stage is caught from 4.2%" in across_note(detail)
