@@ -57,7 +57,8 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     why, unless `short`), its history is still learning the noise, or why it has none
     (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
     its usual pace), or that its baseline is what its nights say it is at tonight's value
-    of its covariate (`tasks.analysis.covariate`)."""
+    of its covariate (`tasks.analysis.covariate`); first, that the run's stages together
+    flagged it (`tasks.analysis.across`)."""
     detail = comparison.get("detail") or {}
     flagged = across_note(detail, short=short) if flagged_across(detail) else ""
     if detail.get("too_noisy"):  # a step on every stage may still be seen: `flagged` says so
@@ -88,7 +89,7 @@ def across_note(detail: dict, *, short: bool = False) -> str:
             if across.get("flagged") else f"across {across['stages']} stages ")
     return head + f"{across['change_pct']:+.1f}%" + (
         "" if short else f" (sd {across['sd_pct']:.2g}%; a step on every stage is caught from "
-                         f"{across['mde_pct']:g}%)")
+                         f"{across['mde_pct']:.1f}%)")
 
 
 def mde_text(detail: dict) -> str:
