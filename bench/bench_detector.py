@@ -737,11 +737,11 @@ def main() -> int:
                          "no change)")
     args = ap.parse_args()
     global POLICY
-    if not 0 <= args.across_level < args.level:
-        ap.error(f"--across-level {args.across_level}: give 0 or more, under --level "
-                 f"{args.level:g}")
-    POLICY = Policy(pool_level=args.pool_level, pool_power=args.pool_power,
-                    false_alarm_level=args.level, across_level=args.across_level)
+    try:  # the policy's own check of across_level against the level
+        POLICY = Policy(pool_level=args.pool_level, pool_power=args.pool_power,
+                        false_alarm_level=args.level, across_level=args.across_level)
+    except ValueError as exc:
+        ap.error(f"--across-level: {exc}")
     noise, doc = load_noise(args.noise)
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
-from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
+from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
 from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
 from tasks.views.summary import NOTABLE  # noqa: E402
@@ -181,15 +181,10 @@ def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None
         pairs = [corr[i][j] for i in range(len(keys)) for j in range(i + 1, len(keys))]
         print(f"\n{m} across {len(keys)} stages, {len(rows)} plain nights past learning: rank "
               f"correlation of the stages' changes {min(pairs):+.2f} to {max(pairs):+.2f}; "
-              "robust sigma of z, per stage " + " / ".join(f"{_robust(col):.2f}" for col in z.T)
-              + f", combined {_robust(combined):.2f}; the combination's largest score "
+              "robust sigma of z, per stage "
+              + " / ".join(f"{noise_sigma(list(col)):.2f}" for col in z.T)
+              + f", combined {noise_sigma(combined):.2f}; the combination's largest score "
               f"{max(r[keys[0]]['across']['score'] for r in rows):.2f} (1: a bad night)")
-
-
-def _robust(values) -> float:
-    """1.4826 x the MAD: the robust sigma."""
-    values = np.asarray(values, dtype=float)
-    return float(1.4826 * np.median(np.abs(values - np.median(values))))
 
 
 def _said(row: dict) -> str:
@@ -290,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.pace_gate:
         parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
                      "10: no gate)")
-    if not 0 <= args.across_level < Policy().false_alarm_level:
-        parser.error(f"--across-level {args.across_level}: give 0 or more, under the "
-                     f"false_alarm_level {Policy().false_alarm_level:g}")
+    try:  # the policy's own check of across_level, before any night runs
+        policy = Policy(pace_gate=args.pace_gate, across_level=args.across_level)
+    except ValueError as exc:
+        parser.error(f"--across-level: {exc}")
     if not args.analyse_only:
         if (args.state / NIGHTS_FILE).exists() or (args.state / "results.db").exists():
             parser.error(f"--state {args.state}: it holds runs already; give an empty "
@@ -307,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         run_nights(args.state, args.suite, args.plain, args.burn_nights, args.burn_us, nights)
     if not (args.state / NIGHTS_FILE).exists():
         parser.error(f"--state {args.state}: no {NIGHTS_FILE}, so no nights ran there")
-    report(args.state, Policy(pace_gate=args.pace_gate, across_level=args.across_level))
+    report(args.state, policy)
     return 0
 
 

@@ -135,7 +135,7 @@ def combinable(verdicts: list[list[Verdict]], fingerprints: list[str | None]
     for i, (stage, fp) in enumerate(zip(verdicts, fingerprints)):
         for j, v in enumerate(stage):
             if (fp is not None and METRICS[v.metric].across_stages
-                    and usable([v.detail.get("evidence") or {"sd": 0}])):
+                    and (v.detail.get("evidence") or {}).get("sd", 0) > 0):
                 groups[(fp, v.metric)].append((i, j))
     return {k: members for k, members in groups.items() if len(members) >= MIN_STAGES}
 
