@@ -7,11 +7,11 @@ Every simulated night is a run of `SUITE` stages on one fingerprint, each with a
 judged metrics, run through `tasks.analysis.detector.compare_stage` as the compare step
 runs it (each stage's noise pooled with the other stages' histories) with the store's
 rules replayed in memory: history newest first, flagged values held out of the baseline
-until the next night clears them, the previous verdict handed back; then the night's
-verdicts of every stage through `tasks.analysis.across.judge_across`, which judges the
-broker's cost across the suite's stages too. A step hits one stage of the suite, or, in
-the rows of a change of the broker (`--broker-only` prints them alone), every stage;
-every stage of an A/A suite is a series.
+until the next night clears them, the previous verdict handed back; a night's stages are
+judged together by `tasks.analysis.across.judge_stages`, as the compare step judges them,
+which judges the broker's cost across the suite's stages too. A step hits one stage of
+the suite, or, in the rows of a change of the broker (`--broker-only` prints them alone),
+every stage; every stage of an A/A suite is a series.
 
 Noise per metric: night-to-night log noise from a Student t with 3 degrees of freedom
 (the measured latency and CPU figures have sd / robust-sigma ratios of 1.2 to 2.4, a normal
@@ -86,7 +86,7 @@ from tasks.analysis.detector import (  # noqa: E402
 )
 from tasks.metrics import METRICS  # noqa: E402
 
-from tasks.analysis.across import judge_across  # noqa: E402
+from tasks.analysis.across import judge_stages  # noqa: E402
 import scale_bound  # noqa: E402  (bench/, the script's own folder)
 
 RATES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s"}
@@ -218,12 +218,12 @@ def perfpipe(stages: list[Stage], nights: int,
     out: list[list[dict[str, Verdict]]] = [[] for _ in stages]
     for k in range(nights):
         tonight = [stage.night(k)[0] for stage in stages]
-        judged = judge_across([compare_stage("s", values, "valid", histories[i], policy,
-                                             previous=previous[i], run_id=f"n{k}",
-                                             peers=pooled_noise(histories[:i] + histories[i + 1:],
-                                                                policy))
-                               for i, values in enumerate(tonight)],
-                              ["fp"] * len(stages), previous, policy)
+        def judge(i: int, own: Policy) -> list[Verdict]:
+            return compare_stage("s", tonight[i], "valid", histories[i], own,
+                                 previous=previous[i], run_id=f"n{k}",
+                                 peers=pooled_noise(histories[:i] + histories[i + 1:], policy))
+
+        judged = judge_stages(judge, ["fp"] * len(stages), previous, policy, f"n{k}")
         for i, (values, verdicts) in enumerate(zip(tonight, judged)):
             out[i].append({v.metric: v for v in verdicts})
             follow(verdicts, {"run_id": f"n{k}", "metrics": values}, histories[i],
@@ -425,14 +425,16 @@ def recall_bound(sigma: float, delta: float, rng: np.random.Generator,
     return bounds[0], bounds[1]
 
 
-def known_noise_recall(sigma: float, delta: float, policy: Policy | None = None) -> float:
-    """Recall within two nights of perfpipe's two-bad-nights rule at its own false-alarm
-    level, were the level and the noise law known (nothing estimated from the history):
-    what the rule loses to the bound, apart from what estimating costs."""
+def known_noise_recall(metric: str, sigma: float, delta: float,
+                       policy: Policy | None = None) -> float:
+    """Recall within two nights of perfpipe's two-bad-nights rule at a stage's own level
+    for `metric` (`Policy.level`), were the level and the noise law known (nothing
+    estimated from the history): what the rule loses to the bound, apart from what
+    estimating costs."""
     policy = policy or POLICY
     if sigma <= 0:
         return 1.0
-    threshold = bad_threshold(policy.false_alarm_level, 1e6, policy.tail_dof)
+    threshold = bad_threshold(policy.level(metric), 1e6, policy.tail_dof)
     bad = float(student_t.sf((threshold - delta / sigma) * t_robust_sigma(policy.tail_dof),
                              policy.tail_dof))
     return bad * bad
@@ -651,7 +653,7 @@ def sensitivity(noise: Noise, series: int, rng: np.random.Generator) -> list[dic
                 got = run_step(perfpipe, swept, [metric], metric, size, series,
                                np.random.default_rng(seed))["recall2"]
                 best = recall_bound(sd, log_step(metric, size), rng, draws=1_000_000)[1]
-                known = known_noise_recall(sd, log_step(metric, size), POLICY)
+                known = known_noise_recall(metric, sd, log_step(metric, size), POLICY)
                 judged = best >= 0.5
                 ok = got >= 0.8 * best if judged else None
                 pooled = (run_step(all_pooled, swept, [metric], metric, size, series,
@@ -759,7 +761,7 @@ def main() -> int:
         half = recall_bound(float(sd), delta, rng, budget=CHECKED_BUDGET)[1]
         print(f"{step_name(metric, float(size))} at {100 * float(sd):g}% noise, {n} series: "
               f"recall@2 perfpipe {fmt_pct(got).strip()}, noise known "
-              f"{fmt_pct(known_noise_recall(float(sd), delta, POLICY)).strip()}, candidate "
+              f"{fmt_pct(known_noise_recall(metric, float(sd), delta, POLICY)).strip()}, candidate "
               f"rule {fmt_pct(rule).strip()}, learned from own / suite nights "
               f"{fmt_pct(own).strip()} / {fmt_pct(suite_wide).strip()}, "
               f"bound {fmt_pct(bound).strip()}; the bound at {100 * CHECKED_BUDGET:g} alarms "

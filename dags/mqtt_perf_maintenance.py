@@ -3,7 +3,8 @@
 - promote: pin a finished run as the release baseline of a label;
 - ack / accept / false-positive / fixed (`tasks.metrics.ALERT_ACTIONS`, as the CLI's
   `perfpipe alerts ACTION`): move an alert through its lifecycle ("accept" takes the
-  change as the new normal, which restarts the rolling history from that run).
+  change as the new normal, which restarts the rolling history from that run); `together`
+  also acts on the alerts the run's stages flagged with it (one change on every stage).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ with DAG(
         "label": Param("", type="string", description="promote: the release label"),
         "alert_id": Param(0, type="integer", minimum=0,
                           description=f"{'/'.join(ALERT_ACTIONS)}: the alert (perfpipe alerts list)"),
+        "together": Param(False, type="boolean",
+                          description="and the alerts the run's stages flagged with it"),
     },
     doc_md=__doc__,
 ) as dag:
@@ -36,6 +39,6 @@ with DAG(
         from tasks.manage import maintenance
 
         return maintenance(params["action"], run_id=params["run_id"], label=params["label"],
-                           alert_id=params["alert_id"])
+                           alert_id=params["alert_id"], together=params["together"])
 
     maintain()

@@ -22,10 +22,11 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from tasks.analysis.across import flagged_across
 from tasks.metrics import OPEN_ALERT_STATUSES
 
 from .common import StoreError, check, finite, row_dict
-from .models import Alert, Run, Stage
+from .models import Alert, Comparison, Run, Stage
 
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
 GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again
@@ -175,6 +176,31 @@ def set_status(s: Session, alert_id: int, status: str) -> Alert:
         raise StoreError(f"unknown alert {alert_id}")
     alert.status = status
     return alert
+
+
+def flagged_with(s: Session, alert_id: int) -> list[int]:
+    """The other open alerts of the same metric that the run's stages flagged together with
+    this one on its last run (`tasks.analysis.across`: one change of the broker, told on
+    every stage it was seen on), on the same fingerprint; [] for an alert its own stage
+    flagged."""
+    alert = s.get(Alert, alert_id)
+    if alert is None:
+        raise StoreError(f"unknown alert {alert_id}")
+    rows = s.execute(select(Stage.stage_key, Stage.fingerprint_hash, Comparison.detail)
+                     .join(Comparison, (Comparison.run_id == Stage.run_id)
+                           & (Comparison.stage_id == Stage.stage_id))
+                     .where(Stage.run_id == alert.last_run_id,
+                            Comparison.metric == alert.metric)).all()
+    together = {alert_key(key, detail): fp for key, fp, detail in rows
+                if flagged_across(detail or {})}
+    if alert.stage_key not in together:
+        return []
+    fp = together[alert.stage_key]
+    keys = [k for k, f in together.items() if f == fp and k != alert.stage_key]
+    return list(s.scalars(select(Alert.id).where(
+        Alert.stage_key.in_(keys), Alert.metric == alert.metric,
+        Alert.last_run_id == alert.last_run_id,
+        Alert.status.in_(OPEN_ALERT_STATUSES)).order_by(Alert.id)))
 
 
 def listing(s: Session, *, open_only: bool = False, undelivered: bool = False) -> list[dict[str, Any]]:

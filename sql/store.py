@@ -467,6 +467,11 @@ class Store:
             if current is None or current <= self._run(s, alert.first_run_id).started_at:
                 upsert_baseline(s, "reset", alert.stage_key, alert.first_run_id)
 
+    def alerts_flagged_with(self, alert_id: int) -> list[int]:
+        """The open alerts the run's stages flagged with this one (`alerts.flagged_with`)."""
+        with self._tx() as s:
+            return alerts.flagged_with(s, alert_id)
+
     def undelivered_alerts(self) -> list[dict[str, Any]]:
         with self._tx() as s:
             return alerts.listing(s, undelivered=True)

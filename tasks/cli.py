@@ -167,9 +167,14 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
         effect = manage.EFFECT[ALERT_ACTIONS[action]].format(
             key="the stage", run="the alert's first run")
         one = _command(asub, action, effect, f"Mark an alert {effect}.", handler(
-            lambda st, a, action=action: manage.set_status(st, a.alert_id, action)))
+            lambda st, a, action=action: manage.set_status(st, a.alert_id, action,
+                                                            together=a.together)))
         one.add_argument("alert_id", type=int,
                          help="an alert id, as `perfpipe alerts list` shows it")
+        one.add_argument("--together", action="store_true",
+                         help="also the alerts the run's stages flagged together with it (one "
+                         "change of the broker seen on every stage; without it they are "
+                         "named, not changed)")
 
 
 def parser() -> argparse.ArgumentParser:

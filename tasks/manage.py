@@ -9,6 +9,7 @@ pin a release baseline, move an alert through its lifecycle.
     perfpipe alerts accept ID                        the new normal: history restarts there
     perfpipe alerts false-positive ID                not a regression: its nights rejoin the baseline
     perfpipe alerts fixed ID                         fixed; its nights stay out of the baseline
+    perfpipe alerts ACTION ID --together             and the alerts flagged with it across stages
 """
 
 from __future__ import annotations
@@ -62,13 +63,22 @@ def list_alerts(store: Store, *, include_closed: bool, say: Callable[[str], None
     return 0
 
 
-def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], None] = print) -> int:
-    """Carry out `action` (one of ALERT_ACTIONS) on an alert and say what it changes."""
+def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], None] = print,
+               *, together: bool = False) -> int:
+    """Carry out `action` (one of ALERT_ACTIONS) on an alert and say what it changes; with
+    `together`, also on the alerts the run's stages flagged with it (one change seen on
+    every stage: `store.alerts_flagged_with`), which are otherwise named, not changed."""
     status = ALERT_ACTIONS[action]
-    store.set_alert_status(alert_id, status)
-    alert = store.alert(alert_id)
-    say(f"alert {alert_id} ({alert['stage_key']} {alert['metric']}): "
-        + EFFECT[status].format(key=alert["stage_key"], run=f"run {alert['first_run_id']}"))
+    siblings = store.alerts_flagged_with(alert_id)
+    for one in [alert_id, *(siblings if together else [])]:
+        store.set_alert_status(one, status)
+        alert = store.alert(one)
+        say(f"alert {one} ({alert['stage_key']} {alert['metric']}): "
+            + EFFECT[status].format(key=alert["stage_key"], run=f"run {alert['first_run_id']}"))
+    if siblings and not together:
+        say(f"alerts {', '.join(map(str, siblings))} were flagged with it by the same test "
+            f"across stages (one change on {len(siblings) + 1} stages), and are left as they "
+            f"are: --together marks them {action} too")
     return 0
 
 
@@ -89,9 +99,11 @@ def promote_release(run_id: str, label: str) -> str:
     return "\n".join(said)
 
 
-def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int = 0) -> str:
+def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int = 0,
+                together: bool = False) -> str:
     """What the maintenance DAG (and the release DAG's promote task) does: `promote` a run
-    to a release baseline, or one of ALERT_ACTIONS on an alert; returns what changed."""
+    to a release baseline, or one of ALERT_ACTIONS on an alert (`together`: and on those
+    flagged with it, `set_status`); returns what changed."""
     if action == "promote":
         if not run_id or not label:
             raise ValueError("promote needs run_id and label")
@@ -106,7 +118,7 @@ def maintenance(action: str, *, run_id: str = "", label: str = "", alert_id: int
         if action == "promote":
             promote(store, run_id, label, said.append)
         else:
-            set_status(store, alert_id, action, said.append)
+            set_status(store, alert_id, action, said.append, together=together)
     finally:
         store.close()
     return "\n".join(said)

@@ -29,22 +29,28 @@ to every stage, taken out) are also judged together:
   `suspected`; a second such night in a row a `regression`, also over an own `suspected`
   (`detector.prior_nights`: two bad nights of one test, not one of each, so this test
   spends `across_level` and the stage's own the rest; detail `across.flagged` says the
-  stages decided). Its value is held out of later baselines like any flagged one. Every
-  other verdict is left as judged: an own `regression` is evidence enough, an
-  `improvement` moved the other way. Only the worse direction is tested across stages.
+  stages decided), its confidence is theirs (the test that set it) and its change point
+  the first of the nights they flagged (`nights_ago`, their change). Its value is held
+  out of later baselines like any flagged one. Every other verdict is left as judged: an
+  own `regression` is evidence enough, an `improvement` moved the other way. Only the
+  worse direction is tested across stages (so a stage's own test keeps the whole level in
+  the better one: `Policy.level`).
 - **What it can see.** Every combined stage's detail `across` carries the combination's
   change, sd, stages and MDE (`mde_pct`: the smallest step on every stage caught within
-  two nights with 90% probability), beside the stage's own MDE.
+  two nights with 90% probability), beside the stage's own MDE. A stage whose own MDE is
+  too noisy to guard while the stages' is not says so in its warning: a change of the
+  broker on every stage is still guarded, one stage's own is not.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..metrics import METRICS
-from .detector import Policy, Verdict, minimum_detectable, prior_nights, score
+from .detector import Policy, Verdict, confidence, minimum_detectable, prior_nights, score
 
 MIN_STAGES = 2  # stages judged together: one alone is its own test
 BROAD_STAGES = 3  # from this many, the others must rise too without the largest stage ...
@@ -83,6 +89,11 @@ class Combined:
                 "bad": bad, "flagged": flagged}
 
 
+def flagged_across(detail: dict) -> bool:
+    """The run's stages together set the verdict of this detail."""
+    return bool((detail.get("across") or {}).get("flagged"))
+
+
 def usable(evidence: list[dict]) -> list[dict]:
     return [e for e in evidence if e["sd"] > 0]
 
@@ -113,17 +124,49 @@ def combine(metric: str, evidence: list[dict], policy: Policy) -> Combined | Non
     return replace(pooled, broad=rest.change >= BROAD_Z * rest.sd)
 
 
-def _revised(verdict: Verdict, combined: Combined, previous: dict | None) -> Verdict:
-    """A combined stage's verdict with what the stages together say of it."""
+def _seen_together(verdict: Verdict, combined: Combined, policy: Policy) -> dict:
+    """A too-noisy warning that says what the stages together still see, when their MDE
+    is within the limit (a step of the broker on every stage is guarded; one stage's own
+    step is not)."""
+    warning = verdict.detail.get("too_noisy")
+    if not warning or combined.mde > policy.too_noisy_above(verdict.metric):
+        return {}
+    return {"too_noisy": f"{warning}; a step on all {combined.stages} stages at once is "
+                         f"caught from {100 * math.expm1(combined.mde):.1f}%"}
+
+
+def _began(previous: dict | None, prior: int, run_id: str | None) -> str | None:
+    """The run of the first of the nights the stages flagged: tonight's (`run_id`) on the
+    first; after that, where the previous flagged night said it began, or that night."""
+    before = previous or {}
+    if not prior:
+        return run_id
+    detail = before.get("detail") or {}
+    if flagged_across(detail) and (detail.get("change_point") or {}).get("run_id"):
+        return detail["change_point"]["run_id"]
+    return before.get("run_id")
+
+
+def _revised(verdict: Verdict, combined: Combined, previous: dict | None,
+             policy: Policy, run_id: str | None) -> Verdict:
+    """A combined stage's verdict with what the stages together say of it. A verdict they
+    flag takes their confidence (theirs is the test that set it) and a change point: the
+    first of the nights they flagged."""
     bad = combined.bad_for(verdict.detail["evidence"])
     prior = prior_nights(previous, across=True) if bad else 0
     flag = bad and (verdict.verdict == "unchanged"
                     or (verdict.verdict == "suspected" and prior > 0))
+    seen = _seen_together(verdict, combined, policy)
     if not flag:
-        return replace(verdict, detail={**verdict.detail, "across": combined.detail(bad=bad)})
-    detail = {**verdict.detail, "nights": prior + 1, "hold": True,
-              "across": combined.detail(bad=True, flagged=True)}
-    return replace(verdict, verdict="regression" if prior else "suspected", detail=detail)
+        return replace(verdict, detail={**verdict.detail, **seen,
+                                        "across": combined.detail(bad=bad)})
+    across = combined.detail(bad=True, flagged=True)
+    began = {"run_id": _began(previous, prior, run_id), "nights_ago": prior,
+             "shift_pct": across["change_pct"]}
+    detail = {**verdict.detail, **seen, "nights": prior + 1, "hold": True, "across": across,
+              "change_point": began}
+    return replace(verdict, verdict="regression" if prior else "suspected", detail=detail,
+                   confidence=confidence(combined.change, combined.sd, combined.dof, policy))
 
 
 def combinable(verdicts: list[list[Verdict]], fingerprints: list[str | None]
@@ -141,11 +184,13 @@ def combinable(verdicts: list[list[Verdict]], fingerprints: list[str | None]
 
 
 def judge_across(verdicts: list[list[Verdict]], fingerprints: list[str | None],
-                 previous: list[dict[str, dict]], policy: Policy) -> list[list[Verdict]]:
+                 previous: list[dict[str, dict]], policy: Policy,
+                 run_id: str | None = None) -> list[list[Verdict]]:
     """Each stage's verdicts (as `compare_stage` gave them, in the order of `fingerprints`,
     the stages' fingerprint hashes) with every metric that is judged across stages judged
-    so on each fingerprint; `previous`: per stage, metric -> its last comparable verdict.
-    With `Policy.across_level` 0 there is no such test: the verdicts are returned as given."""
+    so on each fingerprint; `previous`: per stage, metric -> its last comparable verdict
+    ({"run_id", "verdict", "detail"}); `run_id`: tonight's run. With `Policy.across_level`
+    0 there is no such test: the verdicts are returned as given."""
     if policy.across_level <= 0:
         return verdicts
     out = [list(stage) for stage in verdicts]
@@ -155,14 +200,42 @@ def judge_across(verdicts: list[list[Verdict]], fingerprints: list[str | None],
         if combined is None:
             continue
         for i, j in members:
-            out[i][j] = _revised(verdicts[i][j], combined, previous[i].get(metric))
+            out[i][j] = _revised(verdicts[i][j], combined, previous[i].get(metric), policy,
+                                 run_id)
     return out
 
 
-def shares_a_fingerprint(stages: list[dict]) -> set[str]:
-    """The fingerprints on which `MIN_STAGES` or more of a run's valid stages ran: only
-    there can a metric be judged across stages (elsewhere a stage's own test keeps the
-    whole budget)."""
-    count = Counter(s["fingerprint_hash"] for s in stages
-                    if s.get("validity") == "valid" and s.get("fingerprint_hash") is not None)
-    return {fp for fp, n in count.items() if n >= MIN_STAGES}
+def _alone(verdicts: list[list[Verdict]], fingerprints: list[str | None]
+           ) -> dict[int, set[str]]:
+    """stage -> the metrics judged across stages that it judged past learning (the verdict
+    has a `score`) but no other stage can be judged with tonight: no evidence (not judged
+    at its covariate, a release of another fingerprint), no known fingerprint, or none
+    other on it with evidence."""
+    together = {(i, verdicts[i][j].metric) for members in
+                combinable(verdicts, fingerprints).values() for i, j in members}
+    out: dict[int, set[str]] = defaultdict(set)
+    for i, stage in enumerate(verdicts):
+        for v in stage:
+            if (METRICS[v.metric].across_stages and "score" in v.detail
+                    and (i, v.metric) not in together):
+                out[i].add(v.metric)
+    return out
+
+
+def judge_stages(judge: Callable[[int, Policy], list[Verdict]],
+                 fingerprints: list[str | None], previous: list[dict[str, dict]],
+                 policy: Policy, run_id: str | None = None) -> list[list[Verdict]]:
+    """Every stage's verdicts, `judge(i, policy)` giving stage i's own (`compare_stage`),
+    then across the stages (`judge_across`; `run_id`: tonight's run). A stage's own test
+    of a metric judged across stages spends `Policy.level`, the rest is the test across
+    them; where tonight no other stage can be judged with it (a stage alone on its
+    fingerprint or on none known, a cost not judged at its covariate, its partners still
+    learning, a release of another fingerprint), the metric is judged again with the whole
+    level (`across_level` 0), so no level is set aside for a test that cannot run."""
+    verdicts = [judge(i, policy) for i in range(len(fingerprints))]
+    if policy.across_level > 0:
+        whole = replace(policy, across_level=0.0)
+        for i, metrics in _alone(verdicts, fingerprints).items():
+            again = {v.metric: v for v in judge(i, whole) if v.metric in metrics}
+            verdicts[i] = [again.get(v.metric, v) for v in verdicts[i]]
+    return judge_across(verdicts, fingerprints, previous, policy, run_id)

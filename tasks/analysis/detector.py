@@ -98,7 +98,8 @@ with m judged metrics has up to m times that. A figure of the broker itself
 fingerprint (`tasks.analysis.across`, after this module's verdicts, with the stage's
 change, sd and d.o.f. in detail `evidence`): a regression is two bad nights in a row of
 one test, the stage's own or the one across stages (`prior_nights`), so the first spends
-`Policy.level` (`false_alarm_level` less `across_level`) and the second `across_level`.
+`Policy.level` (`false_alarm_level` less `across_level`) and the second `across_level`;
+in the better direction, not judged across stages, the own test keeps the whole level.
 The level keeps a third of the budget in
 hand for a stage noisier than its peers that pooling cannot tell apart: the bench's mixed
 suite (one stage of 4 twice as noisy) had its worst metric at 1.15 false alarms per 100
@@ -164,11 +165,18 @@ class Policy:
         minimum effect."""
         return math.log1p(self.effect_floor * self.effect(metric))
 
-    def level(self, metric: str) -> float:
-        """The false-alarm level of a stage's own two-night test of `metric`: the whole
-        `false_alarm_level`, less `across_level` for a metric also judged across stages."""
-        across = self.across_level if METRICS[metric].across_stages else 0.0
+    def level(self, metric: str, *, worse: bool = True) -> float:
+        """The false-alarm level of a stage's own two-night test of `metric` in the worse
+        direction (`worse`) or the better one: the whole `false_alarm_level`, less
+        `across_level` where the metric is also judged across stages (only in the worse
+        direction)."""
+        across = self.across_level if worse and METRICS[metric].across_stages else 0.0
         return self.false_alarm_level - across
+
+    def too_noisy_above(self, metric: str) -> float:
+        """The log MDE above which `metric` is too noisy to guard: `too_noisy` x its
+        minimum effect."""
+        return math.log1p(self.too_noisy * self.effect(metric))
 
     @property
     def history_nights(self) -> int:
@@ -602,11 +610,12 @@ def _learning(change: float, base: Reference, prior: int, previous: dict,
     return "learning", 0
 
 
-def _confidence(change: float, base: Reference, policy: Policy) -> float:
-    """1 - the one-sided p-value of tonight's change in its own direction, no change."""
-    if base.pred_sd <= 0:
+def confidence(change: float, sd: float, dof: float, policy: Policy) -> float:
+    """1 - the one-sided p-value of a log change in its own direction under no change: its
+    sd `sd`, the sigma worth `dof`."""
+    if sd <= 0:
         return 1.0 if change else 0.5
-    return round(1 - null_sf(abs(change) / base.pred_sd, base.noise.dof, policy.tail_dof), 4)
+    return round(1 - null_sf(abs(change) / sd, dof, policy.tail_dof), 4)
 
 
 def minimum_detectable(sd: float, dof: float, level: float, floor: float,
@@ -621,7 +630,7 @@ def minimum_detectable(sd: float, dof: float, level: float, floor: float,
 
 def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str | None:
     effect = policy.effect(metric)
-    if mde <= math.log1p(policy.too_noisy * effect):
+    if mde <= policy.too_noisy_above(metric):
         return None
     return (f"too noisy to guard: night-to-night noise {100 * base.noise.sigma:.1f}% over "
             f"{base.nights} nights, so the smallest step caught within two nights is "
@@ -687,7 +696,8 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     change = math.log(value) - base.centre
     worse = -change if METRICS[metric].better == "higher" else change
     level = policy.level(metric)
-    tonight = score(worse, base.pred_sd, base.noise.dof, level, policy)
+    tonight = score(worse, base.pred_sd, base.noise.dof,
+                    policy.level(metric, worse=worse >= 0), policy)
     floor = policy.floor(metric)
     verdict, nights = _decide(worse, tonight, base, floor, previous, policy)
     learning = base.nights < policy.min_history
@@ -725,7 +735,8 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
                                         policy)
     return Verdict(stage_id, metric, verdict, value, baseline_value,
                    round(100 * (value / baseline_value - 1), 3),
-                   None if learning else _confidence(worse, base, policy), detail)
+                   None if learning else confidence(worse, base.pred_sd, base.noise.dof, policy),
+                   detail)
 
 
 def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dict],

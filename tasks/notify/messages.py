@@ -1,6 +1,7 @@
 """Slack messages as Block Kit: pure functions, data in, {"text", "blocks"} out.
 
-- `run_message`: the regressions a run has to tell (new confirmed alerts), grouped by
+- `run_message`: the regressions a run has to tell (new confirmed alerts); first, one line
+  for each change the run's stages flagged together (`across_changes`); then grouped by
   scenario, each with its stage (clients, QoS, rate), metric, baseline -> tonight with
   units (for a metric judged at its covariate, the baseline says so, and its earlier
   nights are listed as measured), % change, confidence, nights of evidence, state and
@@ -109,6 +110,21 @@ def blind_spots(stages: list[dict]) -> list[str]:
             if (c.get("detail") or {}).get("too_noisy")]
 
 
+def across_changes(rows: list[Row], run_id: str) -> list[str]:
+    """One line per change the run's stages flagged together (`Row.across_note`) that two
+    or more rows tell: the metric, the stages those rows are about and what the stages
+    showed together (of an earlier run, which), so a change of the broker on every stage
+    reads as one change."""
+    together: dict[tuple, list[str]] = defaultdict(list)
+    for row in rows:
+        if row.across_note:
+            together[(row.metric, row.fingerprint, row.run_id, row.across_note)].append(
+                row.stage_id)
+    return [f"*one change across stages:* `{metric}`, told here on {', '.join(stages)} · "
+            f"{note}" + ("" if run == run_id else f" (run {run}, not told then)")
+            for (metric, _, run, note), stages in together.items() if len(stages) > 1]
+
+
 def _grouped(rows: list[Row], run_id: str) -> list[str]:
     """Section texts: per scenario, per stage, one line per metric; at most MAX_ROWS rows."""
     by_scenario: dict[str, dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
@@ -156,6 +172,8 @@ def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links
     summary = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
               _section(f"verdicts: {summary or 'none'}")]
+    changes = across_changes(rows, run["run_id"])
+    blocks += [_section("\n".join(changes)[:_SECTION_LIMIT])] if changes else []
     blocks += [_section(text) for text in _grouped(rows, run["run_id"])]
     if blind:
         more = f"\n… and {len(blind) - MAX_ROWS} more in the report" if len(blind) > MAX_ROWS else ""

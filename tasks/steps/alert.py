@@ -42,6 +42,7 @@ from ..notify.messages import (
     sent_late,
     thread_reply,
 )
+from ..analysis.across import flagged_across
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings
@@ -49,7 +50,6 @@ from ..views.history import Histories
 from ..views.tables import (
     across_note,
     covariate_note,
-    flagged_across,
     mde_text,
     verdict_counts,
 )

@@ -19,14 +19,13 @@ a rolling history.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from typing import Any
 
 from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
-from ..analysis.across import judge_across, shares_a_fingerprint
+from ..analysis.across import judge_stages
 from ..analysis.detector import Policy, Verdict, compare_stage, pooled_noise
 from ..fingerprint import same_setup, setup_changes
 from ..run_context import RunContext
@@ -107,22 +106,20 @@ def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Pol
     """Every stage's verdicts, each stage's noise pooled with the other stages of the run
     on its fingerprint, and the broker's own figures judged across those stages too
     (`tasks.analysis.across`)."""
-    per_stage: list[list[Verdict]] = []
-    shared = shares_a_fingerprint(stages)
-    for stage in stages:
+    def judge(i: int, own: Policy) -> list[Verdict]:
+        stage = stages[i]
         given = inputs[stage["stage_id"]]
-        # a stage no other shares its fingerprint with keeps its metrics' whole budget
-        own = policy if stage["fingerprint_hash"] in shared else replace(policy, across_level=0.0)
         others = [inputs[s["stage_id"]]["noise_history"] for s in stages
                   if s["stage_id"] != stage["stage_id"]
                   and s["fingerprint_hash"] == stage["fingerprint_hash"]]
-        per_stage.append(compare_stage(stage["stage_id"], stage["metrics"], stage["validity"],
-                                       given["history"], own, previous=given["previous"],
-                                       release=given["release"], run_id=run_id,
-                                       new_history=given["new_history"],
-                                       peers=pooled_noise(others, policy)))
-    judged = judge_across(per_stage, [s["fingerprint_hash"] for s in stages],
-                          [inputs[s["stage_id"]]["previous"] for s in stages], policy)
+        return compare_stage(stage["stage_id"], stage["metrics"], stage["validity"],
+                             given["history"], own, previous=given["previous"],
+                             release=given["release"], run_id=run_id,
+                             new_history=given["new_history"],
+                             peers=pooled_noise(others, policy))
+
+    judged = judge_stages(judge, [s["fingerprint_hash"] for s in stages],
+                          [inputs[s["stage_id"]]["previous"] for s in stages], policy, run_id)
     return [v for verdicts in judged for v in verdicts]
 
 

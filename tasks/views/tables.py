@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from ..analysis.across import flagged_across
+
 # How a metric not judged tonight because its host ran off its usual pace is counted for a
 # person (its verdict is no_baseline: `tasks.analysis.detector`, "Host pace")
 OFF_PACE = "not judged (host off its pace)"
@@ -71,11 +73,6 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
     return "; ".join(n for n in (flagged, covariate_note(detail, short=short)) if n)
-
-
-def flagged_across(detail: dict) -> bool:
-    """The run's stages together set this verdict (`tasks.analysis.across`)."""
-    return bool((detail.get("across") or {}).get("flagged"))
 
 
 def across_note(detail: dict, *, short: bool = False) -> str:
