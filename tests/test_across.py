@@ -76,6 +76,12 @@ class Suite:
         return {s["stage_id"]: next(c for c in s["comparisons"] if c["metric"] == COST)
                 for s in self.store.stages(run_id)}
 
+    def report(self, run_id: str) -> str:
+        """The run's HTML report, written again from the store (`perfpipe report`)."""
+        out = self.settings.run_dir(run_id) / "again.html"
+        assert main(["report", run_id, "--out", str(out)]) == 0
+        return out.read_text()
+
     def message(self, run_id: str) -> dict:
         return json.loads((self.settings.run_dir(run_id) / "slack_message.json").read_text())
 
@@ -115,6 +121,10 @@ def test_a_broker_3pct_costlier_on_every_stage_is_flagged_by_the_stages_together
     assert ("*one change across stages:* `broker_cpu_s_per_10k`, told here on fanin.q0, "
             "fanin.q1, fanout.q0, fanout.q1 · flagged with its 4 stages: together +3.") in text
     assert "on all 4 stages at once" in text  # the MDE a step on every stage has
+    # the report's "Needs a human" says it too, above the stages' rows
+    attention = suite.report(second_run).split('id="attention"')[1].split("</table>")[0]
+    assert ("One change across stages: <b>broker_cpu_s_per_10k</b> on fanin.q0, fanin.q1, "
+            "fanout.q0, fanout.q1: flagged with its 4 stages: together +3.") in attention
     # a third such night: the shift still began on the first
     third = suite.costs(suite.night(0.03, quiet=True))
     assert {c["verdict"] for c in third.values()} == {"regression"}

@@ -18,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..metrics import METRICS
+from ..views.tables import flagged_together
 
 MAX_ROWS = 10
 _SECTION_LIMIT = 2900
@@ -113,16 +114,12 @@ def blind_spots(stages: list[dict]) -> list[str]:
 def across_changes(rows: list[Row], run_id: str) -> list[str]:
     """One line per change the run's stages flagged together (`Row.across_note`) that two
     or more rows tell: the metric, the stages those rows are about and what the stages
-    showed together (of an earlier run, which), so a change of the broker on every stage
-    reads as one change."""
-    together: dict[tuple, list[str]] = defaultdict(list)
-    for row in rows:
-        if row.across_note:
-            together[(row.metric, row.fingerprint, row.run_id, row.across_note)].append(
-                row.stage_id)
+    showed together (of an earlier run, which)."""
+    changes = flagged_together(((r.metric, r.fingerprint, r.run_id, r.across_note), r.stage_id)
+                               for r in rows if r.across_note)
     return [f"*one change across stages:* `{metric}`, told here on {', '.join(stages)} · "
             f"{note}" + ("" if run == run_id else f" (run {run}, not told then)")
-            for (metric, _, run, note), stages in together.items() if len(stages) > 1]
+            for (metric, _, run, note), stages in changes]
 
 
 def _grouped(rows: list[Row], run_id: str) -> list[str]:

@@ -10,7 +10,8 @@ from html import escape
 
 from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
-from .tables import mde_text, verdict_note
+from ..analysis.across import flagged_across
+from .tables import across_note, flagged_together, mde_text, verdict_note
 from .units import readable, show, unit_of
 
 Histories = dict[str, list[dict]]  # stage id -> its earlier comparable nights, oldest first
@@ -88,6 +89,12 @@ def attention(stages: list[dict], histories: Histories, status: str) -> str:
     if not flagged:
         return ('<div id="attention" class="attention quiet"><h2>Needs a human</h2>'
                 + "".join(notes) + "<p>Nothing tonight: no regression, no suspicion.</p></div>")
+    together = flagged_together(
+        ((c["metric"], stage.get("fingerprint_hash"), across_note(c["detail"], short=True)),
+         stage["stage_id"]) for stage, c in flagged if flagged_across(c.get("detail") or {}))
+    notes += [f"<p>One change across stages: <b>{escape(metric)}</b> on "
+              f"{escape(', '.join(ids))}: {escape(note)}.</p>"
+              for (metric, _, note), ids in together]
     rows = []
     for stage, c in flagged:
         detail, metric = c.get("detail") or {}, c["metric"]

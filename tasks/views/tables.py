@@ -89,6 +89,17 @@ def across_note(detail: dict, *, short: bool = False) -> str:
                          f"{across['mde_pct']:.1f}%)")
 
 
+def flagged_together(entries: Iterable[tuple[tuple, str]]) -> list[tuple[tuple, list[str]]]:
+    """(key, stage id) of verdicts the run's stages flagged together, the key saying which
+    change (its metric, fingerprint and `across_note`, ...): per key, the stages, for the
+    changes two or more of the entries tell, so a change of the broker on every stage reads
+    as one change."""
+    groups: dict[tuple, list[str]] = {}
+    for key, stage in entries:
+        groups.setdefault(key, []).append(stage)
+    return [(key, stages) for key, stages in groups.items() if len(stages) > 1]
+
+
 def mde_text(detail: dict) -> str:
     """'7.6%', or '7.6% (4.2% on all 4 stages at once)' for a metric also judged across
     stages; '' without an MDE."""
