@@ -19,7 +19,9 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from tasks.analysis.detector import Policy, bad_threshold, noise_sigma, t_robust_sigma  # noqa: E402
+from tasks.analysis.noise import noise_sigma  # noqa: E402
+from tasks.analysis.policy import Policy  # noqa: E402
+from tasks.analysis.thresholds import bad_threshold, t_robust_sigma  # noqa: E402
 
 
 def main() -> int:

@@ -41,7 +41,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_detector import recall_bound  # noqa: E402
 
 from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
-from tasks.analysis.detector import Policy, compare_metric, noise_sigma  # noqa: E402
+from tasks.analysis.detector import compare_metric  # noqa: E402
+from tasks.analysis.noise import noise_sigma  # noqa: E402
+from tasks.analysis.policy import Policy  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
 
 TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256

@@ -71,19 +71,10 @@ from scipy.stats import t as student_t
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tasks.analysis.detector import (  # noqa: E402
-    MDE_POWER,
-    T_EFFICIENCY,
-    Policy,
-    Verdict,
-    bad_threshold,
-    compare_stage,
-    judged_metrics,
-    noise_sigma,
-    pooled_noise,
-    t_robust_sigma,
-    t_scale,
-)
+from tasks.analysis.detector import Verdict, compare_stage  # noqa: E402
+from tasks.analysis.noise import T_EFFICIENCY, noise_sigma, pooled_noise, t_scale  # noqa: E402
+from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
+from tasks.analysis.thresholds import MDE_POWER, bad_threshold, t_robust_sigma  # noqa: E402
 from tasks.metrics import METRICS  # noqa: E402
 
 from tasks.analysis.across import judge_stages  # noqa: E402

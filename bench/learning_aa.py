@@ -28,12 +28,10 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from tasks.analysis.detector import (  # noqa: E402
-    Policy,
-    compare_stage,
-    pooled_noise,
-    t_robust_sigma,
-)
+from tasks.analysis.detector import compare_stage  # noqa: E402
+from tasks.analysis.noise import pooled_noise  # noqa: E402
+from tasks.analysis.policy import Policy  # noqa: E402
+from tasks.analysis.thresholds import t_robust_sigma  # noqa: E402
 
 METRIC = "broker_cpu_s_per_10k"
 FLAGS = ("suspected", "regression", "improvement")

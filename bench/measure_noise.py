@@ -55,7 +55,8 @@ sys.path.insert(0, str(REPO))
 from sql import Store  # noqa: E402
 from tasks.analysis import tails as tail_rules  # noqa: E402
 from tasks.analysis.covariate import fit  # noqa: E402
-from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
+from tasks.analysis.noise import noise_sigma  # noqa: E402
+from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.analysis.tails import tails_of_seconds  # noqa: E402
 from tasks.driver.histogram import percentile  # noqa: E402
 from tasks.metrics import METRICS as DEFS  # noqa: E402

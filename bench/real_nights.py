@@ -51,7 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
-from tasks.analysis.detector import Policy, judged_metrics, noise_sigma  # noqa: E402
+from tasks.analysis.noise import noise_sigma  # noqa: E402
+from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
 from tasks.views.summary import NOTABLE  # noqa: E402

@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-from tasks.analysis.detector import t_robust_sigma
+from tasks.analysis.thresholds import t_robust_sigma
 
 LOG_C = np.linspace(-3.0, 3.0, 241)  # the scale factor's log, about the true scale
 CHUNK = 2000  # series per array pass (up to ~2 GB of temporaries for a suite of 4)

@@ -16,7 +16,9 @@ import pytest
 
 from sql import Store
 from tasks.analysis.across import combine, judge_stages
-from tasks.analysis.detector import Policy, Verdict, compare_stage, confidence
+from tasks.analysis.detector import Verdict, compare_stage
+from tasks.analysis.policy import Policy
+from tasks.analysis.thresholds import confidence
 from tasks.cli import main
 from tasks.metrics import DRIVER_CPU
 from tasks.notify.messages import Row, across_changes

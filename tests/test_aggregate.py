@@ -42,7 +42,7 @@ from tasks.driver.output import (  # noqa: E402
     write_json,
 )
 from spark.stage_files import read_samples  # noqa: E402
-from tasks.analysis.detector import Policy, judged_metrics  # noqa: E402
+from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.metrics import (  # noqa: E402
     BROKER_CPU_SERIES,
     LATENCY_STATS,

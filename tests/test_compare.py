@@ -7,16 +7,9 @@ import statistics
 import pytest
 
 from tasks.analysis.changepoint import change_points
-from tasks.analysis.detector import (
-    Policy,
-    baseline_for,
-    compare_stage,
-    judged_metrics,
-    noise_sigma,
-    peer_noise,
-    pooled_noise,
-    t_scale,
-)
+from tasks.analysis.detector import baseline_for, compare_stage
+from tasks.analysis.noise import noise_sigma, peer_noise, pooled_noise, t_scale
+from tasks.analysis.policy import Policy, judged_metrics
 
 RATE = "delivered_rate"
 P99 = "e2e_latency_p99_no_stall"  # the judged tail

@@ -6,7 +6,9 @@ import random
 import pytest
 
 from tasks.analysis.covariate import SLOPE_RANGE, fit
-from tasks.analysis.detector import Policy, compare_stage, pooled_noise
+from tasks.analysis.detector import compare_stage
+from tasks.analysis.noise import pooled_noise
+from tasks.analysis.policy import Policy
 from tasks.metrics import METRICS, MetricDef, check_covariates
 from tasks.views.tables import verdict_note
 

@@ -9,7 +9,9 @@ import random
 
 import pytest
 
-from tasks.analysis.detector import Policy, compare_stage, pooled_noise
+from tasks.analysis.detector import compare_stage
+from tasks.analysis.noise import pooled_noise
+from tasks.analysis.policy import Policy
 from tasks.metrics import DRIVER_CPU, HOST_PACE, METRICS, MetricDef, check_covariates
 from tasks.views.tables import OFF_PACE, verdict_counts, verdict_note
 

@@ -404,7 +404,7 @@ def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
 
 def test_a_changed_setup_starts_a_new_history_in_the_compare_step_and_the_report(
         store: Store) -> None:
-    from tasks.analysis.detector import Policy
+    from tasks.analysis.policy import Policy
     from tasks.steps.compare import record_verdicts, release_stages, stage_inputs
     from tasks.steps.report import stored_histories
 
@@ -474,7 +474,7 @@ def judge_one(store: Store, run_id: str, verdict: str = "learning",
               change_pct: float = 0.5) -> list[int]:
     """Record one delivered_rate verdict for the run's only stage through the compare step's
     own inputs (its setup cut and host fingerprint); returns the changed alerts' ids."""
-    from tasks.analysis.detector import Policy
+    from tasks.analysis.policy import Policy
     from tasks.steps.compare import record_verdicts, stage_inputs
 
     (tonight,) = store.stages(run_id)

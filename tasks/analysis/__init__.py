@@ -1,2 +1,3 @@
-"""Pure judgement: the regression detector, change points, validity gates, fail-fast rules.
-Data in, verdicts out; no I/O."""
+"""Pure judgement: the regression detector (detector, with its policy, nights, noise and
+thresholds), the broker's figures across stages, change points, covariates, tails,
+validity gates, fail-fast rules. Data in, verdicts out; no I/O."""

@@ -50,7 +50,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..metrics import METRICS
-from .detector import Policy, Verdict, confidence, minimum_detectable, prior_nights, score
+from .detector import Verdict, prior_nights
+from .policy import Policy
+from .thresholds import confidence, minimum_detectable, score
 
 MIN_STAGES = 2  # stages judged together: one alone is its own test
 BROAD_STAGES = 3  # from this many, the others must rise too without the largest stage ...

@@ -1,5 +1,11 @@
 """Regression verdicts: pure functions, data in, verdicts out.
 
+The rules are told here and decided in this module (`compare_stage`, `compare_metric`);
+their parts live beside it: `policy` (the settings), `nights` (which earlier nights a
+metric is judged on), `noise` (their noise, pooled over the run's stages) and
+`thresholds` (what a change over its sd means under no change); `across` judges the
+broker's own figures across the run's stages after this module.
+
 Like with like: the caller passes only earlier nights of the same stage key (scenario,
 stage, broker) on the same fingerprint. For each judged metric (`tasks.metrics`: a
 better-direction and a minimum practical effect) of a valid stage:
@@ -9,13 +15,13 @@ better-direction and a minimum practical effect) of a valid stage:
   human accepted or called a false positive and no next night cleared). Release: the
   pinned release run's value, with the noise still measured on the rolling history.
 - **Noise.** Changes are log ratios. A history's noise sigma is the Student t maximum-
-  likelihood scale of its nights' logs (`t_scale`, in the units of the robust sigma,
+  likelihood scale of its nights' logs (`noise.t_scale`, in the units of the robust sigma,
   1.4826 x MAD, that `bench/measure_noise.py` measures), worth 0.49 (n - 1) degrees of
   freedom on t3 noise against the MAD's 0.30 (`bench/bench_detector.py` measures both).
   Twenty nights still pin a sigma down only to about +-23%, and that costs a detector
   much of its power. So the noise is pooled over the
   other stages of the run that share this stage's fingerprint and are past learning
-  (`pooled_noise`), weighted by their degrees of freedom, with this stage's own, unless
+  (`noise.pooled_noise`), weighted by their degrees of freedom, with this stage's own, unless
   this stage is noisier than they are (a one-sided F test at `Policy.pool_level`): a stage
   never borrows a quieter neighbour's noise. Nor before its own nights can show it: with
   8 nights that test misses a stage twice as noisy as its 3 peers 1 time in 5, and each
@@ -36,12 +42,12 @@ better-direction and a minimum practical effect) of a valid stage:
   baseline and noise are taken from the nights moved along the slope (a degree of freedom
   fewer), the baseline is moved to tonight's covariate (the baseline value the verdict
   shows), and the slope's own error adds to tonight's sd. Peers pool their noise the same
-  way (`Peers.adjusted`); a learning stage and its doubt floor use the values as they are.
+  way (`noise.Peers.adjusted`); a learning stage and its doubt floor use the values as they are.
 - **Host pace.** A metric gated by the host's pace (`MetricDef.gated_by`: the latency
   metrics, on `host_pace_us`) is not judged on a night whose host ran more than
   `Policy.pace_gate` off its usual pace (the median of the newest `window` nights', once
   `min_history` have one), or against a release whose night did: `no_baseline`, with the
-  reason; and such nights stay out of its baseline, noise and change point (`off_pace`: a
+  reason; and such nights stay out of its baseline, noise and change point (`nights.off_pace`: a
   stage whose nights at the usual pace are fewer than `min_history` is learning again).
   On this machine's real nights (bench/README.md, real_nights.py) every false change
   verdict of 20 unchanged nights fell on such a night: the host 27% to 62% slower, e2e
@@ -53,7 +59,7 @@ better-direction and a minimum practical effect) of a valid stage:
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
   is bad when its change reaches the threshold at which two given nights judged against
   the same estimated sigma are both bad with probability `Policy.level` under no
-  change (`bad_threshold`; a shared sigma that came out too small makes both bad at once,
+  change (`thresholds.bad_threshold`; a shared sigma that came out too small makes both bad at once,
   so with few d.o.f. the threshold sits well above a single night's quantile), and at
   least the effect floor (`effect_floor` x the minimum practical effect). Detail `score`
   is the change over that threshold: 1 or more is bad.
@@ -76,7 +82,7 @@ better-direction and a minimum practical effect) of a valid stage:
   change of at least `large_step` that is also `doubt_spread` times the widest deviation
   the history has shown (with at least `doubt_nights` nights to show it) and beyond the
   two-night threshold at `doubt_level` with the noise of the stage's peers (the run's
-  other stages on this fingerprint with at least `PEER_NIGHTS` nights, learning or not),
+  other stages on this fingerprint with at least `noise.PEER_NIGHTS` nights, learning or not),
   two nights in a row, is a `regression`. One such night is still `learning`, its detail
   says so. A stage without peers has the swing alone: five nights that swing little by
   chance say nothing of the noise, and no threshold from them would either
@@ -110,79 +116,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from dataclasses import asdict, dataclass
 from typing import Any
-
-import numpy as np
-from scipy.special import stdtr, stdtrit
-from scipy.stats import chi2
-from scipy.stats import f as f_dist
 
 from ..metrics import FLAGGED, METRICS
 from .changepoint import change_points
-from .covariate import Fit, fit, log_of
+from .covariate import Fit, log_of
+from .nights import at_usual_pace, judged_logs, off_pace, usable_nights, usual_pace
+from .noise import Noise, Peers, noise_of, pooled_with_peers
+from .policy import Policy, judged_metrics
+from .thresholds import (
+    bad_threshold,
+    confidence,
+    minimum_detectable,
+    null_quantile,
+    score,
+)
 
 _Z95 = 1.6448536269514722  # one-sided 95% normal quantile
-T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
-T_SCALE_CAP = 1.5  # t_scale never exceeds this x the MAD's sigma (wild nights)
-MDE_POWER = 0.9  # the minimum detectable effect is caught within two nights this often
-PEER_NIGHTS = 3  # a peer's nights before its noise counts for the doubt floor
-
-
-@dataclass(frozen=True)
-class Policy:
-    false_alarm_level: float = 3e-4  # two given nights both bad under no change: this unlikely
-    tail_dof: float = 3.0  # the nights' noise law: Student t with this many d.o.f.
-    min_history: int = 8  # own baseline nights before judging: learning before
-    window: int = 30  # newest baseline nights used
-    pool_level: float = 0.25  # one-sided F test: this stage no noisier than its peers
-    pool_power: float = 0.9  # ... pooled only once that test sees a stage `pool_guard`
-    pool_guard: float = 2.0  # ... times as noisy as its peers (in sigma) this often
-    effect_floor: float = 0.3  # never flag a change below this fraction of the min effect
-    large_step: float = 0.15  # confirmed at once when plausibly at least this large ...
-    large_level: float = 4e-5  # ... and one night alone this unlikely under no change
-    large_history: int = 10  # ... measured over at least this many nights
-    doubt_spread: float = 5.0  # learning: flagged beyond this x the history's widest swing
-    doubt_nights: int = 5  # ... shown by at least this many nights
-    doubt_level: float = 4e-5  # ... and two nights beyond the peers' noise this unlikely
-    too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
-    pace_gate: float = 0.2  # a gated metric is not judged on a host this much off its pace
-    across_level: float = 1e-4  # a metric judged across stages too: that test's share of
-    # false_alarm_level (its own nights' test has the rest: `tasks.analysis.across`)
-    min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics
-
-    def effect(self, metric: str) -> float:
-        return self.min_effect.get(metric, METRICS[metric].min_effect)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.across_level < self.false_alarm_level:
-            raise ValueError(f"Policy.across_level {self.across_level:g}: give 0 or more, "
-                             f"under false_alarm_level {self.false_alarm_level:g}")
-
-    def floor(self, metric: str) -> float:
-        """The log change below which `metric` is never flagged: `effect_floor` x its
-        minimum effect."""
-        return math.log1p(self.effect_floor * self.effect(metric))
-
-    def level(self, metric: str, *, worse: bool = True) -> float:
-        """The false-alarm level of a stage's own two-night test of `metric` in the worse
-        direction (`worse`) or the better one: the whole `false_alarm_level`, less
-        `across_level` where the metric is also judged across stages (only in the worse
-        direction)."""
-        across = self.across_level if worse and METRICS[metric].across_stages else 0.0
-        return self.false_alarm_level - across
-
-    def too_noisy_above(self, metric: str) -> float:
-        """The log MDE above which `metric` is too noisy to guard: `too_noisy` x its
-        minimum effect."""
-        return math.log1p(self.too_noisy * self.effect(metric))
-
-    @property
-    def history_nights(self) -> int:
-        """How many earlier nights a stage is judged on (held-out ones and the change
-        point's search included): twice the baseline window."""
-        return 2 * self.window
 
 
 @dataclass(frozen=True)
@@ -201,15 +152,6 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Noise:
-    """A noise estimate of one metric: sigma of the nights' logs and what it is worth."""
-
-    sigma: float
-    dof: float  # effective degrees of freedom
-    stages: int = 1  # histories it was estimated from
-
-
-@dataclass(frozen=True)
 class Reference:
     """What tonight's metric is compared with, already reduced to numbers."""
 
@@ -224,192 +166,6 @@ class Reference:
     fit: Fit | None = None  # the nights on their covariate, when judged at tonight's value
 
 
-def judged_metrics(policy: Policy) -> list[str]:
-    return [m.name for m in METRICS.values() if m.better != "none" and policy.effect(m.name) > 0]
-
-
-def noise_sigma(logs: list[float]) -> float:
-    """1.4826 x MAD: the robust sigma, as `bench/measure_noise.py` measures the machine's
-    noise; the unit and the cap of the detector's own estimate, `t_scale`."""
-    centre = statistics.median(logs)
-    return 1.4826 * statistics.median(abs(v - centre) for v in logs)
-
-
-def _usable(metric: str, history: list[dict], policy: Policy) -> list[dict]:
-    """The baseline nights of `metric`, newest first: a usable value, not held out, and
-    for a metric gated by the host's pace (`MetricDef.gated_by`), on a host at its usual
-    pace (`off_pace`)."""
-    recorded = [night for night in history if (night["metrics"].get(metric) or 0) > 0
-                and metric not in night.get("held_out", ())]
-    return _at_usual_pace(metric, recorded, history, policy)[:policy.window]
-
-
-def _at_usual_pace(metric: str, nights: list[dict], history: list[dict],
-                   policy: Policy) -> list[dict]:
-    """`nights` but those whose host ran off the usual pace of `history`, for a metric
-    gated by the host's pace (`MetricDef.gated_by`); all of them for another."""
-    gate = METRICS[metric].gated_by
-    usual = usual_pace(history, gate, policy) if gate else None
-    if usual is None:
-        return nights
-    return [night for night in nights
-            if off_pace(night["metrics"].get(gate), usual, policy) is None]
-
-
-def usual_pace(history: list[dict], gate: str, policy: Policy) -> float | None:
-    """The median log host pace (`gate`) over the newest `window` nights, of those that
-    recorded one, if at least `min_history` did (held-out and off-pace nights count: the
-    usual pace is the host's, whatever a metric did)."""
-    paces = [x for night in history[:policy.window]
-             if (x := log_of(night["metrics"].get(gate))) is not None]
-    return statistics.median(paces) if len(paces) >= policy.min_history else None
-
-
-def off_pace(pace: float | None, usual: float | None, policy: Policy) -> float | None:
-    """How far (log) a night's host pace is from the usual one, when it is more than
-    `pace_gate` off it: a pace that much higher (a slower host) or lower (a faster one).
-    None when it is not, or either is unknown."""
-    tonight = log_of(pace)
-    if tonight is None or usual is None:
-        return None
-    off = tonight - usual
-    beyond = off > math.log1p(policy.pace_gate) or off < math.log1p(-min(policy.pace_gate, 0.99))
-    return off if beyond else None
-
-
-def _logs(metric: str, history: list[dict], policy: Policy) -> list[float]:
-    """The baseline nights' logs, newest first."""
-    return [math.log(night["metrics"][metric]) for night in _usable(metric, history, policy)]
-
-
-def _judged_logs(metric: str, history: list[dict], policy: Policy,
-                 adjust: bool) -> tuple[list[float], Fit | None]:
-    """The nights' logs the metric is judged on. With `adjust`, for a metric with a
-    covariate (`MetricDef.adjusted_by`) of which at least `min_history` of these nights
-    have a value: those nights, each moved along the fitted slope to their median covariate
-    (`tasks.analysis.covariate`), and the fit. Else the nights' logs as they are."""
-    by = METRICS[metric].adjusted_by
-    if adjust and by:
-        pairs = [(math.log(night["metrics"][metric]), x)
-                 for night in _usable(metric, history, policy)
-                 if (x := log_of(night["metrics"].get(by))) is not None]
-        if len(pairs) >= policy.min_history:
-            fitted = fit(pairs)
-            return [fitted.adjust(y, x) for y, x in pairs], fitted
-    return _logs(metric, history, policy), None
-
-
-def _noise_of(logs: list[float], policy: Policy, dof_lost: int = 0) -> Noise:
-    """The noise of one history's logs (at least one) and its degrees of freedom, less
-    `dof_lost` (a slope fitted to them: 1)."""
-    return Noise(t_scale(tuple(logs), policy.tail_dof),
-                 max(1.0, T_EFFICIENCY * (len(logs) - 1 - dof_lost)))
-
-
-@lru_cache(maxsize=8192)
-def t_scale(logs: tuple[float, ...], tail: float) -> float:
-    """The nights' noise as the Student t (`tail` d.o.f.) maximum-likelihood scale of their
-    logs about their median, in robust-sigma units (x the t's own robust sigma, so it
-    estimates what `noise_sigma` does on that law). On t3 noise it is worth about 0.49
-    (n - 1) degrees of freedom against the MAD's 0.30, and every threshold that allows for
-    the estimate is that much narrower (`bench/bench_detector.py` prints both).
-
-    The t likelihood gives way when more than 1 night in `tail` + 1 is wild (the MAD holds
-    to half): two nights at +110% in 8 made it 4 times the MAD. So it is capped at
-    `T_SCALE_CAP` x the MAD's sigma, which t3 noise alone almost never reaches (the d.o.f.
-    above are measured with the cap). Solved by Newton's method on the likelihood
-    equation in the squared scale, from the MAD's. 0 where the MAD is 0, as before: most
-    nights equal, the change is judged against the effect floor alone."""
-    mad_sigma = noise_sigma(list(logs))
-    if mad_sigma <= 0:
-        return 0.0
-    centre = statistics.median(logs)
-    squares = [(v - centre) ** 2 for v in logs]
-    q = (mad_sigma / t_robust_sigma(tail)) ** 2  # the squared scale
-    for _ in range(100):
-        # mean((tail + 1) r^2 / (tail q + r^2)) = 1: decreasing and convex in q
-        terms = [(tail + 1) * r2 / (tail * q + r2) for r2 in squares]
-        excess = sum(terms) / len(terms) - 1
-        slope = -sum(t * tail / (tail * q + r2) for t, r2 in zip(terms, squares)) / len(terms)
-        step = excess / slope
-        q = q - step if q - step > 0 else q / 2
-        if abs(step) <= 1e-10 * q or abs(excess) < 1e-12:
-            break
-    return min(math.sqrt(q) * t_robust_sigma(tail), T_SCALE_CAP * mad_sigma)
-
-
-@dataclass(frozen=True)
-class Peers:
-    """A metric's noise over the run's other stages on this stage's fingerprint."""
-
-    judged: Noise | None  # over those past learning: pooled with this stage's own
-    doubt: Noise | None  # over all with `PEER_NIGHTS` or more, learning or not: the floor
-    # over those whose nights were moved along their covariate (`_judged_logs`): pooled
-    # with a stage's own when its nights were too (like with like)
-    adjusted: Noise | None = None
-
-
-def _pool(noises: list[Noise]) -> Noise | None:
-    """Variances weighted by their degrees of freedom."""
-    if not noises:
-        return None
-    dof = sum(n.dof for n in noises)
-    return Noise(math.sqrt(sum(n.dof * n.sigma ** 2 for n in noises) / dof), dof, len(noises))
-
-
-def peer_noise(histories: list[list[dict]], metric: str, policy: Policy) -> Peers | None:
-    """The noise of `metric` pooled over other stages' histories. Only histories past
-    learning are pooled with a stage's own: their values as they are (`Peers.judged`), or
-    moved along their covariate where the metric has one and they have its nights
-    (`Peers.adjusted`), for a stage judged the same way; every history with a few nights
-    bounds from below what a learning stage calls beyond doubt (`Peers.doubt`, on the
-    values as they are, as a learning stage is judged): five nights that swing little by
-    chance must not vouch for themselves alone."""
-    noises = [(len(logs), _noise_of(logs, policy)) for h in histories
-              if len(logs := _logs(metric, h, policy)) >= min(PEER_NIGHTS, policy.min_history)]
-    if not noises:
-        return None
-    adjusted = []
-    for history in histories if METRICS[metric].adjusted_by else ():
-        logs, fitted = _judged_logs(metric, history, policy, adjust=True)
-        if fitted is not None:
-            adjusted.append(_noise_of(logs, policy, dof_lost=1))
-    # a sigma of 0 (two of three nights alike) or not finite would lower the floor unseen
-    return Peers(_pool([noise for n, noise in noises if n >= policy.min_history]),
-                 _pool([noise for n, noise in noises if n >= PEER_NIGHTS
-                        and math.isfinite(noise.sigma) and noise.sigma > 0]),
-                 _pool(adjusted))
-
-
-def pooled_noise(histories: list[list[dict]], policy: Policy) -> dict[str, Peers]:
-    """metric -> its noise over `histories` (the run's other stages on this fingerprint),
-    for every judged metric any of them has `PEER_NIGHTS` nights of."""
-    return {m: peers for m in judged_metrics(policy)
-            if (peers := peer_noise(histories, m, policy)) is not None}
-
-
-@lru_cache(maxsize=4096)
-def pool_test_power(own_dof: float, peers_dof: float, level: float, guard: float) -> float:
-    """How often the F test that keeps a noisier stage apart catches one `guard` times as
-    noisy as its peers (in sigma), at these degrees of freedom."""
-    critical = float(f_dist.isf(level, own_dof, peers_dof))
-    return float(f_dist.sf(critical / guard ** 2, own_dof, peers_dof))
-
-
-def _pooled(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
-    """This stage's noise with its peers', when the two are in line (else its own)."""
-    if peers is None or own.sigma <= 0 or peers.sigma <= 0:
-        return own
-    power = pool_test_power(own.dof, peers.dof, policy.pool_level, policy.pool_guard)
-    if power < policy.pool_power:
-        return own  # too few nights of its own to tell whether it is the noisier one
-    ratio = (own.sigma / peers.sigma) ** 2
-    if float(f_dist.sf(ratio, own.dof, peers.dof)) < policy.pool_level:
-        return own  # noisier than its peers: theirs would make its noise look quieter
-    both = _pool([own, peers])
-    return Noise(both.sigma, both.dof, peers.stages + 1)
-
-
 def baseline_for(metric: str, history: list[dict], release: dict | None, policy: Policy,
                  peers: Peers | None = None, covariate: float | None = None) -> Reference | None:
     """None when there is nothing to compare with. `covariate`: tonight's value of the
@@ -421,7 +177,7 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
     anchor = None  # the release night's log covariate
     if release is not None and at is not None:
         anchor = log_of(release["metrics"].get(by))
-    logs, fitted = _judged_logs(metric, history, policy,
+    logs, fitted = judged_logs(metric, history, policy,
                                 adjust=at is not None and (release is None or anchor is not None))
     n = len(logs)
     if release is not None:
@@ -433,10 +189,10 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
         centre = statistics.median(logs)
     else:
         return None
-    own = _noise_of(logs, policy, int(fitted is not None)) if n else Noise(0.0, 1.0)
+    own = noise_of(logs, policy, int(fitted is not None)) if n else Noise(0.0, 1.0)
     learning = n < policy.min_history
     pool = (peers.judged if fitted is None else peers.adjusted) if peers else None
-    noise = own if learning else _pooled(own, pool, policy)
+    noise = own if learning else pooled_with_peers(own, pool, policy)
     factor = _pred_factor(n, release is not None)
     pred_sd = noise.sigma * factor
     mid = statistics.median(logs) if n else centre
@@ -459,65 +215,6 @@ def _pred_factor(n: int, release: bool) -> float:
     return math.sqrt(2) if release else math.sqrt(1 + math.pi / (2 * n))
 
 
-@lru_cache(maxsize=512)
-def _scale_ratios(dof: float) -> np.ndarray:
-    """Quantiles of (estimated sigma / true sigma) for a sigma worth `dof` degrees of
-    freedom: sqrt(chi2 / dof) at 64 evenly spaced probabilities."""
-    probabilities = (np.arange(64) + 0.5) / 64
-    return np.sqrt(chi2.ppf(probabilities, dof) / dof)
-
-
-@lru_cache(maxsize=16)
-def t_robust_sigma(tail: float) -> float:
-    """The robust sigma (1.4826 x MAD) of a Student t with `tail` d.o.f., in its own scale."""
-    return 1.4826 * float(stdtrit(tail, 0.75))
-
-
-def _sf_by_scale(u: float, dof: float, tail: float) -> np.ndarray:
-    """P(U >= u) under no change at each quantile of the estimated sigma's scale ratio
-    (`_scale_ratios`): the nights' noise a Student t with `tail` d.o.f. at the robust
-    sigma, the sigma estimated with `dof` d.o.f."""
-    return stdtr(tail, -u * t_robust_sigma(tail) * _scale_ratios(round(dof, 1)))
-
-
-def null_sf(u: float, dof: float, tail: float) -> float:
-    """P(U >= u) under no change, where U is tonight's change over its sd as estimated."""
-    return float(np.mean(_sf_by_scale(u, dof, tail)))
-
-
-@lru_cache(maxsize=4096)
-def null_quantile(level: float, dof: float, tail: float) -> float:
-    """The u that a change over its sd exceeds with probability `level` under no change."""
-    return _solve(lambda u: null_sf(u, dof, tail), level)
-
-
-@lru_cache(maxsize=4096)
-def bad_threshold(level: float, dof: float, tail: float) -> float:
-    """The u above which a night is bad: two nights judged against the same estimated
-    sigma are both bad with probability `level` under no change. Their sigma is shared,
-    so a sigma estimated too small makes both bad at once: the threshold allows for it
-    (with few degrees of freedom it sits well above the single night's quantile)."""
-    return _solve(lambda u: float(np.mean(_sf_by_scale(u, dof, tail) ** 2)), level)
-
-
-def _solve(decreasing, level: float) -> float:
-    """The u where a decreasing function of u crosses `level` (bisection)."""
-    low, high = -1e3, 1e3
-    for _ in range(80):
-        mid = (low + high) / 2
-        low, high = (mid, high) if decreasing(mid) > level else (low, mid)
-    return high
-
-
-def score(change: float, sd: float, dof: float, level: float, policy: Policy) -> float:
-    """A log change (positive: the direction tested) with sd `sd` under no change, its
-    sigma worth `dof`, in units of the bad-night threshold at `level`: 1 or more is a bad
-    night (`bad_threshold`)."""
-    if sd <= 0:
-        return 0.0 if change == 0 else math.copysign(1e3, change)
-    return change / sd / bad_threshold(level, round(dof, 1), policy.tail_dof)
-
-
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
            fitted: Fit | None, covariate: float | None, policy: Policy) -> dict | None:
     """Where the latest level shift began, over every recent value (held-out ones too, not
@@ -528,7 +225,7 @@ def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
     by = METRICS[metric].adjusted_by
     recorded = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
                 and (fitted is None or log_of(h["metrics"].get(by)) is not None)]
-    past = _at_usual_pace(metric, recorded, history, policy)
+    past = at_usual_pace(metric, recorded, history, policy)
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
     logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
     if fitted is not None:
@@ -610,24 +307,6 @@ def _learning(change: float, base: Reference, prior: int, previous: dict,
     return "learning", 0
 
 
-def confidence(change: float, sd: float, dof: float, policy: Policy) -> float:
-    """1 - the one-sided p-value of a log change in its own direction under no change: its
-    sd `sd`, the sigma worth `dof`."""
-    if sd <= 0:
-        return 1.0 if change else 0.5
-    return round(1 - null_sf(abs(change) / sd, dof, policy.tail_dof), 4)
-
-
-def minimum_detectable(sd: float, dof: float, level: float, floor: float,
-                       policy: Policy) -> float:
-    """The smallest log step caught within two nights with `MDE_POWER` probability: two bad
-    nights in a row at `level`, each night bad with probability sqrt(MDE_POWER) when its
-    change is the step plus `sd` times the noise law of `null_sf`."""
-    dof, tail = round(dof, 1), policy.tail_dof
-    step = bad_threshold(level, dof, tail) + null_quantile(1 - math.sqrt(MDE_POWER), dof, tail)
-    return max(floor, sd * step)
-
-
 def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str | None:
     effect = policy.effect(metric)
     if mde <= policy.too_noisy_above(metric):
@@ -652,7 +331,7 @@ def _off_pace_verdict(stage_id: str, metric: str, value: float, history: list[di
         if off is not None:
             median = its_pace / math.exp(off)
             return Verdict(stage_id, metric, "no_baseline", value, None, None, None, {
-                "history": len(_usable(metric, history, policy)), "baseline": kind,
+                "history": len(usable_nights(metric, history, policy)), "baseline": kind,
                 "off_pace_pct": round(100 * math.expm1(off), 1), "note": (
                     f"not judged: {night} the host ran {abs(math.expm1(off)):.0%} "
                     f"{'slower' if off > 0 else 'faster'} than on its usual nights "

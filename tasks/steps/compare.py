@@ -26,7 +26,9 @@ from sql.alerts import alert_key
 
 from .. import rundir
 from ..analysis.across import judge_stages
-from ..analysis.detector import Policy, Verdict, compare_stage, pooled_noise
+from ..analysis.detector import Verdict, compare_stage
+from ..analysis.noise import pooled_noise
+from ..analysis.policy import Policy
 from ..fingerprint import same_setup, setup_changes
 from ..run_context import RunContext
 from . import Call

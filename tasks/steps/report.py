@@ -10,7 +10,7 @@ from pathlib import Path
 from sql import Store
 
 from .. import rundir
-from ..analysis.detector import Policy
+from ..analysis.policy import Policy
 from ..run_context import RunContext
 from ..settings import load_settings
 from ..views.history import Histories

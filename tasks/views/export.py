@@ -97,7 +97,7 @@ def otava_name(stage_key: str, fingerprint_hash: str | None) -> str:
 def otava_metrics(stage: dict) -> list[str]:
     """The columns of a stage's Otava file: the metrics perfpipe judges that it has."""
     # imported here: the detector loads scipy, which `perfpipe --help` need not wait for
-    from ..analysis.detector import Policy, judged_metrics
+    from ..analysis.policy import Policy, judged_metrics
 
     return [m for m in judged_metrics(Policy()) if stage["metrics"].get(m) is not None]
 
