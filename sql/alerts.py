@@ -22,8 +22,7 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from tasks.analysis.across import flagged_across
-from tasks.metrics import OPEN_ALERT_STATUSES
+from tasks.metrics import OPEN_ALERT_STATUSES, flagged_across
 
 from .common import StoreError, check, finite, row_dict
 from .models import Alert, Comparison, Run, Stage

@@ -211,6 +211,14 @@ VERDICTS = ("regression", "suspected", "improvement", "unchanged", "learning", "
             "invalid")
 # A bad night: its value stays out of later baselines, and its alert is opened or confirmed.
 FLAGGED = ("suspected", "regression")
+
+
+def flagged_across(detail: dict) -> bool:
+    """The run's stages together set the verdict of this detail (its `across.flagged`,
+    written by `tasks.analysis.across`): one change of the broker, seen on every stage."""
+    return bool((detail.get("across") or {}).get("flagged"))
+
+
 # An alert's lifecycle (sql/alerts.py): the statuses while it is open, then the closing ones.
 OPEN_ALERT_STATUSES = ("new", "suspected", "confirmed", "acked")
 ALERT_STATUSES = OPEN_ALERT_STATUSES + ("fixed", "accepted", "false_positive", "recovered",

@@ -22,6 +22,7 @@ from tasks.analysis.thresholds import confidence
 from tasks.cli import main
 from tasks.metrics import DRIVER_CPU
 from tasks.notify.messages import Row, across_changes
+from tasks.views.history import attention
 from tasks.run_context import RunContext
 from tasks.settings import Settings
 from tasks.steps import execute
@@ -125,8 +126,8 @@ def test_a_broker_3pct_costlier_on_every_stage_is_flagged_by_the_stages_together
     assert "on all 4 stages at once" in text  # the MDE a step on every stage has
     # the report's "Needs a human" says it too, above the stages' rows
     attention = suite.report(second_run).split('id="attention"')[1].split("</table>")[0]
-    assert ("One change across stages: <b>broker_cpu_s_per_10k</b> on fanin.q0, fanin.q1, "
-            "fanout.q0, fanout.q1: flagged with its 4 stages: together +3.") in attention
+    assert ("One change across stages: <b>broker_cpu_s_per_10k</b> flagged on fanin.q0, "
+            "fanin.q1, fanout.q0, fanout.q1 (its 4 stages together +3.") in attention
     # a third such night: the shift still began on the first
     third = suite.costs(suite.night(0.03, quiet=True))
     assert {c["verdict"] for c in third.values()} == {"regression"}
@@ -295,6 +296,27 @@ def test_slack_tells_a_change_of_every_stage_once_as_its_rows_show_it():
     assert across_changes([row("a", "r1"), row("b", "r1"), row("c")], "r2") == [
         "*one change across stages:* `broker_cpu_s_per_10k`, told here on a, b · flagged "
         "with its 4 stages: together +3.1% (run r1, not told then)"]
+
+
+def test_the_report_names_each_change_across_stages_even_on_one_stage():
+    def stage(stage_id: str, fp: str, flagged: bool, change: float = 3.1) -> dict:
+        across = {"stages": 4, "change_pct": change, "flagged": flagged, "bad": flagged}
+        return {"stage_id": stage_id, "run_id": "r2", "fingerprint_hash": fp,
+                "metrics": {COST: 1.03}, "comparisons": [{
+                    "metric": COST, "verdict": "suspected", "baseline_value": 1.0,
+                    "value": 1.03, "change_pct": 3.0, "confidence": 0.99,
+                    "detail": {"nights": 1, "across": across}}]}
+    # one stage flagged by the stages' test (the others by their own, say) still gets its
+    # line: the row below it carries no note
+    one = attention([stage("a<b", "fp1", True), stage("c", "fp1", False)], {}, "ok")
+    assert one.count("One change across stages") == 1
+    assert ("<b>broker_cpu_s_per_10k</b> flagged on a&lt;b (its 4 stages together +3.1%)."
+            in one)  # escaped
+    # two fingerprints' changes are two lines, each naming its fingerprint
+    two = attention([stage("a", "fp1", True), stage("b", "fp1", True),
+                     stage("c", "fp2", True, 5.0), stage("d", "fp2", True, 5.0)], {}, "ok")
+    assert "flagged on a, b (its 4 stages together +3.1%, fingerprint fp1)" in two
+    assert "flagged on c, d (its 4 stages together +5.0%, fingerprint fp2)" in two
 
 
 def test_the_combination_is_inverse_variance_weighted():

@@ -49,7 +49,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..metrics import METRICS
+from ..metrics import METRICS, flagged_across
 from .detector import Verdict, prior_nights
 from .policy import Policy
 from .thresholds import confidence, minimum_detectable, score
@@ -91,16 +91,11 @@ class Combined:
                 "bad": bad, "flagged": flagged}
 
 
-def flagged_across(detail: dict) -> bool:
-    """The run's stages together set the verdict of this detail."""
-    return bool((detail.get("across") or {}).get("flagged"))
-
-
 def usable(evidence: list[dict]) -> list[dict]:
     return [e for e in evidence if e["sd"] > 0]
 
 
-def _pooled(metric: str, kept: list[dict], policy: Policy) -> Combined:
+def _weighted(metric: str, kept: list[dict], policy: Policy) -> Combined:
     weights = [1 / e["sd"] ** 2 for e in kept]
     change = sum(w * e["change"] for w, e in zip(weights, kept)) / sum(weights)
     sd, dof = 1 / math.sqrt(sum(weights)), min(e["dof"] for e in kept)
@@ -118,11 +113,11 @@ def combine(metric: str, evidence: list[dict], policy: Policy) -> Combined | Non
     kept = usable(evidence)
     if len(kept) < MIN_STAGES:
         return None
-    pooled = _pooled(metric, kept, policy)
+    pooled = _weighted(metric, kept, policy)
     if len(kept) < BROAD_STAGES or not pooled.bad:
         return pooled
     most = max(kept, key=lambda e: e["change"] / e["sd"])
-    rest = _pooled(metric, [e for e in kept if e is not most], policy)
+    rest = _weighted(metric, [e for e in kept if e is not most], policy)
     return replace(pooled, broad=rest.change >= BROAD_Z * rest.sd)
 
 

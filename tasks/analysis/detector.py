@@ -1,10 +1,11 @@
 """Regression verdicts: pure functions, data in, verdicts out.
 
-The rules are told here and decided in this module (`compare_stage`, `compare_metric`);
-their parts live beside it: `policy` (the settings), `nights` (which earlier nights a
-metric is judged on), `noise` (their noise, pooled over the run's stages) and
-`thresholds` (what a change over its sd means under no change); `across` judges the
-broker's own figures across the run's stages after this module.
+The rules are told here whole; this module decides the verdicts (`compare_stage`,
+`compare_metric`) with its parts beside it: `policy` (the settings), `nights` (which
+earlier nights a metric is judged on: held out, the pace gate, the covariate), `noise`
+(their noise, pooled over the run's stages behind the F test) and `thresholds` (what a
+change over its sd means under no change); `across` judges the broker's own figures
+across the run's stages after this module.
 
 Like with like: the caller passes only earlier nights of the same stage key (scenario,
 stage, broker) on the same fingerprint. For each judged metric (`tasks.metrics`: a
@@ -178,7 +179,7 @@ def baseline_for(metric: str, history: list[dict], release: dict | None, policy:
     if release is not None and at is not None:
         anchor = log_of(release["metrics"].get(by))
     logs, fitted = judged_logs(metric, history, policy,
-                                adjust=at is not None and (release is None or anchor is not None))
+                               adjust=at is not None and (release is None or anchor is not None))
     n = len(logs)
     if release is not None:
         value = release["metrics"].get(metric)
@@ -430,7 +431,7 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
     pinned release run's stage ({"label", "run_id", "metrics"}) for a release run;
     new_history: why the history is empty (e.g. a changed fingerprint), said in the
     no-baseline verdicts; peers: metric -> its noise pooled over the run's other stages on
-    this fingerprint (`peer_noise`).
+    this fingerprint (`noise.pooled_noise`).
     """
     names = [m for m in judged_metrics(policy) if metrics.get(m) is not None]
     if validity != "valid":

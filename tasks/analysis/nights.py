@@ -25,7 +25,7 @@ def usable_nights(metric: str, history: list[dict], policy: Policy) -> list[dict
 
 
 def at_usual_pace(metric: str, nights: list[dict], history: list[dict],
-                   policy: Policy) -> list[dict]:
+                  policy: Policy) -> list[dict]:
     """`nights` but those whose host ran off the usual pace of `history`, for a metric
     gated by the host's pace (`MetricDef.gated_by`); all of them for another."""
     gate = METRICS[metric].gated_by
@@ -63,7 +63,7 @@ def baseline_logs(metric: str, history: list[dict], policy: Policy) -> list[floa
 
 
 def judged_logs(metric: str, history: list[dict], policy: Policy,
-                 adjust: bool) -> tuple[list[float], Fit | None]:
+                adjust: bool) -> tuple[list[float], Fit | None]:
     """The nights' logs the metric is judged on. With `adjust`, for a metric with a
     covariate (`MetricDef.adjusted_by`) of which at least `min_history` of these nights
     have a value: those nights, each moved along the fitted slope to their median covariate

@@ -1,12 +1,13 @@
 """What a change over its sd means under no change: pure.
 
 The nights' noise is a Student t with `Policy.tail_dof` degrees of freedom at the robust
-sigma, the sigma an estimate worth some degrees of freedom (`tasks.analysis.noise`). From
-that law: the single night's tail (`null_sf`, `null_quantile`), the two-night bad-night
-threshold that allows for a sigma estimated too small (`bad_threshold`), a change's
-`score` against it and its `confidence`, and the minimum detectable effect
-(`minimum_detectable`). `tasks.analysis.detector` and `tasks.analysis.across` judge with
-them."""
+sigma (`t_robust_sigma`: that of the standard t), the sigma an estimate worth some
+degrees of freedom (`tasks.analysis.noise`). From that law: the single night's tail
+(`null_sf`, `null_quantile`), the two-night bad-night threshold that allows for a sigma
+estimated too small (`bad_threshold`), a change's `score` against it and its
+`confidence`, and the minimum detectable effect (`minimum_detectable`, caught within two
+nights `MDE_POWER` of the time). `tasks.analysis.detector` and `tasks.analysis.across`
+judge with them; `tasks.analysis.noise` measures in `t_robust_sigma`'s units."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
-from ..metrics import CAPACITY_AND_COST, FLAGGED
+from ..metrics import CAPACITY_AND_COST, FLAGGED, flagged_across
 from ..notify.messages import (
     Links,
     Row,
@@ -42,7 +42,6 @@ from ..notify.messages import (
     sent_late,
     thread_reply,
 )
-from ..analysis.across import flagged_across
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext
 from ..settings import Settings

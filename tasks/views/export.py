@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from ..analysis.policy import Policy, judged_metrics
 from ..metrics import METRICS
 from .history import noise_band
 
@@ -96,9 +97,6 @@ def otava_name(stage_key: str, fingerprint_hash: str | None) -> str:
 
 def otava_metrics(stage: dict) -> list[str]:
     """The columns of a stage's Otava file: the metrics perfpipe judges that it has."""
-    # imported here: the detector loads scipy, which `perfpipe --help` need not wait for
-    from ..analysis.policy import Policy, judged_metrics
-
     return [m for m in judged_metrics(Policy()) if stage["metrics"].get(m) is not None]
 
 

@@ -8,10 +8,9 @@ import math
 from datetime import datetime
 from html import escape
 
-from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS
+from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS, flagged_across
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
-from ..analysis.across import flagged_across
-from .tables import across_note, flagged_together, mde_text, verdict_note
+from .tables import flagged_together, mde_text, verdict_note
 from .units import readable, show, unit_of
 
 Histories = dict[str, list[dict]]  # stage id -> its earlier comparable nights, oldest first
@@ -69,6 +68,21 @@ def _flagged(stages: list[dict]) -> list[tuple[dict, dict]]:
     return sorted(found, key=lambda sc: (VERDICTS.index(sc[1]["verdict"]), sc[0]["stage_id"]))
 
 
+def _changes_across(flagged: list[tuple[dict, dict]]) -> list[str]:
+    """A line per change the run's stages flagged together, even on one stage (the rows
+    below carry no note): the metric, the stages it was flagged on, what all the stages
+    combined showed; and the fingerprint, where changes of several are told."""
+    together = flagged_together([
+        ((c["metric"], stage.get("fingerprint_hash"), c["detail"]["across"]["stages"],
+          c["detail"]["across"]["change_pct"]), stage["stage_id"])
+        for stage, c in flagged if flagged_across(c.get("detail") or {})], least=1)
+    several = len({fp for (_, fp, _, _), _ in together}) > 1
+    return [f"<p>One change across stages: <b>{escape(metric)}</b> flagged on "
+            f"{escape(', '.join(ids))} (its {n} stages together {change:+.1f}%"
+            + (f", fingerprint {escape(str(fp))}" if several else "") + ").</p>"
+            for (metric, fp, n, change), ids in together]
+
+
 def _began(detail: dict) -> str:
     shift = detail.get("change_point") or {}
     if shift.get("nights_ago") is None:
@@ -89,12 +103,7 @@ def attention(stages: list[dict], histories: Histories, status: str) -> str:
     if not flagged:
         return ('<div id="attention" class="attention quiet"><h2>Needs a human</h2>'
                 + "".join(notes) + "<p>Nothing tonight: no regression, no suspicion.</p></div>")
-    together = flagged_together(
-        ((c["metric"], stage.get("fingerprint_hash"), across_note(c["detail"], short=True)),
-         stage["stage_id"]) for stage, c in flagged if flagged_across(c.get("detail") or {}))
-    notes += [f"<p>One change across stages: <b>{escape(metric)}</b> on "
-              f"{escape(', '.join(ids))}: {escape(note)}.</p>"
-              for (metric, _, note), ids in together]
+    notes += _changes_across(flagged)
     rows = []
     for stage, c in flagged:
         detail, metric = c.get("detail") or {}, c["metric"]

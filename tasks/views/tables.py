@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from ..analysis.across import flagged_across
+from ..metrics import flagged_across
 
 # How a metric not judged tonight because its host ran off its usual pace is counted for a
 # person (its verdict is no_baseline: `tasks.analysis.detector`, "Host pace")
@@ -89,15 +89,16 @@ def across_note(detail: dict, *, short: bool = False) -> str:
                          f"{across['mde_pct']:.1f}%)")
 
 
-def flagged_together(entries: Iterable[tuple[tuple, str]]) -> list[tuple[tuple, list[str]]]:
+def flagged_together(entries: Iterable[tuple[tuple, str]], least: int = 2
+                     ) -> list[tuple[tuple, list[str]]]:
     """(key, stage id) of verdicts the run's stages flagged together, the key saying which
-    change (its metric, fingerprint and `across_note`, ...): per key, the stages, for the
-    changes two or more of the entries tell, so a change of the broker on every stage reads
-    as one change."""
+    change (its metric, fingerprint and what they showed together, ...): per key, the
+    stages, for the changes that `least` or more of the entries tell, so a change of the
+    broker on every stage reads as one change."""
     groups: dict[tuple, list[str]] = {}
     for key, stage in entries:
         groups.setdefault(key, []).append(stage)
-    return [(key, stages) for key, stages in groups.items() if len(stages) > 1]
+    return [(key, stages) for key, stages in groups.items() if len(stages) >= least]
 
 
 def mde_text(detail: dict) -> str:
