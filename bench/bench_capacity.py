@@ -182,7 +182,9 @@ def scenarios_dir(work: Path) -> Path:
     return target
 
 
-def noise_of(nights: list[dict], metric: str) -> dict:
+def series_spread(nights: list[dict], metric: str) -> dict:
+    """A metric's nights as recorded: the values, how many, and their robust sigma (of 3
+    nights or more)."""
     values = [n[metric] for n in nights if n.get(metric)]
     return {"values": [round(v, 6) for v in values], "nights": len(values),
             "robust_sigma": round(robust_sigma(values), 5) if len(values) >= 3 else None}
@@ -212,13 +214,13 @@ def main() -> int:
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
                "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
                "seconds": round(time.time() - started),
-               "throttled": {"capacity": CAPACITY, "max_rate": noise_of(a, "max_rate"),
-                             "cost": noise_of(a, "broker_cpu_s_per_10k"),
+               "throttled": {"capacity": CAPACITY, "max_rate": series_spread(a, "max_rate"),
+                             "cost": series_spread(a, "broker_cpu_s_per_10k"),
                              "step_5pct": [{"max_rate": n["max_rate"],
                                             "verdict": n["verdicts"].get("max_rate")}
                                            for n in b]},
-               "real": {"max_rate": noise_of(real, "max_rate"),
-                        "cost": noise_of(real, "broker_cpu_s_per_10k"),
+               "real": {"max_rate": series_spread(real, "max_rate"),
+                        "cost": series_spread(real, "broker_cpu_s_per_10k"),
                         "validity": [n["validity"] for n in real],
                         "reasons": sorted({n["reason"] for n in real if n["reason"]})}}
     print("\n3. the smallest step caught within two nights (90%), at each measured noise:")
