@@ -32,7 +32,7 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
-from ..metrics import CAPACITY_AND_COST, FLAGGED, flagged_across
+from ..metrics import CAPACITY_AND_COST, FLAGGED
 from ..notify.messages import (
     Links,
     Row,
@@ -47,8 +47,8 @@ from ..run_context import RunContext
 from ..settings import Settings
 from ..views.history import Histories
 from ..views.tables import (
-    across_note,
     covariate_note,
+    flagged_note,
     mde_text,
     verdict_counts,
 )
@@ -90,8 +90,7 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
                            fingerprint=stage.get("fingerprint_hash"), run_id=run_id,
                            history=tuple(v for v in nights if v is not None),
                            mde_text=mde_text(c["detail"]),
-                           across_note=across_note(c["detail"], short=True)
-                           if flagged_across(c["detail"]) else "",
+                           across_note=flagged_note(c["detail"], short=True),
                            baseline_note=covariate_note(c["detail"], short=True))
     return out
 

@@ -62,7 +62,7 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     of its covariate (`tasks.analysis.covariate`); first, that the run's stages together
     flagged it (`tasks.analysis.across`)."""
     detail = comparison.get("detail") or {}
-    flagged = across_note(detail, short=short) if flagged_across(detail) else ""
+    flagged = flagged_note(detail, short=short)
     if detail.get("too_noisy"):  # a step on every stage may still be seen: `flagged` says so
         return "; ".join(n for n in (flagged, "too noisy to guard" if short
                                      else detail["too_noisy"]) if n)
@@ -73,6 +73,11 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
     return "; ".join(n for n in (flagged, covariate_note(detail, short=short)) if n)
+
+
+def flagged_note(detail: dict, *, short: bool = False) -> str:
+    """`across_note` of a verdict the run's stages flagged together; '' for any other."""
+    return across_note(detail, short=short) if flagged_across(detail) else ""
 
 
 def across_note(detail: dict, *, short: bool = False) -> str:
