@@ -190,11 +190,20 @@ def judge_across(verdicts: list[list[Verdict]], fingerprints: list[str | None],
     0 there is no such test: the verdicts are returned as given."""
     if policy.across_level <= 0:
         return verdicts
+    return _judged_together(verdicts, combinable(verdicts, fingerprints), previous, policy,
+                            run_id)
+
+
+def _judged_together(verdicts: list[list[Verdict]],
+                     groups: dict[tuple[str, str], list[tuple[int, int]]],
+                     previous: list[dict[str, dict]], policy: Policy,
+                     run_id: str | None) -> list[list[Verdict]]:
+    """`judge_across` on the groups `combinable` found."""
     out = [list(stage) for stage in verdicts]
-    for (_, metric), members in combinable(verdicts, fingerprints).items():
+    for (_, metric), members in groups.items():
         combined = combine(metric, [verdicts[i][j].detail["evidence"] for i, j in members],
                            policy)
-        if combined is None:
+        if combined is None:  # cannot be: combinable keeps MIN_STAGES with an sd
             continue
         for i, j in members:
             out[i][j] = _revised(verdicts[i][j], combined, previous[i].get(metric), policy,
@@ -202,14 +211,14 @@ def judge_across(verdicts: list[list[Verdict]], fingerprints: list[str | None],
     return out
 
 
-def _alone(verdicts: list[list[Verdict]], fingerprints: list[str | None]
+def _alone(verdicts: list[list[Verdict]], groups: dict[tuple[str, str], list[tuple[int, int]]]
            ) -> dict[int, set[str]]:
     """stage -> the metrics judged across stages that it judged past learning (the verdict
-    has a `score`) but no other stage can be judged with tonight: no evidence (not judged
-    at its covariate, a release of another fingerprint), no known fingerprint, or none
-    other on it with evidence."""
-    together = {(i, verdicts[i][j].metric) for members in
-                combinable(verdicts, fingerprints).values() for i, j in members}
+    has a `score`) but in none of `groups` (`combinable`): no evidence (not judged at its
+    covariate, a release of another fingerprint), no known fingerprint, or none other on
+    it with evidence."""
+    together = {(i, verdicts[i][j].metric) for members in groups.values()
+                for i, j in members}
     out: dict[int, set[str]] = defaultdict(set)
     for i, stage in enumerate(verdicts):
         for v in stage:
@@ -230,9 +239,11 @@ def judge_stages(judge: Callable[[int, Policy], list[Verdict]],
     learning, a release of another fingerprint), the metric is judged again with the whole
     level (`across_level` 0), so no level is set aside for a test that cannot run."""
     verdicts = [judge(i, policy) for i in range(len(fingerprints))]
-    if policy.across_level > 0:
-        whole = replace(policy, across_level=0.0)
-        for i, metrics in _alone(verdicts, fingerprints).items():
-            again = {v.metric: v for v in judge(i, whole) if v.metric in metrics}
-            verdicts[i] = [again.get(v.metric, v) for v in verdicts[i]]
-    return judge_across(verdicts, fingerprints, previous, policy, run_id)
+    if policy.across_level <= 0:
+        return verdicts
+    groups = combinable(verdicts, fingerprints)  # the same after the metrics judged again:
+    whole = replace(policy, across_level=0.0)  # their evidence is the same nights'
+    for i, metrics in _alone(verdicts, groups).items():
+        again = {v.metric: v for v in judge(i, whole) if v.metric in metrics}
+        verdicts[i] = [again.get(v.metric, v) for v in verdicts[i]]
+    return _judged_together(verdicts, groups, previous, policy, run_id)
