@@ -16,9 +16,9 @@ from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 
 # A value flagged by its own night's comparison stays out of baselines (a regression never
 # silently becomes the baseline) unless a human accepted it as the new normal or called it a
-# false positive, or the next night cleared the suspicion. The comparison may say a flag is
-# no reason to hold the value out (detail "hold": false, e.g. flagged before the noise was
-# known).
+# false positive, or the next night cleared the suspicion. A comparison's detail "hold" says
+# whether its value is held out (the detector holds every flagged value; a row without the
+# key is held when its verdict is flagged).
 RELEASED_ALERTS = ("accepted", "false_positive", "cleared")
 # A verdict that a later night can confirm or clear.
 _NO_LIFECYCLE = ("invalid", "no_baseline")

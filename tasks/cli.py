@@ -155,8 +155,9 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
              handler(lambda st, a: manage.list_baselines(st)))
     alerts = sub.add_parser(
         "alerts", help="list alerts; ack, accept, call a false positive, fixed",
-        description="Alerts: a regression confirmed by the comparison opens one, posted to "
-        "Slack once; what a person decides about it changes what later nights do.")
+        description="Alerts: a suspected change opens one, and its confirmation as a "
+        "regression is posted to Slack once; what a person decides about it changes what "
+        "later nights do.")
     asub = alerts.add_subparsers(dest="action", required=True, metavar="ACTION",
                                  help=f"list, {', '.join(ALERT_ACTIONS)}")
     alist = _command(asub, "list", "open alerts", "Print the open alerts (with --all, the "

@@ -88,9 +88,9 @@ better-direction and a minimum practical effect) of a valid stage:
   says so. A stage without peers has the swing alone: five nights that swing little by
   chance say nothing of the noise, and no threshold from them would either
   (`_beyond_doubt`).
-- **What it can see.** Each verdict carries the metric's minimum detectable effect
-  (`mde_pct`): the smallest step these rules catch within two nights with 90% probability
-  at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
+- **What it can see.** Each verdict past learning carries the metric's minimum detectable
+  effect (`mde_pct`): the smallest step these rules catch within two nights with 90%
+  probability at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
   the metric is too noisy to guard, and why.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
