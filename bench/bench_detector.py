@@ -22,9 +22,11 @@ per-second CV and lag-1 autocorrelation around the night's level.
 A metric judged on a covariate (`MetricDef.adjusted_by`: the broker's CPU per message and
 e2e p50, on the driver's CPU per message) is drawn as the measured slope times the
 covariate's log (one t3 draw a night for all its metrics, at its measured
-noise: the shared host's pace) plus its own t3 noise along the slope, as measured
-(noise_measured.json ``covariates``, the medians over the stages); its noise and bound are
-that own noise's.
+noise: the host's pace, each stage's own, or with `--shared-host RHO` correlated at RHO
+between a suite's stages, as a night's stages share a host) plus its own t3 noise along
+the slope, as measured (noise_measured.json ``covariates``, the medians over the stages);
+its noise and bound are that own noise's. The covariate is the pace itself, measured
+without error.
 
 Scenarios: A/A (no change, 30 nights from an empty history) and steps (20 quiet nights,
 then a step of known size from night 21 on, 5 nights watched). A detection is the first
@@ -62,10 +64,11 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import binom, binomtest
+from scipy.stats import binom, binomtest, spearmanr
 from scipy.stats import t as student_t
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,12 +134,44 @@ def load_noise(path: Path) -> tuple[Noise, dict]:
                  rate["per_second_lag1_autocorr_median"] or 0.0, covaried), doc
 
 
+class Host:
+    """The host's pace on each night, shared by a suite's stages (`--shared-host`): a
+    stage's pace is sqrt(1 - rho) x its own t3 draw + sqrt(rho) x the night's, so two
+    stages' paces correlate at rho, rescaled so its robust sigma is one t3 draw's (mixed,
+    two draws of one variance have lighter tails than one, so a larger robust sigma)."""
+
+    def __init__(self, rho: float, rng: np.random.Generator) -> None:
+        if not 0 < rho < 1:
+            raise ValueError(f"a shared host's correlation is above 0 and below 1, not {rho}")
+        self.rho, self.rng = rho, rng
+        self.nights: dict[tuple[int, str], float] = {}
+        self.unit = _mixed_unit(rho)
+
+    def pace(self, k: int, by: str, own: float) -> float:
+        """A stage's pace on night `k` along covariate `by`, from its own draw `own`."""
+        if (k, by) not in self.nights:
+            self.nights[k, by] = self.rng.standard_t(T_DOF)
+        shared = self.nights[k, by]
+        return (math.sqrt(1 - self.rho) * own + math.sqrt(self.rho) * shared) * self.unit
+
+
+@lru_cache(maxsize=16)
+def _mixed_unit(rho: float, draws: int = 400_000) -> float:
+    """T_ROBUST over the robust sigma of sqrt(1 - rho) T + sqrt(rho) T' (T, T' t3), from a
+    generator of its own, so the bench's draws do not depend on it."""
+    t = np.random.default_rng(0).standard_t(T_DOF, (2, draws))
+    mixed = math.sqrt(1 - rho) * t[0] + math.sqrt(rho) * t[1]
+    return T_ROBUST / noise_sigma(list(mixed))
+
+
 class Stage:
-    """One simulated stage history: tonight's metrics, with a step on one metric."""
+    """One simulated stage history: tonight's metrics, with a step on one metric; the
+    host's pace its own or shared with its suite (`host`)."""
 
     def __init__(self, noise: Noise, metrics: list[str], rng: np.random.Generator,
-                 step_metric: str | None = None, step: float = 0.0, step_night: int = 0) -> None:
-        self.noise, self.metrics, self.rng = noise, metrics, rng
+                 step_metric: str | None = None, step: float = 0.0, step_night: int = 0,
+                 host: Host | None = None) -> None:
+        self.noise, self.metrics, self.rng, self.host = noise, metrics, rng, host
         self.step_metric, self.step, self.step_night = step_metric, step, step_night
 
     def night(self, k: int) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -148,7 +183,10 @@ class Stage:
             if m in self.noise.covaried:  # the host's pace, shared with its covariate
                 c = self.noise.covaried[m]
                 if c.by not in hosts:
-                    hosts[c.by] = c.covariate_sigma / T_ROBUST * self.rng.standard_t(T_DOF)
+                    pace = self.rng.standard_t(T_DOF)
+                    if self.host is not None:
+                        pace = self.host.pace(k, c.by, pace)
+                    hosts[c.by] = c.covariate_sigma / T_ROBUST * pace
                     values[c.by] = 1000.0 * math.exp(hosts[c.by])
                 host = hosts[c.by]
                 level = 1000.0 * math.exp(c.slope * host
@@ -181,19 +219,22 @@ def suite(noise: Noise, metrics: list[str], rng: np.random.Generator, step_metri
           step: float = 0.0, scales: tuple[float, ...] | None = None,
           everywhere: bool = False) -> list[Stage]:
     """`SUITE` stages on one fingerprint with the same noise (times `scales`, when given);
-    the first one takes the step, or every one (`everywhere`: a change of the broker)."""
+    the first one takes the step, or every one (`everywhere`: a change of the broker); the
+    host's pace shared between them at `SHARED_HOST`."""
     stages = []
+    host = Host(SHARED_HOST, rng) if SHARED_HOST else None
     for i, factor in enumerate(scales or (1.0,) * SUITE):
         scaled = Noise({m: factor * v for m, v in noise.night.items()}, noise.per_second_cv,
                        noise.per_second_ar,
                        {m: replace(c, own_sigma=factor * c.own_sigma)
                         for m, c in noise.covaried.items()})
         stages.append(Stage(scaled, metrics, rng, step_metric if i == 0 or everywhere else None,
-                            step, WARM))
+                            step, WARM, host))
     return stages
 
 
 POLICY = Policy()  # the detector's policy in this run (--pool-level, --pool-power, --level)
+SHARED_HOST = 0.0  # the correlation of a suite's stages' host paces (--shared-host)
 
 
 def perfpipe(stages: list[Stage], nights: int,
@@ -325,6 +366,8 @@ class AA:
     later_flags: dict[str, int]  # suspected or improvement verdicts after learning
     mde_pct: dict[str, list[float]]  # the MDE each series reported on its last night
     too_noisy: dict[str, int]  # series whose last night said the metric is too noisy
+    # metric judged across stages -> per suite, its stages' z on each night judged so
+    across_z: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def run_aa(detector: Detector, noise: Noise, metrics: list[str], series: int,
@@ -351,7 +394,43 @@ def run_aa(detector: Detector, noise: Noise, metrics: list[str], series: int,
                     aa.mde_pct[m].append(last["mde_pct"])
                 aa.too_noisy[m] += "too_noisy" in last
             aa.stages_alarmed += any(counts.values())
+        if watched is None:
+            for m in (m for m in metrics if METRICS[m].across_stages):
+                aa.across_z.setdefault(m, []).append(across_z(stages, m))
     return aa
+
+
+def across_z(stages: list[list[dict[str, Verdict]]], metric: str) -> np.ndarray:
+    """The suite's nights judged across its stages, a row a night, as real_nights.py reads
+    them from the store: each stage's change over its sd (z), then the combination's."""
+    rows = []
+    for tonight in zip(*stages):
+        details = [night[metric].detail for night in tonight]
+        if all("evidence" in d and "across" in d for d in details):
+            across = details[0]["across"]
+            rows.append([d["evidence"]["change"] / d["evidence"]["sd"] for d in details]
+                        + [math.log1p(across["change_pct"] / 100) / (across["sd_pct"] / 100)])
+    return np.array(rows).reshape(-1, len(stages) + 1)
+
+
+def across_z_line(metric: str, suites: list[np.ndarray]) -> str:
+    """What real_nights.py prints of the real nights, for these: how the stages' z move
+    together, per suite's nights (the mean of the pairwise rank correlations; the median
+    and the middle 90% over the suites), and the robust sigma of each stage's z and of
+    the combination's (near 1 each when the sds are right and the stages independent)."""
+    mean_pairs = []
+    for z in (z[:, :-1] for z in suites if len(z) >= 3):
+        corr = spearmanr(z).correlation
+        mean_pairs.append(float(np.mean(corr[np.triu_indices(z.shape[1], 1)])))
+    if not mean_pairs:
+        return f"{metric}: too few nights judged across the stages to say how they move together"
+    nights = np.concatenate([z for z in suites if len(z)])
+    low, mid, high = np.nanpercentile(mean_pairs, [5, 50, 95])
+    return (f"{metric} across the stages, {len(nights)} nights of {len(mean_pairs)} suites: "
+            f"the stages' z correlate {mid:+.2f} on average in a suite (5% to 95% of the suites "
+            f"{low:+.2f} to {high:+.2f}); robust sigma of a stage's z "
+            f"{noise_sigma(list(nights[:, :-1].ravel())):.2f}, combined "
+            f"{noise_sigma(list(nights[:, -1])):.2f}")
 
 
 def _llr(x: np.ndarray, delta: float, scale: float) -> np.ndarray:
@@ -603,6 +682,8 @@ def aa_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) 
     print(f"{'any metric of the stage':28} {'':7} {100 * aa.stages_alarmed / aa.series:7.2f} "
           f"{100 * naive_aa.stages_alarmed / naive_aa.series:7.2f}   (stages with at least "
           "one alarm, per 100)")
+    for m, suites in aa.across_z.items():
+        print(across_z_line(m, suites))
     return aa
 
 
@@ -725,11 +806,20 @@ def main() -> int:
     ap.add_argument("--pool-power", type=float, default=Policy().pool_power,
                     help="the detector's pool_power (pool only once the F test would catch a "
                          "stage twice as noisy this often; 0: the F test alone)")
+    ap.add_argument("--shared-host", type=float, default=0.0, metavar="RHO",
+                    help="draw the host's pace of a suite's stages correlated at RHO, as "
+                         "stages run on one host on a night do (real_nights.py prints the "
+                         "driver's CPU a message at +0.26 on average over 32 real nights); "
+                         "0 (the default): each stage its own pace")
     ap.add_argument("--level", type=float, default=Policy().false_alarm_level,
                     help="the detector's false_alarm_level (two given nights both bad under "
                          "no change)")
     args = ap.parse_args()
-    global POLICY
+    global POLICY, SHARED_HOST
+    try:  # Host's own check of the correlation
+        SHARED_HOST = args.shared_host and Host(args.shared_host, np.random.default_rng()).rho
+    except ValueError as exc:
+        ap.error(f"--shared-host: {exc}")
     try:  # the policy's own check of across_level against the level
         POLICY = Policy(pool_level=args.pool_level, pool_power=args.pool_power,
                         false_alarm_level=args.level, across_level=args.across_level)
@@ -739,6 +829,8 @@ def main() -> int:
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)
     n = args.series
+    print("the host's pace: " + (f"shared by a suite's stages, correlated at {SHARED_HOST:g}"
+                                 if SHARED_HOST else "each stage its own"))
     if args.broker_only:
         broker_rows(noise, metrics, n, rng)
         return 0

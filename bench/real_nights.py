@@ -164,12 +164,15 @@ def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None
     each when the sds are right and the stages independent; the combination's higher when
     the stages move together)."""
     for m in (m for m, d in DEFS.items() if d.across_stages):
-        rows = [{key: st["verdicts"].get(m, {}).get("detail") or {}
-                 for key, st in judged[n["run_id"]].items()} for n in nights
-                if n["variant"] != "burn" and n["run_id"] in judged]
+        plain = [judged[n["run_id"]] for n in nights
+                 if n["variant"] != "burn" and n["run_id"] in judged]
+        rows = [{key: st["verdicts"].get(m, {}).get("detail") or {} for key, st in night.items()}
+                for night in plain]
         # nights on which every stage of the suite's first such night was judged together
-        rows = [r for r in rows if all("evidence" in d and "across" in d for d in r.values())]
-        rows = [r for r in rows if rows and sorted(r) == sorted(rows[0])]
+        kept = [i for i, r in enumerate(rows)
+                if all("evidence" in d and "across" in d for d in r.values())]
+        kept = [i for i in kept if sorted(rows[i]) == sorted(rows[kept[0]])]
+        rows = [rows[i] for i in kept]
         if len(rows) < 3:
             print(f"\n{m} across stages: {len(rows)} plain nights judged so, too few to check")
             continue
@@ -186,6 +189,24 @@ def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None
               + " / ".join(f"{noise_sigma(list(col)):.2f}" for col in z.T)
               + f", combined {noise_sigma(combined):.2f}; the combination's largest score "
               f"{max(r[keys[0]]['across']['score'] for r in rows):.2f} (1: a bad night)")
+        for name in (m, DEFS[m].adjusted_by):
+            if name:  # what the z's no longer carry: the host the stages share on a night
+                print(f"  {name} as measured on those nights: "
+                      + shared_host([plain[i] for i in kept], keys, name))
+
+
+def shared_host(nights: list[dict[str, dict]], keys: list[str], metric: str) -> str:
+    """How much of a metric's night-to-night swing the stages share, on these nights: the
+    Pearson correlations of their logs (each stage's about its median) from stage to
+    stage; bench_detector.py --shared-host draws the host's pace at such a correlation."""
+    logs = np.array([[math.log(night[k]["metrics"][metric]) for k in keys] for night in nights
+                     if all((night[k]["metrics"].get(metric) or 0) > 0 for k in keys)])
+    if len(logs) < 3:
+        return f"{len(logs)} nights with a value on every stage, too few"
+    corr = np.corrcoef((logs - np.median(logs, axis=0)).T)
+    pairs = [corr[i][j] for i in range(len(keys)) for j in range(i + 1, len(keys))]
+    return (f"correlation of the stages' logs {min(pairs):+.2f} to {max(pairs):+.2f}, "
+            f"{statistics.fmean(pairs):+.2f} on average ({len(logs)} nights)")
 
 
 def _said(row: dict) -> str:
