@@ -90,8 +90,8 @@ better-direction and a minimum practical effect) of a valid stage:
   (`_beyond_doubt`).
 - **What it can see.** Each verdict past learning carries the metric's minimum detectable
   effect (`mde_pct`): the smallest step these rules catch within two nights with 90%
-  probability at the noise in use. Above `too_noisy` x the minimum practical effect the detail says
-  the metric is too noisy to guard, and why.
+  probability at the noise in use. Above `too_noisy` x the minimum practical effect the
+  detail says the metric is too noisy to guard, and why.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
 - For a flagged metric the detail names the run where the level shift began: the E-Divisive
