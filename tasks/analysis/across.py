@@ -180,25 +180,14 @@ def combinable(verdicts: list[list[Verdict]], fingerprints: list[str | None]
     return {k: members for k, members in groups.items() if len(members) >= MIN_STAGES}
 
 
-def judge_across(verdicts: list[list[Verdict]], fingerprints: list[str | None],
+def judge_across(verdicts: list[list[Verdict]],
+                 groups: dict[tuple[str, str], list[tuple[int, int]]],
                  previous: list[dict[str, dict]], policy: Policy,
-                 run_id: str | None = None) -> list[list[Verdict]]:
-    """Each stage's verdicts (as `compare_stage` gave them, in the order of `fingerprints`,
-    the stages' fingerprint hashes) with every metric that is judged across stages judged
-    so on each fingerprint; `previous`: per stage, metric -> its last comparable verdict
-    ({"run_id", "verdict", "detail"}); `run_id`: tonight's run. With `Policy.across_level`
-    0 there is no such test: the verdicts are returned as given."""
-    if policy.across_level <= 0:
-        return verdicts
-    return _judged_together(verdicts, combinable(verdicts, fingerprints), previous, policy,
-                            run_id)
-
-
-def _judged_together(verdicts: list[list[Verdict]],
-                     groups: dict[tuple[str, str], list[tuple[int, int]]],
-                     previous: list[dict[str, dict]], policy: Policy,
-                     run_id: str | None) -> list[list[Verdict]]:
-    """`judge_across` on the groups `combinable` found."""
+                 run_id: str | None) -> list[list[Verdict]]:
+    """Each stage's verdicts (as `compare_stage` gave them) with every metric that is judged
+    across stages judged so in each of `groups` (`combinable`); `previous`: per stage,
+    metric -> its last comparable verdict ({"run_id", "verdict", "detail"}); `run_id`:
+    tonight's run."""
     out = [list(stage) for stage in verdicts]
     for (_, metric), members in groups.items():
         combined = combine(metric, [verdicts[i][j].detail["evidence"] for i, j in members],
@@ -246,4 +235,4 @@ def judge_stages(judge: Callable[[int, Policy], list[Verdict]],
     for i, metrics in _alone(verdicts, groups).items():
         again = {v.metric: v for v in judge(i, whole) if v.metric in metrics}
         verdicts[i] = [again.get(v.metric, v) for v in verdicts[i]]
-    return _judged_together(verdicts, groups, previous, policy, run_id)
+    return judge_across(verdicts, groups, previous, policy, run_id)
