@@ -225,3 +225,77 @@ def test_a_hold_that_fell_behind_steps_down_to_what_it_delivered():
     assert floor == pytest.approx(stalled.best * 0.95 * 0.99)
     stalled.record_hold(ProbeResult(floor, 1.0, 0.5, backlog=rising))  # failed there too
     assert stalled.next_hold() == pytest.approx(floor / 1.02)  # lower again, not the same
+
+
+def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
+    """A clean clone's slowdown test, third A night, against a bucket of exactly 2,000
+    msg/s: the warm start's first probe, at 1,855 (90% of the last night's 2,061), received
+    64.2% of its deliveries (a stall; every other probe kept up to 2,000). Taken as the
+    ceiling, it answered 1,769. Probed again, it keeps up and the search finds 2,000."""
+    policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10)
+    start, warm = warm_start(1_000, policy, last_capacity=2_061)
+    stalls = [start]
+
+    def broker(rate: float) -> ProbeResult:
+        if stalls and rate == stalls[0]:
+            stalls.pop()
+            return ProbeResult(rate, 1.0, 0.642)
+        return ProbeResult(rate, min(1.0, 2_000 / rate), min(1.0, 2_000 / rate))
+
+    def search(search: RateSearch) -> list[float]:
+        rates = []
+        while (rate := search.next_rate()) is not None:
+            rates.append(rate)
+            search.record(broker(rate))
+        return rates
+
+    before = RateSearch(start, warm)  # the search as it was: no capacity to contradict
+    search(before)
+    assert before.outcome()["max_rate"] < 0.9 * 2_000 and not before.retried
+
+    stalls.append(start)
+    again = RateSearch(start, warm, last_capacity=2_061)
+    rates = search(again)
+    assert rates[:2] == [start, start]
+    assert 2_000 * 0.95 <= again.outcome()["max_rate"] <= 2_000 / 0.95
+    probes = again.outcome()["probes"]
+    assert len(probes) == len(rates) and [p["retried"] for p in probes].count(True) == 1
+    assert (probes[0]["rate"], probes[0]["kept_up"], probes[0]["retried"]) == (start, False, True)
+    assert probes[0]["why"] == "received 64.2% of the expected deliveries"
+
+
+def test_a_hold_that_stalls_below_the_last_capacity_is_held_again():
+    """A stalled hold would step the answer down to what the best probe vouches for (6%
+    below it, `test_a_hold_that_fell_behind_steps_down_to_what_it_delivered`); below the
+    capacity last measured, it is held again at the same rate first."""
+    policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10, hold_s=10, holds=2)
+    start, warm = warm_start(1_000, policy, last_capacity=2_061)
+    search = RateSearch(start, warm, last_capacity=2_061)
+    steps = search_and_hold(search, held(2_000))
+    assert not search.retried  # no stall: nothing run twice
+    stalled = RateSearch(start, warm, last_capacity=2_061)
+    while (rate := stalled.next_rate()) is not None:
+        stalled.record(held(2_000)(rate, False))
+    best = stalled.best
+    assert stalled.next_hold() == best < 2_061
+    stalled.record_hold(ProbeResult(best, 1.0, 0.5))  # a stall
+    assert stalled.next_hold() == best  # held again, not stepped down
+    stalled.record_hold(ProbeResult(best, 1.0, 1.0))
+    assert stalled.next_hold() is None and stalled.outcome()["max_rate"] == best
+    assert [h["retried"] for h in stalled.outcome()["holds"]] == [True, False]
+    assert ("hold", best) in steps and stalled.outcome()["max_rate"] == search.outcome()["max_rate"]
+
+
+def test_a_broker_that_lost_capacity_falls_behind_again_and_costs_one_probe():
+    policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10)
+    start, warm = warm_start(1_000, policy, last_capacity=2_000)  # now 1,500
+    plain, warm_again = RateSearch(start, warm), RateSearch(start, warm, last_capacity=2_000)
+    rates, rates_again = run(plain, 1_500), run(warm_again, 1_500)
+    assert rates_again == [rates[0]] + rates  # the first failure probed twice, no more
+    assert [p.rate for p in warm_again.retried] == [start]
+    # a hold that falls behind after the search's one retry is stepped down at once
+    warm_again.policy = replace(warm_again.policy, hold_s=10)
+    warm_again.record_hold(ProbeResult(warm_again.next_hold(), 1.0, 0.5))
+    assert warm_again.next_hold() < warm_again.best
+    assert warm_again.outcome()["max_rate"] == plain.outcome()["max_rate"]
+    assert 1_500 * 0.9 <= plain.outcome()["max_rate"] <= 1_500 / 0.95

@@ -19,6 +19,12 @@ long; when it does not keep up over that longer window, the rate steps down (by
 `precision`, or to just below what the failed hold delivered when that is lower, never
 below what the best probe showed the broker sustains) and is held again, at most `holds`
 times. The search's answer is the rate that held.
+
+A warm start knows the capacity the stage last measured. A probe or hold that falls behind
+below it contradicts the earlier nights, and a window of a few seconds is short enough for
+one scheduler stall to sink it, so it runs once more at the same rate before it counts
+(`retries` times a search at most; set aside, it is still listed, marked `retried`). A
+broker that really lost capacity falls behind again, and costs the search one probe.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class SearchPolicy:
     min_rate: float = 1.0  # msg/s: below this, give up backing off
     hold_s: int = 0  # hold the rate found for this long (0: no hold)
     holds: int = 2  # hold attempts, each one `precision` lower than the last
+    retries: int = 1  # probes or holds that fell behind below the last capacity, run again
     # % of a core: a busier driver may be the bottleneck (the validity gates' threshold)
     max_driver_cpu: float = Gates().max_driver_cpu_pct
 
@@ -93,8 +100,12 @@ class ProbeResult:
 class RateSearch:
     start_rate: float
     policy: SearchPolicy = SearchPolicy()
+    last_capacity: float | None = None  # a warm start's: what the stage last measured
     probes: list[tuple[ProbeResult, bool]] = field(default_factory=list)
     held: list[tuple[ProbeResult, bool]] = field(default_factory=list)
+    # probes and holds that fell behind below last_capacity, each run again at its rate:
+    # listed where they ran, never counted
+    retried: list[ProbeResult] = field(default_factory=list)
 
     @property
     def best(self) -> float | None:
@@ -103,14 +114,29 @@ class RateSearch:
         return max(ok) if ok else None
 
     def record(self, probe: ProbeResult) -> bool:
-        kept = probe.keeps_up(self.policy.tolerance)
-        self.probes.append((probe, kept))
-        return kept
+        return self._record(probe, self.probes)
 
     def record_hold(self, probe: ProbeResult) -> bool:
+        return self._record(probe, self.held)
+
+    def _record(self, probe: ProbeResult, into: list[tuple[ProbeResult, bool]]) -> bool:
         kept = probe.keeps_up(self.policy.tolerance)
-        self.held.append((probe, kept))
+        into.append((probe, kept))
+        if (not kept and self.last_capacity is not None and probe.rate < self.last_capacity
+                and len(self.retried) < self.policy.retries):
+            self.retried.append(probe)
         return kept
+
+    def was_retried(self, probe: ProbeResult) -> bool:
+        """Whether `probe` (as recorded) was set aside, to be run again at its rate."""
+        return any(probe is r for r in self.retried)
+
+    def _counted(self, entries: list[tuple[ProbeResult, bool]]) -> list[tuple[ProbeResult, bool]]:
+        return [(p, kept) for p, kept in entries if not self.was_retried(p)]
+
+    def _again(self, entries: list[tuple[ProbeResult, bool]]) -> float | None:
+        """The rate of the last of `entries` when it was set aside: it runs again next."""
+        return entries[-1][0].rate if entries and self.was_retried(entries[-1][0]) else None
 
     @property
     def top(self) -> float | None:
@@ -121,7 +147,7 @@ class RateSearch:
         two probes saw different noise), so that probe bounds by its own rate."""
         best = self.best or 0.0
         bounds = []
-        for p, kept in self.probes:
+        for p, kept in self._counted(self.probes):
             if not kept and p.rate > best:
                 estimate = min(p.rate, p.delivered_rate / (1 - self.policy.tolerance))
                 bounds.append(estimate if estimate > best else p.rate)
@@ -136,7 +162,7 @@ class RateSearch:
         """The next rate inside (best, top): just below what the lowest failed probe
         delivered when that lies inside, else the geometric middle."""
         step = 1 + self.policy.precision
-        failed = [p for p, kept in self.probes if not kept and p.rate > best]
+        failed = [p for p, kept in self._counted(self.probes) if not kept and p.rate > best]
         lowest = min(p.rate for p in failed)
         estimate = min(p.delivered_rate for p in failed if p.rate == lowest) \
             * (1 - self.policy.precision / 2)
@@ -148,11 +174,14 @@ class RateSearch:
         """The next rate to probe, or None when the search phase is over."""
         if not self.probes:
             return self.start_rate
-        if self.converged or len(self.probes) >= self.policy.max_probes:
+        if (again := self._again(self.probes)) is not None:
+            return again
+        counted = self._counted(self.probes)
+        if self.converged or len(counted) >= self.policy.max_probes:
             return None
         best, top = self.best, self.top
         if best is None:  # even the lowest probe failed: back off
-            rate = min(p.rate for p, _ in self.probes) / self.policy.growth
+            rate = min(p.rate for p, _ in counted) / self.policy.growth
             return rate if rate >= self.policy.min_rate else None
         if top is None:  # never failed yet: keep growing
             return best * self.policy.growth
@@ -162,7 +191,9 @@ class RateSearch:
         """The next rate to hold for hold_s, or None when holding is over (or not asked)."""
         if not self.policy.hold_s or self.best is None or not self.converged:
             return None
-        if any(kept for _, kept in self.held) or len(self.held) >= self.policy.holds:
+        if (again := self._again(self.held)) is not None:
+            return again
+        if any(kept for _, kept in self.held) or len(self._counted(self.held)) >= self.policy.holds:
             return None
         if not self.held:
             return self.best
@@ -224,7 +255,8 @@ class RateSearch:
 
         def listed(probes: list[tuple[ProbeResult, bool]]) -> list[dict]:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
-                     "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance)}
+                     "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance),
+                     "retried": self.was_retried(p)}
                     for p, kept in probes]
 
         # the rate that held, even when a verdict makes the search untrusted (a driver at its

@@ -300,7 +300,8 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
     settings = dict(template.search)
     warm = settings.pop("warm_start", False)
     last = last_capacity(ctx, template) if warm else None
-    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings), last))
+    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings), last),
+                        last_capacity=last)
     if last:
         progress(f"  warm start at {search.start_rate:,.0f} msg/s: 90% of the capacity last "
                  f"measured here, {last:,.0f} msg/s")
@@ -311,8 +312,11 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         ctx.write_json(rundir.SEARCH, record)
         result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
         kept = record_result(result)
+        again = "; below the capacity last measured here: run again" \
+            if search.was_retried(result) else ""
         progress(f"  {stage.stage_id}: {result.rate:,.0f} msg/s "
-                 f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}")
+                 f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}"
+                 f"{again}")
 
     while (rate := search.next_rate()) is not None:
         run_probe(probe(template, rate, len(search.probes) + 1), search.record)
