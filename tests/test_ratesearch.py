@@ -251,7 +251,7 @@ def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
 
     before = RateSearch(start, warm)  # the search as it was: no capacity to contradict
     search(before)
-    assert before.outcome()["max_rate"] < 0.9 * 2_000 and not before.retried
+    assert before.outcome()["max_rate"] < 0.9 * 2_000 and not before.probes_aside
 
     stalls.append(start)
     again = RateSearch(start, warm, last_capacity=2_061)
@@ -272,7 +272,7 @@ def test_a_hold_that_stalls_below_the_last_capacity_is_held_again():
     start, warm = warm_start(1_000, policy, last_capacity=2_061)
     search = RateSearch(start, warm, last_capacity=2_061)
     steps = search_and_hold(search, held(2_000))
-    assert not search.retried  # no stall: nothing run twice
+    assert not search.probes_aside and not search.held_aside  # no stall: none run twice
     stalled = RateSearch(start, warm, last_capacity=2_061)
     while (rate := stalled.next_rate()) is not None:
         stalled.record(held(2_000)(rate, False))
@@ -292,10 +292,56 @@ def test_a_broker_that_lost_capacity_falls_behind_again_and_costs_one_probe():
     plain, warm_again = RateSearch(start, warm), RateSearch(start, warm, last_capacity=2_000)
     rates, rates_again = run(plain, 1_500), run(warm_again, 1_500)
     assert rates_again == [rates[0]] + rates  # the first failure probed twice, no more
-    assert [p.rate for p in warm_again.retried] == [start]
+    assert [warm_again.probes[i][0].rate for i in warm_again.probes_aside] == [start]
     # a hold that falls behind after the search's one retry is stepped down at once
     warm_again.policy = replace(warm_again.policy, hold_s=10)
     warm_again.record_hold(ProbeResult(warm_again.next_hold(), 1.0, 0.5))
     assert warm_again.next_hold() < warm_again.best
     assert warm_again.outcome()["max_rate"] == plain.outcome()["max_rate"]
     assert 1_500 * 0.9 <= plain.outcome()["max_rate"] <= 1_500 / 0.95
+
+
+def test_a_probe_run_again_that_falls_behind_again_bounds_the_search_by_itself():
+    """Only the second run counts: the first, set aside, delivered half, the second 90%,
+    so the bracket's top is what the second delivered (1,800 x 0.9 / 0.95), not the
+    first's 947, and the next probe goes just below it."""
+    search = RateSearch(1_000, SearchPolicy(growth=2.0, precision=0.02), last_capacity=2_000)
+    search.record(ProbeResult(1_000, 1.0, 1.0))
+    search.record(ProbeResult(1_800, 1.0, 0.5))
+    assert search.retrying and search.next_rate() == 1_800 and search.top is None
+    search.record(ProbeResult(1_800, 1.0, 0.9))
+    assert not search.retrying
+    assert search.top == pytest.approx(1_800 * 0.9 / 0.95)
+    assert search.next_rate() == pytest.approx(1_800 * 0.9 * 0.99)
+
+
+def test_a_probe_run_again_uses_none_of_the_budget_and_never_loops():
+    search = RateSearch(1_000, SearchPolicy(growth=2.0, max_probes=3, precision=0.02),
+                        last_capacity=3_000)
+    search.record(ProbeResult(1_000, 1.0, 1.0))
+    search.record(ProbeResult(2_000, 1.0, 0.5))  # set aside
+    search.record(ProbeResult(2_000, 1.0, 1.0))
+    assert search.next_rate() == 4_000  # the third of max_probes: the one set aside is free
+    assert [p["retried"] for p in search.outcome()["probes"]] == [False, True, False]
+
+    replayed = RateSearch(1_000, SearchPolicy(growth=2.0, precision=0.02), last_capacity=3_000)
+    replayed.record(ProbeResult(1_000, 1.0, 1.0))
+    stalled = ProbeResult(2_000, 1.0, 0.5)
+    replayed.record(stalled)
+    replayed.record(stalled)  # the same result again (a caller replaying it) counts
+    assert not replayed.retrying and replayed.next_rate() < 2_000
+
+    held = RateSearch(1_000, SearchPolicy(precision=0.02, hold_s=10, holds=2),
+                      last_capacity=1_020)
+    held.record(ProbeResult(1_000, 1.0, 1.0))
+    held.record(ProbeResult(1_010, 1.0, 1.0))
+    held.record(ProbeResult(1_030, 1.0, 0.9))  # above the last capacity: converged on 1,010
+    held.record_hold(ProbeResult(held.next_hold(), 1.0, 0.4))  # set aside
+    held.record_hold(ProbeResult(held.next_hold(), 1.0, 0.9))  # fell behind again: counts
+    assert [h.rate for h, _ in held.held] == [1_010, 1_010]
+    assert held.next_hold() < 1_010  # the second of 2 holds
+    held.record_hold(ProbeResult(held.next_hold(), 1.0, 0.4))
+    assert held.next_hold() is None
+    assert held.outcome()["reason"].startswith(
+        "no rate held for 10 s: tried 1010 (received 40.0% of the expected deliveries; "
+        "run again), 1010 (")

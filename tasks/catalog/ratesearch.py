@@ -20,11 +20,13 @@ long; when it does not keep up over that longer window, the rate steps down (by
 below what the best probe showed the broker sustains) and is held again, at most `holds`
 times. The search's answer is the rate that held.
 
-A warm start knows the capacity the stage last measured. A probe or hold that falls behind
-below it contradicts the earlier nights, and a window of a few seconds is short enough for
-one scheduler stall to sink it, so it runs once more at the same rate before it counts
-(`retries` times a search at most; set aside, it is still listed, marked `retried`). A
-broker that really lost capacity falls behind again, and costs the search one probe.
+A search knows the capacity the stage last measured on the same fingerprint and setup
+(where a warm start begins). A probe or hold that falls behind below it contradicts the
+earlier nights, and a window of a few seconds is short enough for one scheduler stall to
+sink it, so it runs once more at the same rate before it counts (`retries` times a search
+at most; set aside, it is still listed, marked `retried`, and counts for neither the
+bracket nor `max_probes` and `holds`). A broker that really lost capacity falls behind
+again, and costs the search one probe or hold.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ class SearchPolicy:
     tolerance: float = 0.05  # sent and received within 5% of what was asked
     min_rate: float = 1.0  # msg/s: below this, give up backing off
     hold_s: int = 0  # hold the rate found for this long (0: no hold)
-    holds: int = 2  # hold attempts, each one `precision` lower than the last
-    retries: int = 1  # probes or holds that fell behind below the last capacity, run again
+    holds: int = 2  # hold attempts, each lower than the last (one run again: not counted)
+    retries: int = 1  # probes or holds that fell behind below last_capacity, run again
     # % of a core: a busier driver may be the bottleneck (the validity gates' threshold)
     max_driver_cpu: float = Gates().max_driver_cpu_pct
 
@@ -100,12 +102,13 @@ class ProbeResult:
 class RateSearch:
     start_rate: float
     policy: SearchPolicy = SearchPolicy()
-    last_capacity: float | None = None  # a warm start's: what the stage last measured
+    last_capacity: float | None = None  # what the stage last measured, when known
     probes: list[tuple[ProbeResult, bool]] = field(default_factory=list)
     held: list[tuple[ProbeResult, bool]] = field(default_factory=list)
-    # probes and holds that fell behind below last_capacity, each run again at its rate:
-    # listed where they ran, never counted
-    retried: list[ProbeResult] = field(default_factory=list)
+    # positions in probes and held of the results set aside (each run again next at its
+    # rate): listed where they ran, never counted
+    probes_aside: set[int] = field(default_factory=set)
+    held_aside: set[int] = field(default_factory=set)
 
     @property
     def best(self) -> float | None:
@@ -114,29 +117,35 @@ class RateSearch:
         return max(ok) if ok else None
 
     def record(self, probe: ProbeResult) -> bool:
-        return self._record(probe, self.probes)
+        return self._record(probe, self.probes, self.probes_aside)
 
     def record_hold(self, probe: ProbeResult) -> bool:
-        return self._record(probe, self.held)
+        return self._record(probe, self.held, self.held_aside)
 
-    def _record(self, probe: ProbeResult, into: list[tuple[ProbeResult, bool]]) -> bool:
+    def _record(self, probe: ProbeResult, into: list[tuple[ProbeResult, bool]],
+                aside: set[int]) -> bool:
         kept = probe.keeps_up(self.policy.tolerance)
         into.append((probe, kept))
         if (not kept and self.last_capacity is not None and probe.rate < self.last_capacity
-                and len(self.retried) < self.policy.retries):
-            self.retried.append(probe)
+                and len(self.probes_aside) + len(self.held_aside) < self.policy.retries):
+            aside.add(len(into) - 1)
         return kept
 
-    def was_retried(self, probe: ProbeResult) -> bool:
-        """Whether `probe` (as recorded) was set aside, to be run again at its rate."""
-        return any(probe is r for r in self.retried)
+    @property
+    def retrying(self) -> bool:
+        """Whether the result recorded last was set aside, to be run again at its rate."""
+        return self._again(self.held, self.held_aside) is not None if self.held \
+            else self._again(self.probes, self.probes_aside) is not None
 
-    def _counted(self, entries: list[tuple[ProbeResult, bool]]) -> list[tuple[ProbeResult, bool]]:
-        return [(p, kept) for p, kept in entries if not self.was_retried(p)]
+    @staticmethod
+    def _counted(entries: list[tuple[ProbeResult, bool]],
+                 aside: set[int]) -> list[tuple[ProbeResult, bool]]:
+        return [entry for i, entry in enumerate(entries) if i not in aside]
 
-    def _again(self, entries: list[tuple[ProbeResult, bool]]) -> float | None:
+    @staticmethod
+    def _again(entries: list[tuple[ProbeResult, bool]], aside: set[int]) -> float | None:
         """The rate of the last of `entries` when it was set aside: it runs again next."""
-        return entries[-1][0].rate if entries and self.was_retried(entries[-1][0]) else None
+        return entries[-1][0].rate if len(entries) - 1 in aside else None
 
     @property
     def top(self) -> float | None:
@@ -147,7 +156,7 @@ class RateSearch:
         two probes saw different noise), so that probe bounds by its own rate."""
         best = self.best or 0.0
         bounds = []
-        for p, kept in self._counted(self.probes):
+        for p, kept in self._counted(self.probes, self.probes_aside):
             if not kept and p.rate > best:
                 estimate = min(p.rate, p.delivered_rate / (1 - self.policy.tolerance))
                 bounds.append(estimate if estimate > best else p.rate)
@@ -162,7 +171,8 @@ class RateSearch:
         """The next rate inside (best, top): just below what the lowest failed probe
         delivered when that lies inside, else the geometric middle."""
         step = 1 + self.policy.precision
-        failed = [p for p, kept in self._counted(self.probes) if not kept and p.rate > best]
+        failed = [p for p, kept in self._counted(self.probes, self.probes_aside)
+                  if not kept and p.rate > best]
         lowest = min(p.rate for p in failed)
         estimate = min(p.delivered_rate for p in failed if p.rate == lowest) \
             * (1 - self.policy.precision / 2)
@@ -174,9 +184,9 @@ class RateSearch:
         """The next rate to probe, or None when the search phase is over."""
         if not self.probes:
             return self.start_rate
-        if (again := self._again(self.probes)) is not None:
+        if (again := self._again(self.probes, self.probes_aside)) is not None:
             return again
-        counted = self._counted(self.probes)
+        counted = self._counted(self.probes, self.probes_aside)
         if self.converged or len(counted) >= self.policy.max_probes:
             return None
         best, top = self.best, self.top
@@ -191,9 +201,10 @@ class RateSearch:
         """The next rate to hold for hold_s, or None when holding is over (or not asked)."""
         if not self.policy.hold_s or self.best is None or not self.converged:
             return None
-        if (again := self._again(self.held)) is not None:
+        if (again := self._again(self.held, self.held_aside)) is not None:
             return again
-        if any(kept for _, kept in self.held) or len(self._counted(self.held)) >= self.policy.holds:
+        counted = self._counted(self.held, self.held_aside)
+        if any(kept for _, kept in counted) or len(counted) >= self.policy.holds:
             return None
         if not self.held:
             return self.best
@@ -243,8 +254,9 @@ class RateSearch:
                            f"and {ceiling:.0f} msg/s")
         elif holding and self.max_rate is None:
             verdict = (f"no rate held for {self.policy.hold_s} s: tried "
-                       + ", ".join(f"{p.rate:.0f} ({p.reason(self.policy.tolerance)})"
-                                   for p, _ in self.held))
+                       + ", ".join(f"{p.rate:.0f} ({p.reason(self.policy.tolerance)}"
+                                   f"{'; run again' if i in self.held_aside else ''})"
+                                   for i, (p, _) in enumerate(self.held)))
         elif (busy := self._driver_at_answer()) is not None:
             verdict = (f"a driver process used {busy:.0f}% of a core at "
                        f"{self.max_rate:.0f} msg/s (over {self.policy.max_driver_cpu:.0f}%): "
@@ -253,15 +265,16 @@ class RateSearch:
         else:
             verdict = None
 
-        def listed(probes: list[tuple[ProbeResult, bool]]) -> list[dict]:
+        def listed(probes: list[tuple[ProbeResult, bool]], aside: set[int]) -> list[dict]:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
                      "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance),
-                     "retried": self.was_retried(p)}
-                    for p, kept in probes]
+                     "retried": i in aside}
+                    for i, (p, kept) in enumerate(probes)]
 
         # the rate that held, even when a verdict makes the search untrusted (a driver at its
         # limit there); else the best probe (no hold asked, not converged, or none held)
         answer = self.max_rate if self.max_rate is not None else best
         return {"max_rate": answer, "ceiling": ceiling,
-                "converged": verdict is None, "reason": verdict, "probes": listed(self.probes),
-                "holds": listed(self.held), "hold_s": self.policy.hold_s}
+                "converged": verdict is None, "reason": verdict,
+                "probes": listed(self.probes, self.probes_aside),
+                "holds": listed(self.held, self.held_aside), "hold_s": self.policy.hold_s}

@@ -285,7 +285,8 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
 
 def last_capacity(ctx: RunContext, template: Stage) -> float | None:
     """The capacity this search stage last measured on this run's fingerprint and setup
-    (its newest comparable night's max_rate), for a warm start: after a change of setup,
+    (its newest comparable night's max_rate): where a warm start begins, and below which a
+    probe that falls behind is run again. Only the same setup's: after a change of setup,
     such as more driver processes, the last capacity may be the old setup's limit."""
     key = stage_key(ctx.inventory.broker.kind, template.stage_id)
     nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1)
@@ -299,10 +300,10 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
     later steps collect, aggregate and report it like any stage."""
     settings = dict(template.search)
     warm = settings.pop("warm_start", False)
-    last = last_capacity(ctx, template) if warm else None
-    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings), last),
-                        last_capacity=last)
-    if last:
+    last = last_capacity(ctx, template)  # a stall below it is probed again, warm or not
+    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings),
+                                    last if warm else None), last_capacity=last)
+    if last and warm:
         progress(f"  warm start at {search.start_rate:,.0f} msg/s: 90% of the capacity last "
                  f"measured here, {last:,.0f} msg/s")
     record = ctx.searches()
@@ -312,8 +313,7 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         ctx.write_json(rundir.SEARCH, record)
         result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
         kept = record_result(result)
-        again = "; below the capacity last measured here: run again" \
-            if search.was_retried(result) else ""
+        again = "; below the capacity last measured here: run again" if search.retrying else ""
         progress(f"  {stage.stage_id}: {result.rate:,.0f} msg/s "
                  f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}"
                  f"{again}")
