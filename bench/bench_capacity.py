@@ -89,8 +89,11 @@ def night(suite: str, inventory: Path) -> dict:
                 "reason": lines[-1], "max_rate": None, "verdicts": {}}
     (search,) = searches
     verdicts = {c["metric"]: c["verdict"] for c in search["comparisons"]}
+    ran = search["params"]["search_outcome"]
+    runs = {kind: (len(ran[kind]), sum(r["retried"] for r in ran[kind]))
+            for kind in ("probes", "holds")}
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
-            "reason": search["reason"], **search["metrics"], "verdicts": verdicts}
+            "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs}
 
 
 def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
@@ -119,9 +122,13 @@ def real_nights(nights: int) -> list[dict]:
 
 
 def say_night(label: str, number: int, result: dict) -> dict:
+    ran = [f"{n} {kind}" + (f" ({again} run again: it fell behind below the last capacity)"
+                            if again else "")
+           for kind, (n, again) in result.get("runs", {}).items()]
+    reason = f": {result['reason']}" if result["reason"] else ""
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
           f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, "
-          f"{result['validity']}{': ' + result['reason'] if result['reason'] else ''}; "
+          f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
           f"verdicts {result['verdicts']}", flush=True)
     return result
 
@@ -222,7 +229,13 @@ def main() -> int:
                "real": {"max_rate": series_spread(real, "max_rate"),
                         "cost": series_spread(real, "broker_cpu_s_per_10k"),
                         "validity": [n["validity"] for n in real],
-                        "reasons": sorted({n["reason"] for n in real if n["reason"]})}}
+                        "reasons": sorted({n["reason"] for n in real if n["reason"]})},
+               # probes and holds run, and of them run again after falling behind below the
+               # last capacity (a stall, or a broker that lost capacity: the B nights)
+               "runs": {label: {kind: [sum(n["runs"][kind][i] for n in nights if "runs" in n)
+                                       for i in (0, 1)] for kind in ("probes", "holds")}
+                        for label, nights in (("throttled A", a), ("throttled B", b),
+                                              ("real", real))}}
     print("\n3. the smallest step caught within two nights (90%), at each measured noise:")
     rows = [("throttled max_rate", figures["throttled"]["max_rate"]),
             ("throttled cost/msg", figures["throttled"]["cost"]),
@@ -241,6 +254,9 @@ def main() -> int:
               f"{fmt(smallest['perfpipe']):>9}")
     caught = [s["verdict"] for s in figures["throttled"]["step_5pct"]]
     print(f"\n  a 5% capacity step on the throttled broker: {' -> '.join(map(str, caught))}")
+    print("  run again after falling behind below the last capacity: " + "; ".join(
+        f"{label} {runs['probes'][1]} of {runs['probes'][0]} probes, {runs['holds'][1]} of "
+        f"{runs['holds'][0]} holds" for label, runs in figures["runs"].items()))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
         print(f"figures written to {args.out}")
