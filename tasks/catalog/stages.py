@@ -147,8 +147,9 @@ def stage_rows(stages: list[Stage]) -> list[dict]:
         if stage.search:  # the probes' rates are chosen while the run goes
             row["target msg/s"] = f"search from {stage.target_publish_rate:g}"
             row["duration s"] = (f"{stage.duration_s} per probe, at most "
-                                 f"{stage.search['max_probes']} probes (+1 after a stall)"
+                                 f"{stage.search['max_probes']} probes"
                                  + (f", then a {stage.search['hold_s']} s hold"
-                                    if stage.search.get("hold_s") else ""))
+                                    if stage.search.get("hold_s") else "")
+                                 + " (one more after a stall)")
         rows.append(row)
     return rows
