@@ -9,12 +9,10 @@ import json
 import math
 import random
 import re
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from sql import Store
 from tasks.analysis.across import combine, judge_stages
 from tasks.analysis.detector import Verdict, compare_stage
 from tasks.analysis.policy import Policy
@@ -23,14 +21,11 @@ from tasks.cli import main
 from tasks.metrics import DRIVER_CPU
 from tasks.notify.messages import Row, across_changes
 from tasks.views.history import attention
-from tasks.run_context import RunContext
-from tasks.settings import Settings
-from tasks.steps import execute
 from tasks.views.tables import across_note, mde_text, verdict_note
+from tests.judged_nights import JudgedNights
 
 COST = "broker_cpu_s_per_10k"
 STAGES = ("fanin.q0", "fanin.q1", "fanout.q0", "fanout.q1")
-START = datetime.now(timezone.utc) - timedelta(days=60)
 
 
 def cost_night(host: float, own: float, step: float = 0.0) -> dict:
@@ -40,27 +35,17 @@ def cost_night(host: float, own: float, step: float = 0.0) -> dict:
             COST: 0.3 * math.exp(0.7 * host + own) * (1 + step)}
 
 
-class Suite:
+class Suite(JudgedNights):
     """Nights of four stages on one fingerprint through compare and alert, as the pipeline
     runs them."""
 
     def __init__(self, state: Path) -> None:
-        self.settings = Settings(state_dir=state)
-        self.store = Store(self.settings.database_url())
-        self.store.migrate()
-        self.rng = random.Random(7)
-        self.day = 0
+        super().__init__(state, seed=7)
 
     def night(self, step: float = 0.0, *, quiet: bool = False) -> str:
         """One run; `quiet`: tonight's figures exactly on the stages' line (no noise of
         their own), so what is judged is the step alone."""
-        self.day += 1
-        run_id = f"nightly-{self.day:02d}"
-        run_dir = self.settings.run_dir(run_id)
-        run_dir.mkdir(parents=True)
-        self.store.create_run(run_id, kind="nightly", suite="smoke", broker_kind="mosquitto",
-                              artifact_dir=str(run_dir),
-                              started_at=START + timedelta(days=self.day))
+        run_id, _ = self.open_run()
         host = self.rng.gauss(0, 0.04)  # the shared host's pace, the same for every stage
         for stage in STAGES:
             self.store.record_stage(run_id, stage, scenario=stage.split(".")[0],
@@ -69,10 +54,7 @@ class Suite:
             own = 0.0 if quiet else self.rng.gauss(0, 0.01)
             self.store.record_results(run_id, stage, metrics=cost_night(host, own, step),
                                       series={}, validity="valid", reason=None)
-        ctx = RunContext(self.settings, run_id, run_dir, {})
-        execute("compare", ctx)
-        execute("alert", ctx)
-        self.store.finish_run(run_id, "ok")
+        self.judge(run_id)
         return run_id
 
     def costs(self, run_id: str) -> dict[str, dict]:
@@ -84,9 +66,6 @@ class Suite:
         out = self.settings.run_dir(run_id) / "again.html"
         assert main(["report", run_id, "--out", str(out)]) == 0
         return out.read_text()
-
-    def message(self, run_id: str) -> dict:
-        return json.loads((self.settings.run_dir(run_id) / "slack_message.json").read_text())
 
 
 @pytest.fixture

@@ -5,45 +5,30 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from sql import Store
 from tasks.cli import main
-from tasks.run_context import RunContext
 from tasks.rundir import VERDICTS as VERDICTS_FILE
-from tasks.settings import Settings
-from tasks.steps import execute
+from tests.judged_nights import JudgedNights
 
-START = datetime.now(timezone.utc) - timedelta(days=60)
 STAGE, KEY = "fanin.q1.c100", "mosquitto|fanin.q1.c100"
 RATE, P99 = "delivered_rate", "e2e_latency_p99_no_stall"  # P99: the judged tail
 
 
-class Lab:
+class Lab(JudgedNights):
     """Nights of one stage through compare and alert, as the pipeline runs them."""
 
     def __init__(self, state: Path) -> None:
-        self.settings = Settings(state_dir=state)
-        self.store = Store(self.settings.database_url())
-        self.store.migrate()
-        self.rng = random.Random(1)
-        self.day = 0
+        super().__init__(state, seed=1)
 
     def night(self, rate: float = 2000.0, p99: float = 5000.0, *, kind: str = "nightly",
               p99_noise: float = 0.02,
               fp: str = "fp1", plan: dict | None = None,
               started: datetime | None = None) -> tuple[str, dict, dict]:
-        self.day += 1
-        run_id = f"{kind}-{self.day:02d}"
-        run_dir = self.settings.run_dir(run_id)
-        run_dir.mkdir(parents=True)
-        self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
-                              artifact_dir=str(run_dir),
-                              started_at=started or START + timedelta(days=self.day))
+        run_id, _ = self.open_run(kind, started)
         self.store.record_stage(run_id, STAGE, scenario="fanin", stage_key=KEY, params={},
                                 fingerprint_hash=fp)
         level = rate * math.exp(self.rng.gauss(0, 0.002))
@@ -51,18 +36,12 @@ class Lab:
         self.store.record_results(run_id, STAGE, metrics={
             RATE: sum(seconds) / 10, P99: p99 * math.exp(self.rng.gauss(0, p99_noise))},
             series={"delivered_per_s": seconds}, validity="valid", reason=None)
-        ctx = RunContext(self.settings, run_id, run_dir, plan or {})
-        counts = execute("compare", ctx)
-        told = execute("alert", ctx)
-        self.store.finish_run(run_id, "ok")
-        return run_id, counts, told
+        return (run_id, *self.judge(run_id, plan))
 
     def verdict(self, run_id: str, metric: str = RATE) -> dict:
         (stage,) = self.store.stages(run_id)
         return next(c for c in stage["comparisons"] if c["metric"] == metric)
 
-    def message(self, run_id: str) -> dict:
-        return json.loads((self.settings.run_dir(run_id) / "slack_message.json").read_text())
 
 
 @pytest.fixture
