@@ -28,8 +28,7 @@ class JudgedNights:
         self.rng = random.Random(seed)
         self.day = 0
 
-    def open_run(self, kind: str = "nightly",
-                 started: datetime | None = None) -> tuple[str, Path]:
+    def open_run(self, kind: str = "nightly", started: datetime | None = None) -> str:
         """The next night's run (`<kind>-<day>`), created in the store with its folder."""
         self.day += 1
         run_id = f"{kind}-{self.day:02d}"
@@ -38,7 +37,7 @@ class JudgedNights:
         self.store.create_run(run_id, kind=kind, suite="smoke", broker_kind="mosquitto",
                               artifact_dir=str(run_dir),
                               started_at=started or START + timedelta(days=self.day))
-        return run_id, run_dir
+        return run_id
 
     def judge(self, run_id: str, plan: dict | None = None) -> tuple[dict, dict]:
         """The compare and alert steps on the run's recorded stages, then the run finished:

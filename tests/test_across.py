@@ -45,7 +45,7 @@ class Suite(JudgedNights):
     def night(self, step: float = 0.0, *, quiet: bool = False) -> str:
         """One run; `quiet`: tonight's figures exactly on the stages' line (no noise of
         their own), so what is judged is the step alone."""
-        run_id, _ = self.open_run()
+        run_id = self.open_run()
         host = self.rng.gauss(0, 0.04)  # the shared host's pace, the same for every stage
         for stage in STAGES:
             self.store.record_stage(run_id, stage, scenario=stage.split(".")[0],

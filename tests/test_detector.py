@@ -28,7 +28,7 @@ class Lab(JudgedNights):
               p99_noise: float = 0.02,
               fp: str = "fp1", plan: dict | None = None,
               started: datetime | None = None) -> tuple[str, dict, dict]:
-        run_id, _ = self.open_run(kind, started)
+        run_id = self.open_run(kind, started)
         self.store.record_stage(run_id, STAGE, scenario="fanin", stage_key=KEY, params={},
                                 fingerprint_hash=fp)
         level = rate * math.exp(self.rng.gauss(0, 0.002))

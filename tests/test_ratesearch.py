@@ -243,11 +243,7 @@ def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
         return ProbeResult(rate, min(1.0, 2_000 / rate), min(1.0, 2_000 / rate))
 
     def search(search: RateSearch) -> list[float]:
-        rates = []
-        while (rate := search.next_rate()) is not None:
-            rates.append(rate)
-            search.record(broker(rate))
-        return rates
+        return [rate for _, rate in search_and_hold(search, lambda rate, _: broker(rate))]
 
     before = RateSearch(start, warm)  # the search as it was: no capacity to contradict
     search(before)
@@ -274,8 +270,7 @@ def test_a_hold_that_stalls_below_the_last_capacity_is_held_again():
     steps = search_and_hold(search, held(2_000))
     assert not search.probes_aside and not search.held_aside  # no stall: none run twice
     stalled = RateSearch(start, warm, last_capacity=2_061)
-    while (rate := stalled.next_rate()) is not None:
-        stalled.record(held(2_000)(rate, False))
+    run(stalled, 2_000)  # the probes, as above
     best = stalled.best
     assert stalled.next_hold() == best < 2_061
     stalled.record_hold(ProbeResult(best, 1.0, 0.5))  # a stall
