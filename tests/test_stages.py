@@ -309,6 +309,23 @@ def test_a_searches_probes_and_holds_run_search_procs_every_other_stage_procs(tm
     assert load_inventory(path).host("here").search_procs == os.cpu_count()
 
 
+def test_the_plan_says_how_long_a_search_may_run(tmp_path):
+    """`perfpipe plan`'s duration of a search: its probes, its holds (a scenario setting)
+    and the one run again after a stall; no hold when hold_s is 0."""
+    from tasks.catalog.stages import stage_rows
+
+    def duration(search: str) -> str:
+        catalog = write_catalog(tmp_path, SEARCHED.replace("search: {hold_s: 10}", search))
+        (row,) = stage_rows(expand(load_suite(catalog, "s")[0]))
+        return row["duration s"]
+
+    assert duration("search: {hold_s: 10}") == ("7 per probe, at most 8 probes, then at most 2 "
+                                                "holds of 10 s; one more after a stall")
+    assert duration("search: {hold_s: 7, holds: 1, max_probes: 5}") == (
+        "7 per probe, at most 5 probes, then at most 1 hold of 7 s; one more after a stall")
+    assert duration("search: {}") == "7 per probe, at most 8 probes; one more after a stall"
+
+
 def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_else(tmp_path):
     from tasks.catalog.inventory import Inventory
     from tasks.catalog.placement import recorded_params

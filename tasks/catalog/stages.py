@@ -121,6 +121,11 @@ def expand_all(scenarios: list[Scenario]) -> list[Stage]:
     return [stage for scenario in scenarios for stage in expand(scenario)]
 
 
+def probe_id(template_id: str, number: int, hold: bool = False) -> str:
+    """The stage id of probe `number` (from 1) of a search template, or of its hold."""
+    return f"{template_id}.{'h' if hold else 'p'}{number}"
+
+
 def probe(template: Stage, rate: float, number: int, hold_s: int = 0) -> Stage:
     """Probe `number` of a search template: the same clients, all publishers scaled so
     they offer `rate` msg/s together. A hold (`hold_s`) is a probe whose measure window is
@@ -128,10 +133,21 @@ def probe(template: Stage, rate: float, number: int, hold_s: int = 0) -> Stage:
     factor = rate / template.target_publish_rate
     groups = tuple(replace(g, rate_per_client=g.rate_per_client * factor) if g.role == "pub"
                    else g for g in template.groups)
-    return replace(template, stage_id=f"{template.stage_id}.{'h' if hold_s else 'p'}{number}",
+    return replace(template, stage_id=probe_id(template.stage_id, number, hold=bool(hold_s)),
                    groups=groups, rate_pct=max(1, round(template.rate_pct * factor)),
                    search=None, probe_of=template.stage_id,
                    measure_s=hold_s or template.measure_s)
+
+
+def search_duration(probe_s: int, search: dict) -> str:
+    """How long a search stage may run (`search`: its `SearchSettings`, dumped): its
+    probes, then its holds of the rate found, and the one probe or hold run again after a
+    stall (tasks/catalog/ratesearch.py)."""
+    holds = search["holds"]
+    held = (f", then at most {holds} hold{'s' if holds > 1 else ''} of {search['hold_s']} s"
+            if search.get("hold_s") else "")
+    return (f"{probe_s} per probe, at most {search['max_probes']} probes{held}; "
+            "one more after a stall")
 
 
 def stage_rows(stages: list[Stage]) -> list[dict]:
@@ -146,10 +162,6 @@ def stage_rows(stages: list[Stage]) -> list[dict]:
                "duration s": stage.duration_s}
         if stage.search:  # the probes' rates are chosen while the run goes
             row["target msg/s"] = f"search from {stage.target_publish_rate:g}"
-            row["duration s"] = (f"{stage.duration_s} per probe, at most "
-                                 f"{stage.search['max_probes']} probes"
-                                 + (f", then a {stage.search['hold_s']} s hold"
-                                    if stage.search.get("hold_s") else "")
-                                 + " (one more after a stall)")
+            row["duration s"] = search_duration(stage.duration_s, stage.search)
         rows.append(row)
     return rows

@@ -8,6 +8,7 @@ import json
 from .. import rundir
 from ..analysis.validity import judge
 from ..catalog.placement import recorded_params
+from ..catalog.stages import probe_id
 from ..run_context import RunContext
 from . import Call
 from .provision import host_cpus, run_fingerprint
@@ -82,6 +83,14 @@ AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
                "broker_rss_per_1k_conn")
 
 
+def confirming_hold(template_id: str, outcome: dict) -> str | None:
+    """The stage id of the hold that confirmed a search's max rate (`outcome`, as
+    `RateSearch.outcome` gives it): its first hold that kept up; None without one."""
+    return next((probe_id(template_id, number, hold=True)
+                 for number, hold in enumerate(outcome.get("holds", []), 1) if hold["kept_up"]),
+                None)
+
+
 def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
                     cpus: dict[str, int]) -> list[dict]:
     """Each max-rate search as a stage of its own whose metrics are `max_rate` and the
@@ -98,9 +107,8 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
                                    "search_outcome": outcome},
                            fingerprint_hash=fingerprint)
         validity = "valid" if outcome["converged"] else "invalid"
-        held = [f"{template_id}.h{i}" for i, h in enumerate(outcome.get("holds", []), 1)
-                if h["kept_up"]]
-        at_capacity = results.get(held[0], {}).get("metrics", {}) if held else {}
+        held = confirming_hold(template_id, outcome)
+        at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY}}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
