@@ -14,7 +14,7 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    limit), and the broker's cost per message at its hold.
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
-   1 per 100 series; bench/bench_detector.py's `recall_bound`) and perfpipe's own
+   1 per 100 series; bench/detector_bounds.py's `recall_bound`) and perfpipe's own
    detector on simulated histories of that noise (`--series` each), both at 90%.
 
 The figures go to stdout and, with --out, to a JSON file (bench/noise_measured.json keeps
@@ -38,12 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_detector import recall_bound  # noqa: E402
+from detector_bounds import recall_bound  # noqa: E402
+from replayed_detector import Replay  # noqa: E402
+from simulated_nights import Noise  # noqa: E402
 
 from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
-from tasks.analysis.detector import compare_metric  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
-from tasks.analysis.policy import Policy  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
 
 TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256
@@ -152,28 +152,13 @@ def smallest_step(sigma: float, series: int, rng: np.random.Generator) -> dict:
 
 
 def simulated_recall(sigma: float, step: float, series: int, rng: np.random.Generator) -> float:
-    """Share of simulated max_rate histories where perfpipe says `regression` on the first
-    or second night after a capacity drop of `step` (20 quiet nights before)."""
-    from scipy.stats import t as student_t
-
-    scale = sigma / (1.4826 * float(student_t.ppf(0.75, 3)))
-    policy, caught = Policy(), 0
-    for _ in range(series):
-        values = list(np.exp(scale * rng.standard_t(3, 22)))
-        values[20] *= 1 - step
-        values[21] *= 1 - step
-        history, previous, verdict = [], None, None
-        for night_no, value in enumerate(values):
-            v = compare_metric("s", "max_rate", float(value), history, policy,
-                               previous=previous)
-            held = v.verdict in ("suspected", "regression") and v.detail.get("hold")
-            history.insert(0, {"metrics": {"max_rate": float(value)},
-                               "held_out": ["max_rate"] if held else []})
-            previous = {"verdict": v.verdict, "detail": v.detail}
-            if night_no >= 20 and v.verdict == "regression":
-                verdict = "regression"
-        caught += verdict == "regression"
-    return caught / series
+    """Share of simulated max_rate histories (t3 noise of this robust sigma) where perfpipe
+    says `regression` on the first or second night after a capacity drop of `step`, 20
+    quiet nights before: the stage alone, judged as bench_detector.py judges one."""
+    noise = Noise({"max_rate": sigma}, 0.0, 0.0)
+    replay = Replay()
+    return replay.run_step(replay.perfpipe, noise, ["max_rate"], "max_rate", step, series, rng,
+                           scales=(1.0,))["recall2"]
 
 
 def scenarios_dir(work: Path) -> Path:

@@ -9,12 +9,14 @@ KIND: `like` (suites of 4 stages, one noise), `mixed` (one stage of 4 twice as n
 log, t3), counting suspected, regression and improvement verdicts while learning over all
 stages; `like-step` and `single-step`: 5 quiet nights at --step-noise, then --step on the
 first stage, and how often its two nights read learning then regression. The metric is
-broker_cpu_s_per_10k, judged as the compare step judges it (`compare_stage`, the peers'
-noise from `pooled_noise`, flagged values held out).
+broker_cpu_s_per_10k, drawn as bench_detector.py draws a metric (`simulated_nights.Stage`)
+and judged as it judges one (`replayed_detector.perfpipe`: the compare step's detector,
+the night's stages together, the store's rules).
 
 To compare with the rule of another commit, run it with that checkout first on the path:
     PYTHONPATH=/tmp/old .state/venv/bin/python bench/learning_aa.py like ...
-(`git worktree add /tmp/old COMMIT`; this script's own copy is the one to run).
+(`git worktree add /tmp/old COMMIT`; this script's own copy is the one to run, and the
+commit's `tasks.analysis` must have what `replayed_detector.py` calls).
 """
 
 from __future__ import annotations
@@ -28,40 +30,28 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-from tasks.analysis.detector import compare_stage  # noqa: E402
-from tasks.analysis.noise import pooled_noise  # noqa: E402
 from tasks.analysis.policy import Policy  # noqa: E402
-from tasks.analysis.thresholds import t_robust_sigma  # noqa: E402
+
+# bench/, the script's own folder
+from replayed_detector import learning_flags, perfpipe  # noqa: E402
+from simulated_nights import Noise, Stage  # noqa: E402
 
 METRIC = "broker_cpu_s_per_10k"
-FLAGS = ("suspected", "regression", "improvement")
+STEP_NIGHT = 5  # the step kinds' first stepped night (from 0)
 SCALES = {"like": (1, 1, 1, 1), "mixed": (1, 1, 1, 2), "single": (1,),
           "like-step": (1, 1, 1, 1), "single-step": (1,)}
 
 
 def one_suite(scales: tuple[float, ...], sigma: float, step: float, nights: int,
               rng: np.random.Generator) -> tuple[int, list[str]]:
-    """(change verdicts while learning over all stages, the first stage's verdicts)."""
-    policy, robust = Policy(), t_robust_sigma(3.0)
-    histories: list[list[dict]] = [[] for _ in scales]
-    previous: list[dict] = [{} for _ in scales]
-    flags, first = 0, []
-    for night in range(nights):
-        values = [0.3 * math.exp(sigma * s / robust * rng.standard_t(3)
-                                 + (step if night >= 5 and i == 0 else 0.0))
-                  for i, s in enumerate(scales)]
-        for i, value in enumerate(values):
-            peers = pooled_noise(histories[:i] + histories[i + 1:], policy)
-            (v,) = compare_stage("s", {METRIC: value}, "valid", histories[i], policy,
-                                 previous=previous[i], peers=peers)
-            flags += v.detail.get("note", "").startswith("learning") and v.verdict in FLAGS
-            first += [v.verdict] if i == 0 else []
-            previous[i] = {METRIC: v.to_dict()}
-        for i, value in enumerate(values):
-            held = [METRIC] if previous[i][METRIC]["detail"].get("hold") else []
-            histories[i].insert(0, {"run_id": str(night), "metrics": {METRIC: value},
-                                    "held_out": held})
-    return flags, first
+    """(change verdicts while learning over all stages, the first stage's verdicts);
+    `step`: the log step on the first stage from `STEP_NIGHT` on."""
+    stages = [Stage(Noise({METRIC: scale * sigma}, 0.0, 0.0), [METRIC], rng,
+                    METRIC if i == 0 else None, math.expm1(step), STEP_NIGHT)
+              for i, scale in enumerate(scales)]
+    verdicts = perfpipe(stages, nights, Policy())
+    return (sum(learning_flags(stage, METRIC) for stage in verdicts),
+            [tonight[METRIC].verdict for tonight in verdicts[0]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         got, first = one_suite(scales, args.step_noise if stepped else args.noise,
                                args.step if stepped else 0.0, 7 if stepped else 9, rng)
         flags += got
-        caught += first[5:] == ["learning", "regression"]
+        caught += first[STEP_NIGHT:] == ["learning", "regression"]
     if stepped:
         print(f"{args.kind}: step {100 * math.expm1(args.step):+.0f}% at {args.step_noise:.0%} "
               f"noise, confirmed on its second night in {100 * caught / args.series:.1f}% "

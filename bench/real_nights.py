@@ -60,6 +60,7 @@ from tasks.views.tables import across_note, mde_text  # noqa: E402
 
 from measure_noise import run_one  # noqa: E402  (bench/, beside it)
 from paired_change import burning_inventory, newest_run  # noqa: E402
+from replayed_detector import judged_z  # noqa: E402
 
 # [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night}], in order
 NIGHTS_FILE = "nights.json"
@@ -169,18 +170,15 @@ def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None
         rows = [{key: st["verdicts"].get(m, {}).get("detail") or {} for key, st in night.items()}
                 for night in plain]
         # nights on which every stage of the suite's first such night was judged together
-        kept = [i for i, r in enumerate(rows)
-                if all("evidence" in d and "across" in d for d in r.values())]
+        kept = [i for i, r in enumerate(rows) if judged_z(list(r.values())) is not None]
         kept = [i for i in kept if sorted(rows[i]) == sorted(rows[kept[0]])]
         rows = [rows[i] for i in kept]
         if len(rows) < 3:
             print(f"\n{m} across stages: {len(rows)} plain nights judged so, too few to check")
             continue
         keys = sorted(rows[0])
-        z = np.array([[r[k]["evidence"]["change"] / r[k]["evidence"]["sd"] for k in keys]
-                      for r in rows])
-        combined = [math.log1p(r[keys[0]]["across"]["change_pct"] / 100)
-                    / (r[keys[0]]["across"]["sd_pct"] / 100) for r in rows]
+        judged = np.array([judged_z([r[k] for k in keys]) for r in rows])
+        z, combined = judged[:, :-1], list(judged[:, -1])
         corr = spearmanr(z).correlation if len(keys) > 2 else [[1, spearmanr(z).correlation]]
         pairs = [corr[i][j] for i in range(len(keys)) for j in range(i + 1, len(keys))]
         print(f"\n{m} across {len(keys)} stages, {len(rows)} plain nights past learning: rank "

@@ -26,8 +26,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import bench_detector as bench  # noqa: E402  (bench/, the script's own folder)
+from tasks.analysis.policy import Policy  # noqa: E402
+
+# bench/, the script's own folder
 import scale_bound  # noqa: E402
+from bench_detector import SWEEP_METRICS, SWEEP_STEPS  # noqa: E402
+from simulated_nights import AA_NIGHTS, T_DOF, T_ROBUST, WARM, log_step, step_name  # noqa: E402
 
 CELL = re.compile(r"([\d.]+)/\s*([\d.]+)/\s*([\d.]+)%")
 
@@ -38,11 +42,11 @@ def judged_cells(log: str) -> list[tuple[str, float, float, float, float]]:
     cells, metric = [], None
     for line in table.splitlines():
         words = line.split()
-        if words and words[0] in bench.SWEEP_METRICS:
+        if words and words[0] in SWEEP_METRICS:
             metric = words[0]
         elif metric and (row := re.match(r"\s+(\d+)% (.*)", line)):
             noise = int(row.group(1)) / 100
-            for step, found in zip(bench.SWEEP_STEPS, CELL.findall(row.group(2))):
+            for step, found in zip(SWEEP_STEPS, CELL.findall(row.group(2))):
                 got, _, bound = (float(x) / 100 for x in found)
                 if bound >= 0.5:
                     cells.append((metric, noise, step, got, bound))
@@ -56,14 +60,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     cells = judged_cells(args.log.read_text())
-    keys = [bench.log_step(m, step) / (noise / bench.T_ROBUST) for m, noise, step, _, _ in cells]
-    rule = scale_bound.rule_recall(sorted(set(keys)), history=bench.WARM, nights=bench.AA_NIGHTS,
-                                   first=bench.Policy().min_history, tail=float(bench.T_DOF),
+    keys = [log_step(m, step) / (noise / T_ROBUST) for m, noise, step, _, _ in cells]
+    rule = scale_bound.rule_recall(sorted(set(keys)), history=WARM, nights=AA_NIGHTS,
+                                   first=Policy().min_history, tail=float(T_DOF),
                                    rng=np.random.default_rng(args.seed), series=args.series)
     for (metric, noise, step, got, bound), k in zip(cells, keys):
         marks = (("perfpipe " if meets(got, bound) else "")
                  + ("rule" if meets(rule[k], bound) else ""))
-        print(f"{bench.step_name(metric, step):30} at {100 * noise:2.0f}%: perfpipe "
+        print(f"{step_name(metric, step):30} at {100 * noise:2.0f}%: perfpipe "
               f"{100 * got:5.1f}%, rule {100 * rule[k]:5.1f}%, bound {100 * bound:5.1f}%; "
               f"80% of it: {marks or '-'}")
     print(f"{len(cells)} cells: perfpipe at 80% of the bound in "

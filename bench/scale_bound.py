@@ -1,6 +1,6 @@
 """The recall bound when the noise must be learned from the nights at hand.
 
-`bench_detector.recall_bound` is the Neyman-Pearson test that is given the noise's scale.
+`detector_bounds.recall_bound` is the Neyman-Pearson test that is given the noise's scale.
 A detector is not: it learns the scale from the history. This module measures what that
 learning costs the test best placed to pay it: the most powerful *scale-invariant* test
 (its decision the same when every night's change is multiplied by one factor), given
