@@ -11,7 +11,9 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    caught it (suspected, then regression).
 2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` QoS 0
    search against a plain Mosquitto perfpipe starts (no throttle: the 2 vCPUs are the
-   limit), and the broker's cost per message at its hold.
+   limit), and the broker's cost per message at its hold; and how much of each the host's
+   pace over the hold (`tasks/driver/pace.py`) and the driver's CPU a message there
+   explain, night to night (4 valid nights or more).
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
    1 per 100 series; bench/detector_bounds.py's `recall_bound`) and perfpipe's own
@@ -44,6 +46,7 @@ from simulated_nights import Noise  # noqa: E402
 
 from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
+from tasks.metrics import DRIVER_CPU, HOST_PACE  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
 
 TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256
@@ -77,6 +80,7 @@ def night(suite: str, inventory: Path) -> dict:
     from tasks import rundir
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
+    from tasks.steps.load_metrics import confirming_hold
 
     outcome = run_pipeline(load_settings(), suite=suite, inventory=inventory, kind="nightly",
                            say=lambda _: None)
@@ -92,8 +96,11 @@ def night(suite: str, inventory: Path) -> dict:
     ran = search["params"]["search_outcome"]
     runs = {kind: (len(ran[kind]), sum(r["retried"] for r in ran[kind]))
             for kind in ("probes", "holds")}
+    held = confirming_hold(search["stage_id"], ran)  # the host's pace over it, and the driver's
+    at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})  # CPU a message
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
-            "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs}
+            "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
+            "hold": {name: at_hold.get(name) for name in (HOST_PACE, DRIVER_CPU)}}
 
 
 def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
@@ -126,8 +133,12 @@ def say_night(label: str, number: int, result: dict) -> dict:
                             if again else "")
            for kind, (n, again) in result.get("runs", {}).items()]
     reason = f": {result['reason']}" if result["reason"] else ""
+    hold = result.get("hold") or {}
+    pace = (f"over the hold host pace {hold[HOST_PACE]:.1f} us and driver "
+            f"{hold[DRIVER_CPU]:.3f} CPU-s/10K, " if None not in (hold.get(HOST_PACE),
+                                                                  hold.get(DRIVER_CPU)) else "")
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
-          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, "
+          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {pace}"
           f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
           f"verdicts {result['verdicts']}", flush=True)
     return result
@@ -175,16 +186,39 @@ def scenarios_dir(work: Path) -> Path:
 
 
 def series_spread(nights: list[dict], metric: str) -> dict:
-    """A metric's nights as recorded: the values, how many, and their robust sigma (of 3
-    nights or more)."""
-    values = [n[metric] for n in nights if n.get(metric)]
+    """A metric's valid nights as recorded (the nights the detector judges): the values, how
+    many, and their robust sigma (of 3 nights or more)."""
+    values = [n[metric] for n in nights if n.get(metric) and n["validity"] == "valid"]
     return {"values": [round(v, 6) for v in values], "nights": len(values),
             "robust_sigma": round(robust_sigma(values), 5) if len(values) >= 3 else None}
 
 
+def pace_explains(nights: list[dict]) -> dict[str, dict[str, dict]]:
+    """What the host's pace over each valid night's confirming hold, and the driver's CPU a
+    message there, explain of the night's max_rate and cost (`host_pace.explained`: the
+    correlation of the logs, and the spread left with the line fitted on the other nights);
+    {} with fewer than 4 such nights."""
+    from host_pace import explained
+
+    out: dict[str, dict[str, dict]] = {}
+    for metric in ("max_rate", "broker_cpu_s_per_10k"):
+        for by in (HOST_PACE, DRIVER_CPU):
+            pairs = [(n["hold"][by], n[metric]) for n in nights
+                     if n["validity"] == "valid" and n.get(metric) and n.get("hold", {}).get(by)]
+            if len(pairs) >= 4:
+                out.setdefault(metric, {})[by] = explained(*map(list, zip(*pairs)))
+    return out
+
+
+def pairs_line(e: dict) -> str:
+    return (f"r {e['r']:+.2f} over {e['pairs']} nights, slope {e['slope']:+.2f}, sd of the logs "
+            f"{100 * e['sd']:.1f}% -> {100 * e['left_sd']:.1f}% left")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nights", type=int, default=8, help="A nights of the throttled broker")
+    parser.add_argument("--nights", type=int, default=8,
+                        help="A nights of the throttled broker (0: none, nor its 5%% step)")
     parser.add_argument("--real-nights", type=int, default=6, help="nights of the real one")
     parser.add_argument("--series", type=int, default=2000, help="simulated histories per step")
     parser.add_argument("--seed", type=int, default=1)
@@ -198,8 +232,10 @@ def main() -> int:
                           PERFPIPE_SCENARIOS_DIR=str(scenarios_dir(work)))
         for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY"):
             os.environ.pop(name, None)
-        print(f"1. throttled Mosquitto, capacity {CAPACITY} msg/s exactly:", flush=True)
-        a, b = throttled_nights(work, args.nights)
+        a, b = [], []
+        if args.nights:
+            print(f"1. throttled Mosquitto, capacity {CAPACITY} msg/s exactly:", flush=True)
+            a, b = throttled_nights(work, args.nights)
         print("2. this machine's Mosquitto, capacity_fanin QoS 0 (perfpipe starts it):",
               flush=True)
         real = real_nights(args.real_nights)
@@ -214,7 +250,8 @@ def main() -> int:
                "real": {"max_rate": series_spread(real, "max_rate"),
                         "cost": series_spread(real, "broker_cpu_s_per_10k"),
                         "validity": [n["validity"] for n in real],
-                        "reasons": sorted({n["reason"] for n in real if n["reason"]})},
+                        "reasons": sorted({n["reason"] for n in real if n["reason"]}),
+                        "explained": pace_explains(real)},
                # probes and holds run, and of them run again after falling behind below the
                # last capacity (a stall, or a broker that lost capacity: the B nights)
                "runs": {label: {kind: [sum(n["runs"][kind][i] for n in nights if "runs" in n)
@@ -237,11 +274,16 @@ def main() -> int:
         fmt = lambda x: "none" if x is None else f"{100 * x:.0f}%"  # noqa: E731
         print(f"  {label:20} {noise['nights']:>6} {100 * sigma:>6.2f}% {fmt(smallest['bound']):>7} "
               f"{fmt(smallest['perfpipe']):>9}")
+    for metric, by_covariate in figures["real"]["explained"].items():
+        print(f"  real {metric} on the host's pace and the driver's CPU a message over the "
+              f"hold: " + "; ".join(f"{by}: {pairs_line(e)}" for by, e in by_covariate.items()))
     caught = [s["verdict"] for s in figures["throttled"]["step_5pct"]]
-    print(f"\n  a 5% capacity step on the throttled broker: {' -> '.join(map(str, caught))}")
+    if caught:
+        print(f"\n  a 5% capacity step on the throttled broker: {' -> '.join(map(str, caught))}")
     print("  run again after falling behind below the last capacity: " + "; ".join(
         f"{label} {runs['probes'][1]} of {runs['probes'][0]} probes, {runs['holds'][1]} of "
-        f"{runs['holds'][0]} holds" for label, runs in figures["runs"].items()))
+        f"{runs['holds'][0]} holds" for label, runs in figures["runs"].items()
+        if runs["probes"][0]))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
         print(f"figures written to {args.out}")
