@@ -5,7 +5,7 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
                                                    [--series 2000] [--out FILE]
 
 1. The method's own precision: `--nights` nights of a capacity search (the shipped
-   capacity scenarios' search: precision 2%, a 10 s hold, warm starts) against a Mosquitto
+   capacity scenarios' search: precision 2%, up to 2 holds of 10 s, warm starts) against a Mosquitto
    whose deliveries pass a token bucket (infra/slowdown), so its capacity is known
    exactly; then two nights with the bucket 5% smaller, and whether perfpipe's verdicts
    caught it (suspected, then regression).
@@ -197,7 +197,10 @@ def pace_explains(nights: list[dict]) -> dict[str, dict[str, dict]]:
     """What the host's pace over each valid night's confirming hold, and the driver's CPU a
     message there, explain of the night's max_rate and cost (`host_pace.explained`: the
     correlation of the logs, and the spread left with the line fitted on the other nights);
-    {} with fewer than 4 such nights."""
+    left out with fewer than 4 such nights, or where no line can be fitted (the covariate
+    the same on the other nights), so the run's figures are still written."""
+    import statistics
+
     from host_pace import explained
 
     out: dict[str, dict[str, dict]] = {}
@@ -205,9 +208,13 @@ def pace_explains(nights: list[dict]) -> dict[str, dict[str, dict]]:
         for by in (HOST_PACE, DRIVER_CPU):
             pairs = [(n["hold"][by], n[metric]) for n in nights
                      if n["validity"] == "valid" and n.get(metric) and n.get("hold", {}).get(by)]
-            if len(pairs) >= 4:
+            if len(pairs) < 4:
+                continue
+            try:
                 out.setdefault(metric, {})[by] = explained(*map(list, zip(*pairs)))
-    return out
+            except (ZeroDivisionError, statistics.StatisticsError) as exc:
+                print(f"  real {metric} on {by}: no line fitted ({exc})")
+    return {metric: fits for metric, fits in out.items() if fits}
 
 
 def pairs_line(e: dict) -> str:

@@ -17,7 +17,8 @@ then a step of known size from night 21 on, 5 nights watched). A detection is th
 `regression` verdict on the stepped metric; a false alarm is a metric entering
 `regression` without a step (one alert). The same figures are printed for a plain
 "percentage vs last night" detector (worse than last night by the minimum practical
-effect: an alarm) as the ratio to beat. Next to perfpipe's recall, `recall_bound` prints
+effect: an alarm) as the ratio to beat. The bounds are `detector_bounds.py`'s. Next to
+perfpipe's recall, `recall_bound` prints
 what no detector can beat at that noise and false-alarm budget (the Neyman-Pearson test
 with the true level and noise law given, its threshold set on simulated A/A series so that
 it too raises 1 alarm per 100: `budget_rate`): where a bar is above it, the machine's
@@ -102,7 +103,6 @@ def measured_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Gener
                 bound = f"{fmt_pct(o1).strip()}/{fmt_pct(o2).strip()}"
             print(f"{label:34} {name:9} {fmt_pct(r['recall1']):>8} {fmt_pct(r['recall2']):>8} "
                   f"{fmt_pct(r['recall5']):>8} {nights:>14} {r['early']:>18} {bound:>14}")
-
 
 
 def broker_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> None:

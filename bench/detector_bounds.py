@@ -147,7 +147,6 @@ def bound_mde(sigma: float, rng: np.random.Generator, power: float = MDE_POWER) 
     return high
 
 
-
 def fisher_dof_per_night(tail: float) -> float:
     """The most a night can add, asymptotically, to an unbiased noise estimate on t noise
     with `tail` d.o.f., in the chi-square d.o.f. the detector counts: the Fisher

@@ -16,7 +16,7 @@ the night's stages together, the store's rules).
 To compare with the rule of another commit, run it with that checkout first on the path:
     PYTHONPATH=/tmp/old .state/venv/bin/python bench/learning_aa.py like ...
 (`git worktree add /tmp/old COMMIT`; this script's own copy is the one to run, and the
-commit's `tasks.analysis` must have what `replayed_detector.py` calls).
+commit's `tasks` must have what `replayed_detector.py` and `simulated_nights.py` call).
 """
 
 from __future__ import annotations

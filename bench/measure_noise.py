@@ -1,4 +1,6 @@
-"""Measure this machine's run-to-run noise: the input of `bench/bench_detector.py`.
+"""Measure this machine's run-to-run noise: what `bench/bench_detector.py` draws from.
+
+`bench/simulated_nights.py` draws the nights from it.
 
     .state/venv/bin/python bench/measure_noise.py --runs 10 --state /tmp/noise-state
     .state/venv/bin/python bench/measure_noise.py --analyse-only --state /tmp/noise-state
@@ -25,7 +27,7 @@ reads the stored results and the raw latency histograms and writes, per metric:
   broker's CPU per message and e2e p50, on the driver's CPU per message), per stage, the
   slope the detector fits, the noise of the metric as it is and along that slope (in
   sample, as the detector estimates it, and out of sample), and the medians over stages
-  that `bench_detector.py` draws from; with --covariate METRIC=BY, also for a pairing the
+  that `simulated_nights.py` draws from; with --covariate METRIC=BY, also for a pairing the
   pipeline does not judge (yet).
 Load average and the busiest other processes are recorded before every run: this machine
 is shared, and the figures are only as quiet as it was.
@@ -331,7 +333,7 @@ def covariate_figures(by: str, stages: dict[str, list[tuple[float, float]]]) -> 
     along the slope (in sample, as the detector estimates the noise it judges with); and
     the root mean square of each night's distance from the median of the other nights,
     moved along the slope fitted on them alone (out of sample). Medians over the stages:
-    what bench_detector.py draws the metric and its covariate from."""
+    what simulated_nights.py draws the metric and its covariate from."""
     out: dict = {"by": by, "stages": {}}
     for key, pairs in sorted(stages.items()):
         if len(pairs) < Policy().min_history:

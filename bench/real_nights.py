@@ -177,8 +177,8 @@ def across_check(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None
             print(f"\n{m} across stages: {len(rows)} plain nights judged so, too few to check")
             continue
         keys = sorted(rows[0])
-        judged = np.array([judged_z([r[k] for k in keys]) for r in rows])
-        z, combined = judged[:, :-1], list(judged[:, -1])
+        zs = np.array([judged_z([r[k] for k in keys]) for r in rows])
+        z, combined = zs[:, :-1], list(zs[:, -1])
         corr = spearmanr(z).correlation if len(keys) > 2 else [[1, spearmanr(z).correlation]]
         pairs = [corr[i][j] for i in range(len(keys)) for j in range(i + 1, len(keys))]
         print(f"\n{m} across {len(keys)} stages, {len(rows)} plain nights past learning: rank "

@@ -155,8 +155,8 @@ def across_z(stages: list[list[dict[str, Verdict]]], metric: str) -> np.ndarray:
 def judged_z(details: list[dict]) -> list[float] | None:
     """One night of a metric judged across its stages, from its verdicts' details: each
     stage's change over its sd under no change (z), then the combination's; None unless
-    every stage was judged so."""
-    if not all("evidence" in d and "across" in d for d in details):
+    every stage was judged so (or there is none)."""
+    if not details or not all("evidence" in d and "across" in d for d in details):
         return None
     across = details[0]["across"]
     return ([d["evidence"]["change"] / d["evidence"]["sd"] for d in details]

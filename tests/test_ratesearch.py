@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
+from tasks.steps.load_metrics import confirming_hold
 
 
 def run(search: RateSearch, capacity: float) -> list[float]:
@@ -279,6 +280,10 @@ def test_a_hold_that_stalls_below_the_last_capacity_is_held_again():
     assert stalled.next_hold() is None and stalled.outcome()["max_rate"] == best
     assert [h["retried"] for h in stalled.outcome()["holds"]] == [True, False]
     assert ("hold", best) in steps and stalled.outcome()["max_rate"] == search.outcome()["max_rate"]
+    # the broker's cost at capacity is read over the hold that kept up, the second
+    assert confirming_hold("s.search", stalled.outcome()) == "s.search.h2"
+    assert confirming_hold("s.search", search.outcome()) == "s.search.h1"
+    assert confirming_hold("s.search", {**search.outcome(), "holds": []}) is None
 
 
 def test_a_broker_that_lost_capacity_falls_behind_again_and_costs_one_probe():

@@ -143,9 +143,10 @@ def search_duration(probe_s: int, search: dict) -> str:
     """How long a search stage may run (`search`: its `SearchSettings`, dumped): its
     probes, then its holds of the rate found, and the one probe or hold run again after a
     stall (tasks/catalog/ratesearch.py)."""
-    holds = search["holds"]
-    held = (f", then at most {holds} hold{'s' if holds > 1 else ''} of {search['hold_s']} s"
-            if search.get("hold_s") else "")
+    held = ""
+    if search.get("hold_s"):  # a plan stored before holds were a setting has neither
+        holds = search["holds"]
+        held = f", then at most {holds} hold{'s' if holds > 1 else ''} of {search['hold_s']} s"
     return (f"{probe_s} per probe, at most {search['max_probes']} probes{held}; "
             "one more after a stall")
 
