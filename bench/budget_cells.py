@@ -54,7 +54,7 @@ def main() -> int:
     short = []
     for metric, noise, step, got, bound in cells:
         low = recall_bound(noise, log_step(metric, step), rng, draws=1_000_000,
-                                 budget=args.budget)[1]
+                           budget=args.budget)[1]
         met += meets(got, bound)
         at_budget += meets(got, low)
         if not meets(got, low):
@@ -75,8 +75,8 @@ def learned_rows(short: list[tuple[str, float, float, float, float, float]], bud
     recall, that bound, the log's bound), against the best tests that learn the noise's
     scale at that budget from the stage's own nights and from the suite's."""
     learned = learned_bounds([(noise, log_step(metric, step))
-                                    for metric, noise, step, *_ in short], rng, budget=budget,
-                                   with_rule=False)
+                              for metric, noise, step, *_ in short], rng, budget=budget,
+                             with_rule=False)
     print(f"the {len(short)} cells short of 80% of the bound at {budget:g}, against the best "
           f"tests that learn the noise's scale at {budget:g} alarms per series "
           "(bench/scale_bound.py; the level and noise law given):")
