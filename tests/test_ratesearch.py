@@ -323,6 +323,10 @@ def test_a_probe_run_again_uses_none_of_the_budget_and_never_loops():
     search.record(ProbeResult(2_000, 1.0, 1.0))
     assert search.next_rate() == 4_000  # the third of max_probes: the one set aside is free
     assert [p["retried"] for p in search.outcome()["probes"]] == [False, True, False]
+    search.record(ProbeResult(4_000, 1.0, 0.9))  # the third: the budget is spent
+    assert search.next_rate() is None
+    assert search.outcome()["reason"].startswith(
+        "not converged after 3 probes (and 1 run again): between 2000 and ")
 
     replayed = RateSearch(1_000, SearchPolicy(growth=2.0, precision=0.02), last_capacity=3_000)
     replayed.record(ProbeResult(1_000, 1.0, 1.0))

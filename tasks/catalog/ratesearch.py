@@ -250,7 +250,10 @@ class RateSearch:
                 verdict = (f"the broker kept up at every probe, up to {best:.0f} msg/s: raise "
                            "the start rate")
             else:
-                verdict = (f"not converged after {len(self.probes)} probes: between {best:.0f} "
+                again = (f" (and {len(self.probes_aside)} run again)" if self.probes_aside
+                         else "")
+                counted = len(self._counted(self.probes, self.probes_aside))
+                verdict = (f"not converged after {counted} probes{again}: between {best:.0f} "
                            f"and {ceiling:.0f} msg/s")
         elif holding and self.max_rate is None:
             verdict = (f"no rate held for {self.policy.hold_s} s: tried "
