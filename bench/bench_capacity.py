@@ -2,6 +2,7 @@
 run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
 
     .state/venv/bin/python bench/bench_capacity.py [--nights 8] [--real-nights 6]
+                                                   [--pin off|on|alternate]
                                                    [--series 2000] [--out FILE]
 
 1. The method's own precision: `--nights` nights of a capacity search (the shipped
@@ -11,9 +12,12 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    caught it (suspected, then regression).
 2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` QoS 0
    search against a plain Mosquitto perfpipe starts (no throttle: the 2 vCPUs are the
-   limit), and the broker's cost per message at its hold; and how much of each the host's
-   pace over the hold (`tasks/driver/pace.py`) and the driver's CPU a message there
-   explain, night to night (4 valid nights or more).
+   limit), and the broker's cost per message at its hold; and how much of each is
+   explained, night to night (4 valid nights or more), by what was measured over the hold:
+   the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's CPU
+   use and the broker's context switches (the last two tell the nights the broker ran out
+   of CPU from the nights it slept while it fell behind). `--pin` keeps the broker on the
+   first CPU and the drivers on the others, for every night or every other night.
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
    1 per 100 series; bench/detector_bounds.py's `recall_bound`) and perfpipe's own
@@ -53,6 +57,10 @@ TOPIC, PAYLOAD = "perfpipe/bench/capacity", 256
 CAPACITY = 2_000  # msg/s the bucket lets through to the one subscriber
 STEPS = (0.02, 0.03, 0.05, 0.07, 0.10, 0.15, 0.20, 0.30, 0.50)
 TARGET = 0.90  # recall within two nights that counts as "caught"
+HOST_CPU, BROKER_SWITCHES = "host_cpu_avg", "broker_ctx_switches_per_s"
+# read over the hold that confirmed a night's answer, and fitted against its figures
+AT_HOLD = (HOST_PACE, DRIVER_CPU, HOST_CPU, BROKER_SWITCHES)
+CPU_USED_UP = 0.95  # of the host's CPUs, over the hold: the broker ran out of CPU there
 
 THROTTLED = f"""
 name: bench_throttled
@@ -100,7 +108,7 @@ def night(suite: str, inventory: Path) -> dict:
     at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})  # CPU a message
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
             "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
-            "hold": {name: at_hold.get(name) for name in (HOST_PACE, DRIVER_CPU)}}
+            "hold": {name: at_hold.get(name) for name in AT_HOLD}}
 
 
 def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
@@ -122,10 +130,71 @@ def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
     return a, b
 
 
-def real_nights(nights: int) -> list[dict]:
-    """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here."""
+class Pinning:
+    """Keeps the broker (processes named mosquitto) on the first CPU this bench may use and
+    the driver processes (the driver and its sampler) on the others, every 0.2 s while
+    `on`; while off, lets them run on all of them again. A bench-side experiment: the
+    pipeline places no process."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.cpus = sorted(os.sched_getaffinity(0))
+        if len(self.cpus) < 2:
+            raise SystemExit(f"--pin needs 2 CPUs or more; this process may use {self.cpus}")
+        self.on = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            for pid, broker in self._processes():
+                cpus = ({self.cpus[0]} if broker else set(self.cpus[1:])) if self.on \
+                    else set(self.cpus)
+                try:
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        os.sched_setaffinity(int(tid), cpus)
+                except OSError:  # gone since it was listed
+                    pass
+
+    @staticmethod
+    def _processes() -> list[tuple[str, bool]]:
+        """(pid, whether it is the broker) of the broker's and the drivers' processes."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            broker = os.path.basename(argv[0]) == b"mosquitto"
+            if broker or b"tasks.driver" in argv[1:3] or b"tasks.driver.sampler" in argv[1:3]:
+                found.append((pid, broker))
+        return found
+
+    def close(self) -> None:
+        self.on = False
+        self._stop.set()
+        self._thread.join()
+
+
+def real_nights(nights: int, pin: str) -> list[dict]:
+    """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here,
+    its processes pinned on every night (`pin` on), every other night (alternate) or none."""
     inventory = REPO / "infra" / "inventories" / "local.yml"
-    return [say_night("real", i, night("real", inventory)) for i in range(nights)]
+    pinning = Pinning() if pin != "off" else None
+    results = []
+    try:
+        for i in range(nights):
+            pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)
+            if pinning:
+                pinning.on = pinned
+            results.append(say_night("real" + (" pinned" if pinned else ""), i,
+                                     {**night("real", inventory), "pinned": pinned}))
+    finally:
+        if pinning:
+            pinning.close()
+    return results
 
 
 def say_night(label: str, number: int, result: dict) -> dict:
@@ -134,9 +203,10 @@ def say_night(label: str, number: int, result: dict) -> dict:
            for kind, (n, again) in result.get("runs", {}).items()]
     reason = f": {result['reason']}" if result["reason"] else ""
     hold = result.get("hold") or {}
-    pace = (f"over the hold host pace {hold[HOST_PACE]:.1f} us and driver "
-            f"{hold[DRIVER_CPU]:.3f} CPU-s/10K, " if None not in (hold.get(HOST_PACE),
-                                                                  hold.get(DRIVER_CPU)) else "")
+    pace = (f"over the hold host pace {hold[HOST_PACE]:.1f} us, driver "
+            f"{hold[DRIVER_CPU]:.3f} CPU-s/10K, host CPU {hold[HOST_CPU]:.0f}%, broker "
+            f"{hold[BROKER_SWITCHES]:,.0f} context switches/s, "
+            if None not in (hold.get(name) for name in AT_HOLD) else "")
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
           f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {pace}"
           f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
@@ -193,19 +263,36 @@ def series_spread(nights: list[dict], metric: str) -> dict:
             "robust_sigma": round(robust_sigma(values), 5) if len(values) >= 3 else None}
 
 
-def pace_explains(nights: list[dict]) -> dict[str, dict[str, dict]]:
-    """What the host's pace over each valid night's confirming hold, and the driver's CPU a
-    message there, explain of the night's max_rate and cost (`host_pace.explained`: the
-    correlation of the logs, and the spread left with the line fitted on the other nights);
-    left out with fewer than 4 such nights, or where no line can be fitted (the covariate
-    the same on the other nights), so the run's figures are still written."""
+def night_groups(nights: list[dict]) -> dict[str, dict]:
+    """The valid nights' max_rate by whether the host's CPU was used up over the confirming
+    hold (at least CPU_USED_UP of its CPUs: the broker ran out of CPU; below it, the broker
+    slept while it fell behind), and by whether the night was pinned, where some were."""
+    used_up = CPU_USED_UP * 100 * (os.cpu_count() or 1)
+    pinnings = [("pinned", True), ("unpinned", False)] \
+        if len({n["pinned"] for n in nights}) > 1 else [("", None)]
+    groups = {}
+    for pin_label, pinned in pinnings:
+        for cpu_label, up in (("host CPU used up", True), ("host CPU left idle", False)):
+            group = [n for n in nights if pinned in (None, n["pinned"])
+                     and (((n.get("hold") or {}).get(HOST_CPU) or 0) >= used_up) == up]
+            groups[", ".join(filter(None, (pin_label, cpu_label)))] = \
+                series_spread(group, "max_rate")
+    return groups
+
+
+def hold_explains(nights: list[dict]) -> dict[str, dict[str, dict]]:
+    """What each figure read over a valid night's confirming hold (AT_HOLD) explains of the
+    night's max_rate and cost (`host_pace.explained`: the correlation of the logs, and the
+    spread left with the line fitted on the other nights); left out with fewer than 4 such
+    nights, or where no line can be fitted (the covariate the same on the other nights), so
+    the run's figures are still written."""
     import statistics
 
     from host_pace import explained
 
     out: dict[str, dict[str, dict]] = {}
     for metric in ("max_rate", "broker_cpu_s_per_10k"):
-        for by in (HOST_PACE, DRIVER_CPU):
+        for by in AT_HOLD:
             pairs = [(n["hold"][by], n[metric]) for n in nights
                      if n["validity"] == "valid" and n.get(metric) and n.get("hold", {}).get(by)]
             if len(pairs) < 4:
@@ -227,6 +314,10 @@ def main() -> int:
     parser.add_argument("--nights", type=int, default=8,
                         help="A nights of the throttled broker (0: none, nor its 5%% step)")
     parser.add_argument("--real-nights", type=int, default=6, help="nights of the real one")
+    parser.add_argument("--pin", choices=("off", "on", "alternate"), default="off",
+                        help="the real nights' broker on the first CPU and drivers on the "
+                             "others: on no night, every night, or every other night "
+                             "(the first pinned)")
     parser.add_argument("--series", type=int, default=2000, help="simulated histories per step")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
@@ -245,7 +336,7 @@ def main() -> int:
             a, b = throttled_nights(work, args.nights)
         print("2. this machine's Mosquitto, capacity_fanin QoS 0 (perfpipe starts it):",
               flush=True)
-        real = real_nights(args.real_nights)
+        real = real_nights(args.real_nights, args.pin)
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
                "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
                "seconds": round(time.time() - started),
@@ -258,7 +349,11 @@ def main() -> int:
                         "cost": series_spread(real, "broker_cpu_s_per_10k"),
                         "validity": [n["validity"] for n in real],
                         "reasons": sorted({n["reason"] for n in real if n["reason"]}),
-                        "explained": pace_explains(real)},
+                        "explained": hold_explains(real),
+                        "nights": [{key: n.get(key) for key in ("max_rate", "validity",
+                                                                "pinned", "hold")}
+                                   for n in real],
+                        "groups": night_groups(real)},
                # probes and holds run, and of them run again after falling behind below the
                # last capacity (a stall, or a broker that lost capacity: the B nights)
                "runs": {label: {kind: [sum(n["runs"][kind][i] for n in nights if "runs" in n)
@@ -282,8 +377,14 @@ def main() -> int:
         print(f"  {label:20} {noise['nights']:>6} {100 * sigma:>6.2f}% {fmt(smallest['bound']):>7} "
               f"{fmt(smallest['perfpipe']):>9}")
     for metric, by_covariate in figures["real"]["explained"].items():
-        print(f"  real {metric} on the host's pace and the driver's CPU a message over the "
-              f"hold: " + "; ".join(f"{by}: {pairs_line(e)}" for by, e in by_covariate.items()))
+        print(f"  real {metric} on what was read over the hold: "
+              + "; ".join(f"{by}: {pairs_line(e)}" for by, e in by_covariate.items()))
+    for label, noise in figures["real"]["groups"].items():
+        if not noise["nights"]:
+            continue
+        print(f"  real max_rate, {label}: valid nights {noise['nights']}, robust sigma "
+              + (f"{100 * noise['robust_sigma']:.2f}%" if noise["robust_sigma"] else "-")
+              + "".join(f", {v:,.0f}" for v in noise["values"]) + " msg/s")
     caught = [s["verdict"] for s in figures["throttled"]["step_5pct"]]
     if caught:
         print(f"\n  a 5% capacity step on the throttled broker: {' -> '.join(map(str, caught))}")
