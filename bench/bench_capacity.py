@@ -131,64 +131,75 @@ def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
 
 
 class Pinning:
-    """Keeps the broker (processes named mosquitto) on the first CPU this bench may use and
-    the driver processes (the driver and its sampler) on the others, every 0.2 s while
-    `on`; while off, lets them run on all of them again. A bench-side experiment: the
-    pipeline places no process."""
+    """While pinned, keeps this bench's broker on the first CPU it may use and its driver
+    processes (the driver and its sampler) on the others, every 0.2 s; unpinned, lets them
+    run on all of them again, and does not look. Only processes whose command line names a
+    file under the bench's work folder (the broker's config, a driver's spec) are touched,
+    so another Mosquitto or driver on the machine is left alone. A bench-side experiment:
+    the pipeline places no process."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: Path) -> None:
         import threading
 
+        self.work = str(work).encode()
         self.cpus = sorted(os.sched_getaffinity(0))
-        if len(self.cpus) < 2:
-            raise SystemExit(f"--pin needs 2 CPUs or more; this process may use {self.cpus}")
-        self.on = False
+        self.pinned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
+    def pin(self, pinned: bool) -> None:
+        self.pinned = pinned
+        if not pinned:
+            self._apply()
+
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
-            for pid, broker in self._processes():
-                cpus = ({self.cpus[0]} if broker else set(self.cpus[1:])) if self.on \
-                    else set(self.cpus)
-                try:
-                    for tid in os.listdir(f"/proc/{pid}/task"):
-                        os.sched_setaffinity(int(tid), cpus)
-                except OSError:  # gone since it was listed
-                    pass
+            if self.pinned:
+                self._apply()
 
-    @staticmethod
-    def _processes() -> list[tuple[str, bool]]:
-        """(pid, whether it is the broker) of the broker's and the drivers' processes."""
+    def _apply(self) -> None:
+        for pid, broker in self._processes():
+            cpus = ({self.cpus[0]} if broker else set(self.cpus[1:])) if self.pinned \
+                else set(self.cpus)
+            try:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    os.sched_setaffinity(int(tid), cpus)
+            except OSError:  # gone since it was listed
+                pass
+
+    def _processes(self) -> list[tuple[str, bool]]:
+        """(pid, whether it is the broker) of this bench's broker and driver processes."""
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
+            if not any(self.work in arg for arg in argv):
+                continue
             broker = os.path.basename(argv[0]) == b"mosquitto"
-            if broker or b"tasks.driver" in argv[1:3] or b"tasks.driver.sampler" in argv[1:3]:
+            if broker or {b"tasks.driver", b"tasks.driver.sampler"} & set(argv):
                 found.append((pid, broker))
         return found
 
     def close(self) -> None:
-        self.on = False
         self._stop.set()
         self._thread.join()
+        self.pin(False)
 
 
-def real_nights(nights: int, pin: str) -> list[dict]:
+def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
     """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here,
     its processes pinned on every night (`pin` on), every other night (alternate) or none."""
     inventory = REPO / "infra" / "inventories" / "local.yml"
-    pinning = Pinning() if pin != "off" else None
+    pinning = Pinning(work) if pin != "off" else None
     results = []
     try:
         for i in range(nights):
             pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)
             if pinning:
-                pinning.on = pinned
+                pinning.pin(pinned)
             results.append(say_night("real" + (" pinned" if pinned else ""), i,
                                      {**night("real", inventory), "pinned": pinned}))
     finally:
@@ -265,16 +276,19 @@ def series_spread(nights: list[dict], metric: str) -> dict:
 
 def night_groups(nights: list[dict]) -> dict[str, dict]:
     """The valid nights' max_rate by whether the host's CPU was used up over the confirming
-    hold (at least CPU_USED_UP of its CPUs: the broker ran out of CPU; below it, the broker
-    slept while it fell behind), and by whether the night was pinned, where some were."""
+    hold (at least CPU_USED_UP of its CPUs: the broker ran out of CPU there; below it, the
+    broker fell behind with CPU to spare, as when it sleeps waiting to be woken), and by
+    whether the night was pinned, where any was. Nights without the reading are left out."""
     used_up = CPU_USED_UP * 100 * (os.cpu_count() or 1)
-    pinnings = [("pinned", True), ("unpinned", False)] \
-        if len({n["pinned"] for n in nights}) > 1 else [("", None)]
+    read = [n for n in nights if (n.get("hold") or {}).get(HOST_CPU) is not None]
+    pinnings = [("pinned", True), ("unpinned", False)] if any(n["pinned"] for n in nights) \
+        else [("", None)]
     groups = {}
     for pin_label, pinned in pinnings:
-        for cpu_label, up in (("host CPU used up", True), ("host CPU left idle", False)):
-            group = [n for n in nights if pinned in (None, n["pinned"])
-                     and (((n.get("hold") or {}).get(HOST_CPU) or 0) >= used_up) == up]
+        for cpu_label, up in (("host CPU used up", True),
+                              (f"host CPU not used up (under {CPU_USED_UP:.0%})", False)):
+            group = [n for n in read if pinned in (None, n["pinned"])
+                     and (n["hold"][HOST_CPU] >= used_up) == up]
             groups[", ".join(filter(None, (pin_label, cpu_label)))] = \
                 series_spread(group, "max_rate")
     return groups
@@ -322,6 +336,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
+    if args.pin != "off" and len(os.sched_getaffinity(0)) < 2:
+        parser.error(f"--pin {args.pin} needs 2 CPUs or more; this process may use "
+                     f"{sorted(os.sched_getaffinity(0))}")
     rng = np.random.default_rng(args.seed)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="perfpipe-bench-capacity-") as tmp:
@@ -336,7 +353,7 @@ def main() -> int:
             a, b = throttled_nights(work, args.nights)
         print("2. this machine's Mosquitto, capacity_fanin QoS 0 (perfpipe starts it):",
               flush=True)
-        real = real_nights(args.real_nights, args.pin)
+        real = real_nights(args.real_nights, args.pin, work)
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
                "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
                "seconds": round(time.time() - started),
