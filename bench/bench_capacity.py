@@ -104,8 +104,8 @@ def night(suite: str, inventory: Path) -> dict:
     ran = search["params"]["search_outcome"]
     runs = {kind: (len(ran[kind]), sum(r["retried"] for r in ran[kind]))
             for kind in ("probes", "holds")}
-    held = confirming_hold(search["stage_id"], ran)  # the host's pace over it, and the driver's
-    at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})  # CPU a message
+    held = confirming_hold(search["stage_id"], ran)  # what AT_HOLD reads is read over it
+    at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
             "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
             "hold": {name: at_hold.get(name) for name in AT_HOLD}}
@@ -214,12 +214,12 @@ def say_night(label: str, number: int, result: dict) -> dict:
            for kind, (n, again) in result.get("runs", {}).items()]
     reason = f": {result['reason']}" if result["reason"] else ""
     hold = result.get("hold") or {}
-    pace = (f"over the hold host pace {hold[HOST_PACE]:.1f} us, driver "
+    read = (f"over the hold host pace {hold[HOST_PACE]:.1f} us, driver "
             f"{hold[DRIVER_CPU]:.3f} CPU-s/10K, host CPU {hold[HOST_CPU]:.0f}%, broker "
             f"{hold[BROKER_SWITCHES]:,.0f} context switches/s, "
             if None not in (hold.get(name) for name in AT_HOLD) else "")
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
-          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {pace}"
+          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {read}"
           f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
           f"verdicts {result['verdicts']}", flush=True)
     return result
