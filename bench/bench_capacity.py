@@ -15,9 +15,11 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    limit), and the broker's cost per message at its hold; and how much of each is
    explained, night to night (4 valid nights or more), by what was measured over the hold:
    the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's CPU
-   use and the broker's context switches (the last two tell the nights the broker ran out
-   of CPU from the nights it slept while it fell behind). `--pin` keeps the broker on the
-   first CPU and the drivers on the others, for every night or every other night.
+   use and the broker's context switches; and the nights grouped by what the verdict on
+   max_rate says of them: the broker or its host used its CPU up, or they had CPU to spare
+   (`tasks/analysis/capacity.py`: the broker slept while it fell behind). `--pin` keeps
+   the broker on the first CPU and the drivers on the others, for every night or every
+   other night.
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
    1 per 100 series; bench/detector_bounds.py's `recall_bound`) and perfpipe's own
@@ -49,6 +51,7 @@ from replayed_detector import Replay  # noqa: E402
 from simulated_nights import Noise  # noqa: E402
 
 from infra.slowdown.slowdown import ThrottledProxy, unmanaged_inventory  # noqa: E402
+from tasks.analysis.capacity import BROKER_USED_UP_PCT, HOST_USED_UP_PCT  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
 from tasks.metrics import DRIVER_CPU, HOST_PACE  # noqa: E402
 from tasks.driver.wire import Template  # noqa: E402
@@ -60,7 +63,6 @@ TARGET = 0.90  # recall within two nights that counts as "caught"
 HOST_CPU, BROKER_SWITCHES = "host_cpu_avg", "broker_ctx_switches_per_s"
 # read over the hold that confirmed a night's answer, and fitted against its figures
 AT_HOLD = (HOST_PACE, DRIVER_CPU, HOST_CPU, BROKER_SWITCHES)
-CPU_USED_UP = 0.95  # of the host's CPUs, over the hold: the broker ran out of CPU there
 
 THROTTLED = f"""
 name: bench_throttled
@@ -101,6 +103,8 @@ def night(suite: str, inventory: Path) -> dict:
                 "reason": lines[-1], "max_rate": None, "verdicts": {}}
     (search,) = searches
     verdicts = {c["metric"]: c["verdict"] for c in search["comparisons"]}
+    spare = next((c["detail"].get("cpu_to_spare") for c in search["comparisons"]
+                  if c["metric"] == "max_rate"), None)  # what the verdict says of its limit
     ran = search["params"]["search_outcome"]
     runs = {kind: (len(ran[kind]), sum(r["retried"] for r in ran[kind]))
             for kind in ("probes", "holds")}
@@ -108,6 +112,7 @@ def night(suite: str, inventory: Path) -> dict:
     at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
             "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
+            "cpu_to_spare": spare,
             "hold": {name: at_hold.get(name) for name in AT_HOLD}}
 
 
@@ -218,8 +223,13 @@ def say_night(label: str, number: int, result: dict) -> dict:
             f"{hold[DRIVER_CPU]:.3f} CPU-s/10K, host CPU {hold[HOST_CPU]:.0f}%, broker "
             f"{hold[BROKER_SWITCHES]:,.0f} context switches/s, "
             if None not in (hold.get(name) for name in AT_HOLD) else "")
+    used = (f"the broker at {result['broker_cpu_used_pct']:.0f}% of its core(s) and the host "
+            f"at {result['host_cpu_used_pct']:.0f}% of its own"
+            f"{' (CPU to spare)' if result.get('cpu_to_spare') else ''}, "
+            if None not in (result.get(n) for n in ("broker_cpu_used_pct", "host_cpu_used_pct"))
+            else "")
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
-          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {read}"
+          f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {read}{used}"
           f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
           f"verdicts {result['verdicts']}", flush=True)
     return result
@@ -275,20 +285,22 @@ def series_spread(nights: list[dict], metric: str) -> dict:
 
 
 def night_groups(nights: list[dict]) -> dict[str, dict]:
-    """The valid nights' max_rate by whether the host's CPU was used up over the confirming
-    hold (at least CPU_USED_UP of its CPUs: the broker ran out of CPU there; below it, the
-    broker fell behind with CPU to spare, as when it sleeps waiting to be woken), and by
-    whether the night was pinned, where any was. Nights without the reading are left out."""
-    used_up = CPU_USED_UP * 100 * (os.cpu_count() or 1)
-    read = [n for n in nights if (n.get("hold") or {}).get(HOST_CPU) is not None]
+    """The valid nights' max_rate by whether the broker or its host used its CPU up over the
+    confirming hold, as the pipeline's verdict tells it (`tasks.analysis.capacity`: the
+    broker ran out of CPU; else it fell behind with CPU to spare, as when it sleeps waiting
+    to be woken), and by whether the night was pinned, where any was. Nights without the
+    readings are left out."""
+    read = [n for n in nights if n.get("host_cpu_used_pct") is not None
+            and n.get("broker_cpu_used_pct") is not None]
     pinnings = [("pinned", True), ("unpinned", False)] if any(n["pinned"] for n in nights) \
         else [("", None)]
     groups = {}
     for pin_label, pinned in pinnings:
-        for cpu_label, up in (("host CPU used up", True),
-                              (f"host CPU not used up (under {CPU_USED_UP:.0%})", False)):
+        for cpu_label, up in (("CPU used up", True),
+                              (f"CPU to spare (broker under {BROKER_USED_UP_PCT:.0f}% of its "
+                               f"core(s), host under {HOST_USED_UP_PCT:.0f}%)", False)):
             group = [n for n in read if pinned in (None, n["pinned"])
-                     and (n["hold"][HOST_CPU] >= used_up) == up]
+                     and (not n["cpu_to_spare"]) == up]
             groups[", ".join(filter(None, (pin_label, cpu_label)))] = \
                 series_spread(group, "max_rate")
     return groups
@@ -367,9 +379,9 @@ def main() -> int:
                         "validity": [n["validity"] for n in real],
                         "reasons": sorted({n["reason"] for n in real if n["reason"]}),
                         "explained": hold_explains(real),
-                        "nights": [{key: n.get(key) for key in ("max_rate", "validity",
-                                                                "pinned", "hold")}
-                                   for n in real],
+                        "nights": [{key: n.get(key) for key in (
+                            "max_rate", "validity", "pinned", "hold", "broker_cpu_used_pct",
+                            "host_cpu_used_pct", "cpu_to_spare")} for n in real],
                         "groups": night_groups(real)},
                # probes and holds run, and of them run again after falling behind below the
                # last capacity (a stall, or a broker that lost capacity: the B nights)

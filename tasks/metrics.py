@@ -136,6 +136,13 @@ _DEFS: list[MetricDef] = [
     # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.
     MetricDef("max_rate", "msg/s", "higher", 0.05),
+    # Over the hold that confirmed a search's answer: the broker's CPU as % of the cores its
+    # work can use (`BrokerAdapter.cores`: 1 for Mosquitto's one event loop, else its
+    # host's), and its host's CPU as % of all its cores. Recorded, never judged: under
+    # both lines of `tasks.analysis.capacity`, the verdict on max_rate says the broker fell
+    # behind with CPU to spare.
+    MetricDef("broker_cpu_used_pct", "%", "none"),
+    MetricDef("host_cpu_used_pct", "%", "none"),
     # The busiest driver process's CPU over the publish phase (% of one core): a validity
     # input (the load generator must not be the bottleneck), never judged.
     MetricDef("driver_cpu_max", "%", "none"),

@@ -10,6 +10,9 @@ from tasks.analysis.changepoint import change_points
 from tasks.analysis.detector import baseline_for, compare_stage
 from tasks.analysis.noise import noise_sigma, peer_noise, pooled_noise, t_scale
 from tasks.analysis.policy import Policy, judged_metrics
+from tasks.metrics import FLAGGED
+from tasks.steps.load_metrics import cpu_at_capacity
+from tasks.views.tables import verdict_note
 
 RATE = "delivered_rate"
 P99 = "e2e_latency_p99_no_stall"  # the judged tail
@@ -269,3 +272,36 @@ def test_a_confirmed_regression_names_where_it_began():
     assert (v.verdict, v.detail["nights"]) == ("regression", 4)
     assert v.detail["change_point"]["run_id"] == "bad1"
     assert v.detail["change_point"]["shift_pct"] == pytest.approx(-10, abs=1.5)
+
+
+def test_a_capacity_held_with_cpu_to_spare_says_so_beside_its_verdict():
+    """A broker that fell behind while neither it nor its host used its CPU up was stopped
+    by something else: the verdict on max_rate says so, whatever it is; it is not said
+    where either was used up or is not known (a shared host may have been full)."""
+    history = nights(steady(level=130_000.0, cv=0.02), metric="max_rate")
+    slow = {"max_rate": 95_000.0, "broker_cpu_used_pct": 78.4, "host_cpu_used_pct": 88.0}
+    v = verdict(slow, history, metric="max_rate")
+    assert v.verdict in FLAGGED and v.detail["cpu_to_spare"] == {"broker_pct": 78.4,
+                                                                 "host_pct": 88.0}
+    assert verdict_note(v.__dict__, short=True).endswith("CPU to spare: broker 78%, host 88%")
+    assert "something else stopped it" in verdict_note(v.__dict__)
+    for used_up in ({"broker_cpu_used_pct": 93.0}, {"host_cpu_used_pct": 98.5},
+                    {"host_cpu_used_pct": None}):
+        v = verdict({**slow, **used_up}, history, metric="max_rate")
+        assert "cpu_to_spare" not in v.detail and "CPU to spare" not in verdict_note(v.__dict__)
+    # learning, it still says so; another metric of the stage never does
+    v = verdict(slow, history[:3], metric="max_rate")
+    assert v.verdict == "learning" and "CPU to spare" in verdict_note(v.__dict__)
+    assert "cpu_to_spare" not in verdict({**slow, RATE: 900.0}, nights(steady())).detail
+
+
+def test_a_capacitys_cpu_is_read_against_the_cores_its_broker_can_use():
+    """Mosquitto's one event loop can use one core whatever its host has; a broker without
+    such a limit is measured against its host's cores; nothing is said without them."""
+    hold = {"broker_cpu_avg": 78.0, "host_cpu_avg": 176.0}
+    assert cpu_at_capacity(hold, "mosquitto", 2) == {"broker_cpu_used_pct": 78.0,
+                                                     "host_cpu_used_pct": 88.0}
+    assert cpu_at_capacity(hold, "mosquitto", None) == {"broker_cpu_used_pct": 78.0,
+                                                        "host_cpu_used_pct": None}
+    assert cpu_at_capacity({"broker_cpu_avg": 150.0}, "rabbitmq", 2)["broker_cpu_used_pct"] == 75.0
+    assert cpu_at_capacity(hold, "rabbitmq", None)["broker_cpu_used_pct"] is None

@@ -147,6 +147,18 @@ def test_a_cost_judged_at_tonights_driver_cpu_says_so_beside_its_nights_as_measu
     assert "at tonight's" not in blocks_text(nights.slack.calls[-1])
 
 
+def test_a_capacity_held_with_cpu_to_spare_says_so_in_its_row(nights: Nights) -> None:
+    """A capacity whose broker and host had CPU left at the rate that held was stopped by
+    something else: its row says so, with both figures."""
+    spare = {"cpu_to_spare": {"broker_pct": 78.4, "host_pct": 88.0}}
+    run_id = nights.run({"cap.q0.search": [("max_rate", "regression", 130_000.0, 91_600.0, 1,
+                                            spare)]})
+    assert nights.alert(run_id)["posted"]
+    row = json.loads(blocks_text(nights.slack.calls[-1]))[2]["text"]["text"].split("\n")[-1]
+    assert row == ("• `max_rate` 130,000 msg/s → *91,600 msg/s* (-29.5%) · confidence 99.9% · "
+                   "1 night · confirmed · CPU to spare: broker 78%, host 88%")
+
+
 def test_later_nights_thread_quiet_when_unchanged_and_recovery_said(nights: Nights) -> None:
     first = nights.run({"fanin.q1.c100": [RATE_DROP]})
     nights.alert(first)

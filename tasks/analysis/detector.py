@@ -91,7 +91,9 @@ better-direction and a minimum practical effect) of a valid stage:
 - **What it can see.** Each verdict past learning carries the metric's minimum detectable
   effect (`mde_pct`): the smallest step these rules catch within two nights with 90%
   probability at the noise in use. Above `too_noisy` x the minimum practical effect the
-  detail says the metric is too noisy to guard, and why.
+  detail says the metric is too noisy to guard, and why. A capacity (`max_rate`) whose
+  broker and host had CPU to spare at the rate that held says so too (`cpu_to_spare`,
+  `tasks.analysis.capacity`): the limit was something else that night.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
 - For a flagged metric the detail names the run where the level shift began: the E-Divisive
@@ -121,6 +123,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..metrics import FLAGGED, METRICS
+from .capacity import cpu_to_spare
 from .changepoint import change_points
 from .covariate import Fit, log_of
 from .nights import at_usual_pace, judged_logs, off_pace, usable_nights, usual_pace
@@ -445,6 +448,8 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
                            pace=metrics.get(gate) if gate else None)
         if v is not None and v.verdict == "no_baseline" and new_history:
             v.detail["new_history"] = new_history
+        if v is not None and m == "max_rate" and (spare := cpu_to_spare(metrics)):
+            v.detail["cpu_to_spare"] = spare  # what the limit was not, said beside the verdict
         if v is not None:
             out.append(v)
     return out

@@ -30,6 +30,10 @@ class BrokerAdapter:
     metrics_port: int | None = None
     metrics_path = "/metrics"
     prometheus: dict[str, str] = {}
+    # the most cores its work can keep busy: 1 for a broker that runs one event loop; None,
+    # as many as its host has (what a capacity answer's CPU is measured against:
+    # `tasks.analysis.capacity`)
+    cores: int | None = None
 
     def __init__(self, host: Host | None = None) -> None:
         self.host = host

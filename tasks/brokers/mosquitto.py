@@ -65,6 +65,7 @@ class Mosquitto(BrokerAdapter):
     title = "Mosquitto"
     supports_tls = True
     process_pattern = r"(^|/)mosquitto( |$)"
+    cores = 1  # one thread runs every client's network and message work
 
     def stats_args(self, state: dict, metrics_url: str | None = None) -> list[str]:
         """Its own view comes from $SYS on the address and plain port clients use."""

@@ -51,6 +51,8 @@ class Row:
     # why the baseline is not the earlier nights' level: 'at tonight's <covariate>' (the
     # nights moved along their slope to tonight's covariate), or ''
     baseline_note: str = ""
+    # a capacity the broker kept up with on CPU to spare (`tables.cpu_note`), or ''
+    cpu_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,10 @@ def _row_line(row: Row) -> str:
                if row.history else "")
     sees = f" · sees steps from {row.mde_text}" if row.mde_text else ""
     across = f" · {row.across_note}" if row.across_note else ""
+    cpu = f" · {row.cpu_note}" if row.cpu_note else ""
     return (f"• `{row.metric}` {_baseline(row, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
-            f"{nights} · {row.status}{across}{sees}{earlier}")
+            f"{nights} · {row.status}{across}{cpu}{sees}{earlier}")
 
 
 def blind_spots(stages: list[dict]) -> list[str]:

@@ -48,6 +48,7 @@ from ..settings import Settings
 from ..views.history import Histories
 from ..views.tables import (
     covariate_note,
+    cpu_note,
     flagged_note,
     mde_text,
     verdict_counts,
@@ -91,7 +92,8 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
                            history=tuple(v for v in nights if v is not None),
                            mde_text=mde_text(c["detail"]),
                            across_note=flagged_note(c["detail"], short=True),
-                           baseline_note=covariate_note(c["detail"], short=True))
+                           baseline_note=covariate_note(c["detail"], short=True),
+                           cpu_note=cpu_note(c["detail"], short=True))
     return out
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from .. import rundir
+from ..analysis.capacity import broker_cores, cpu_used_pct
 from ..analysis.validity import judge
+from ..brokers import ADAPTERS
 from ..catalog.placement import recorded_params
 from ..catalog.stages import probe_id
 from ..run_context import RunContext
@@ -83,6 +85,15 @@ AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
                "broker_rss_per_1k_conn")
 
 
+def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None) -> dict:
+    """The broker's and its host's CPU over a search's confirming hold (`at_capacity`: the
+    hold's metrics), each as % of the cores it can use (`tasks.analysis.capacity`):
+    `broker_cpu_used_pct` and `host_cpu_used_pct`, None where not known."""
+    cores = broker_cores(ADAPTERS[broker_kind].cores, host_cores)
+    return {"broker_cpu_used_pct": cpu_used_pct(at_capacity.get("broker_cpu_avg"), cores),
+            "host_cpu_used_pct": cpu_used_pct(at_capacity.get("host_cpu_avg"), host_cores)}
+
+
 def confirming_hold(template_id: str, outcome: dict) -> str | None:
     """The stage id of the hold that confirmed a search's max rate (`outcome`, as
     `RateSearch.outcome` gives it): its first hold that kept up; None without one."""
@@ -98,6 +109,8 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     id; `cpus`: host -> cores, `provision.host_cpus`): valid only when the search converged
     (its probes are stages too, never compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
+    broker = ctx.inventory.broker
+    host_cores = cpus.get(broker.host) if broker.host else None
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
         template = templates[template_id]
@@ -110,7 +123,8 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         held = confirming_hold(template_id, outcome)
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
-                   **{name: at_capacity.get(name) for name in AT_CAPACITY}}
+                   **{name: at_capacity.get(name) for name in AT_CAPACITY},
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=outcome["reason"])
         rows.append({"stage_id": template_id, "validity": validity,

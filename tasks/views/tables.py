@@ -60,7 +60,14 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
     its usual pace), or that its baseline is what its nights say it is at tonight's value
     of its covariate (`tasks.analysis.covariate`); first, that the run's stages together
-    flagged it (`tasks.analysis.across`)."""
+    flagged it (`tasks.analysis.across`); last, that a capacity came with CPU to spare
+    (`cpu_note`)."""
+    detail = comparison.get("detail") or {}
+    return "; ".join(n for n in (_judged_note(comparison, short=short),
+                                 cpu_note(detail, short=short)) if n)
+
+
+def _judged_note(comparison: dict, *, short: bool) -> str:
     detail = comparison.get("detail") or {}
     flagged = flagged_note(detail, short=short)
     if detail.get("too_noisy"):  # a step on every stage may still be seen: `flagged` says so
@@ -73,6 +80,20 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     if comparison["verdict"] == "learning":
         return detail.get("note") or ""
     return "; ".join(n for n in (flagged, covariate_note(detail, short=short)) if n)
+
+
+def cpu_note(detail: dict, *, short: bool = False) -> str:
+    """'CPU to spare: broker 78%, host 88%' for a capacity the broker kept up with while
+    neither it nor its host used its CPU up (`tasks.analysis.capacity`); else ''."""
+    spare = detail.get("cpu_to_spare")
+    if not spare:
+        return ""
+    if short:
+        return f"CPU to spare: broker {spare['broker_pct']:.0f}%, host {spare['host_pct']:.0f}%"
+    return (f"CPU to spare: at the rate that held, the broker used {spare['broker_pct']:.0f}% "
+            f"of the cores it can use and its host {spare['host_pct']:.0f}% of its own, so "
+            f"something else stopped it above that rate (a lock, the disk, the network, or "
+            f"a host that let it sleep while it fell behind)")
 
 
 def flagged_note(detail: dict, *, short: bool = False) -> str:
