@@ -17,9 +17,9 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's CPU
    use and the broker's context switches; and the nights grouped by what the verdict on
    max_rate says of them: the broker or its host used its CPU up, or they had CPU to spare
-   (`tasks/analysis/capacity.py`: the broker slept while it fell behind). `--pin` keeps
-   the broker on the first CPU and the drivers on the others, for every night or every
-   other night.
+   (`tasks/analysis/capacity.py`; here, the broker slept while it fell behind). `--pin` keeps
+   the broker on the first CPU and perfpipe's processes on the others (the inventory's
+   `broker.cpus`), for every night or every other night.
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
    1 per 100 series; bench/detector_bounds.py's `recall_bound`) and perfpipe's own
@@ -135,81 +135,24 @@ def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
     return a, b
 
 
-class Pinning:
-    """While pinned, keeps this bench's broker on the first CPU it may use and its driver
-    processes (the driver and its sampler) on the others, every 0.2 s; unpinned, lets them
-    run on all of them again, and does not look. Only processes whose command line names a
-    file under the bench's work folder (the broker's config, a driver's spec) are touched,
-    so another Mosquitto or driver on the machine is left alone. A bench-side experiment:
-    the pipeline places no process."""
-
-    def __init__(self, work: Path) -> None:
-        import threading
-
-        self.work = str(work).encode()
-        self.cpus = sorted(os.sched_getaffinity(0))
-        self.pinned = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def pin(self, pinned: bool) -> None:
-        self.pinned = pinned
-        if not pinned:
-            self._apply()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            if self.pinned:
-                self._apply()
-
-    def _apply(self) -> None:
-        for pid, broker in self._processes():
-            cpus = ({self.cpus[0]} if broker else set(self.cpus[1:])) if self.pinned \
-                else set(self.cpus)
-            try:
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    os.sched_setaffinity(int(tid), cpus)
-            except OSError:  # gone since it was listed
-                pass
-
-    def _processes(self) -> list[tuple[str, bool]]:
-        """(pid, whether it is the broker) of this bench's broker and driver processes."""
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if not any(self.work in arg for arg in argv):
-                continue
-            broker = os.path.basename(argv[0]) == b"mosquitto"
-            if broker or {b"tasks.driver", b"tasks.driver.sampler"} & set(argv):
-                found.append((pid, broker))
-        return found
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.pin(False)
-
-
 def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
     """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here,
-    its processes pinned on every night (`pin` on), every other night (alternate) or none."""
-    inventory = REPO / "infra" / "inventories" / "local.yml"
-    pinning = Pinning(work) if pin != "off" else None
+    kept on the first CPU with perfpipe's processes on the others (`broker.cpus`) on every
+    night (`pin` on), every other night (alternate) or none. A pinned night is of another
+    fingerprint, so each kind is judged on its own history."""
+    import yaml
+
+    plain = REPO / "infra" / "inventories" / "local.yml"
+    inventory = yaml.safe_load(plain.read_text())
+    inventory["broker"]["cpus"] = str(min(os.sched_getaffinity(0)))
+    pinned_inventory = work / "pinned.yml"
+    pinned_inventory.write_text(yaml.safe_dump(inventory))
     results = []
-    try:
-        for i in range(nights):
-            pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)
-            if pinning:
-                pinning.pin(pinned)
-            results.append(say_night("real" + (" pinned" if pinned else ""), i,
-                                     {**night("real", inventory), "pinned": pinned}))
-    finally:
-        if pinning:
-            pinning.close()
+    for i in range(nights):
+        pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)
+        results.append(say_night("real" + (" pinned" if pinned else ""), i,
+                                 {**night("real", pinned_inventory if pinned else plain),
+                                  "pinned": pinned}))
     return results
 
 

@@ -56,15 +56,19 @@ MEASUREMENT_VERSION = 1
 
 
 def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_kind: str,
-             measurement: int | None = None) -> str:
-    """A run's fingerprint: its hosts, their tuning, the broker kind and perfpipe's
-    measurement version (`MEASUREMENT_VERSION` unless given). The broker version is
-    deliberately not in it: a new broker build must be compared with the history of the
-    old one, or a regression it brings could never be seen."""
+             measurement: int | None = None, broker_cpus: str | None = None) -> str:
+    """A run's fingerprint: its hosts, their tuning, the broker kind, perfpipe's
+    measurement version (`MEASUREMENT_VERSION` unless given) and the CPUs the broker was
+    kept on (`broker.cpus`; none is in no hash, so the fingerprints of runs that placed
+    nothing are as before). The broker version is deliberately not in it: a new broker
+    build must be compared with the history of the old one, or a regression it brings
+    could never be seen."""
     document: list = [list(host_hashes), list(tuning_hashes), broker_kind]
     measurement = MEASUREMENT_VERSION if measurement is None else measurement
     if measurement != 1:
         document.append(f"measurement {measurement}")
+    if broker_cpus:
+        document.append(f"broker cpus {broker_cpus}")
     return fingerprint_hash(document)
 
 

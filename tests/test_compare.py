@@ -285,7 +285,7 @@ def test_a_capacity_held_with_cpu_to_spare_says_so_beside_its_verdict():
                                                                  "host_pct": 88.0}
     assert verdict_note(v.__dict__, short=True).endswith("CPU to spare: broker 78%, host 88%")
     assert "something else stopped it" in verdict_note(v.__dict__)
-    for used_up in ({"broker_cpu_used_pct": 93.0}, {"host_cpu_used_pct": 98.5},
+    for used_up in ({"broker_cpu_used_pct": 87.0}, {"host_cpu_used_pct": 98.5},
                     {"host_cpu_used_pct": None}):
         v = verdict({**slow, **used_up}, history, metric="max_rate")
         assert "cpu_to_spare" not in v.detail and "CPU to spare" not in verdict_note(v.__dict__)
@@ -297,7 +297,8 @@ def test_a_capacity_held_with_cpu_to_spare_says_so_beside_its_verdict():
 
 def test_a_capacitys_cpu_is_read_against_the_cores_its_broker_can_use():
     """Mosquitto's one event loop can use one core whatever its host has; a broker without
-    such a limit is measured against its host's cores; nothing is said without them."""
+    such a limit is measured against its host's cores (none without them), or the CPUs it
+    was kept on; the host's figure needs its cores."""
     hold = {"broker_cpu_avg": 78.0, "host_cpu_avg": 176.0}
     assert cpu_at_capacity(hold, "mosquitto", 2) == {"broker_cpu_used_pct": 78.0,
                                                      "host_cpu_used_pct": 88.0}
@@ -305,3 +306,5 @@ def test_a_capacitys_cpu_is_read_against_the_cores_its_broker_can_use():
                                                         "host_cpu_used_pct": None}
     assert cpu_at_capacity({"broker_cpu_avg": 150.0}, "rabbitmq", 2)["broker_cpu_used_pct"] == 75.0
     assert cpu_at_capacity(hold, "rabbitmq", None)["broker_cpu_used_pct"] is None
+    kept = cpu_at_capacity({"broker_cpu_avg": 150.0}, "rabbitmq", 4, kept_on="0-1")
+    assert kept["broker_cpu_used_pct"] == 75.0  # of 2 CPUs, not the host's 4

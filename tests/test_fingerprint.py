@@ -40,3 +40,10 @@ def test_the_host_hash_the_report_shows_is_the_one_comparisons_key_on(tiny_suite
     host_file.write_text(json.dumps({k: v for k, v in written.items()
                                      if k != "measurement_version"}))
     assert run_fingerprint(ctx) == before
+
+
+def test_the_broker_kept_on_its_cpus_is_another_fingerprint_and_none_is_as_before():
+    plain = run_hash(["h"], ["t"], "mosquitto")
+    assert run_hash(["h"], ["t"], "mosquitto", broker_cpus=None) == plain
+    assert run_hash(["h"], ["t"], "mosquitto", broker_cpus="0") not in (
+        plain, run_hash(["h"], ["t"], "mosquitto", broker_cpus="1"))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sql import Store
 from tests.checks import assert_plausible
@@ -110,3 +112,47 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
     assert report.count('<svg id="latency-') == len(stages)
     assert report.count(": e2e p99 per second</title>") == len(stages)  # a chart each
     assert report.count(": broker CPU per second</title>") == len(stages)
+
+
+@pytest.mark.alone
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="broker.cpus needs 2 CPUs here")
+def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_others(
+        tiny_suite, tmp_path, spark_connect):
+    """`broker.cpus` starts the broker on the CPUs it names, read back from /proc and
+    recorded; the drivers on its host run on the others, and the fingerprint says so. A
+    CPU the host lacks fails the run at the broker step, naming the field and the fix."""
+    from tasks import rundir
+    from tasks.fingerprint import run_hash
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    first = min(os.sched_getaffinity(0))
+    rest = sorted(os.sched_getaffinity(0) - {first})
+    embedded = yaml.safe_load((REPO / "infra/inventories/local.yml").read_text())
+    inventory = tmp_path / "pinned.yml"
+    inventory.write_text(yaml.safe_dump({**embedded, "broker": {**embedded["broker"],
+                                                               "cpus": str(first)}}))
+    settings = load_settings()
+    outcome = run_pipeline(settings, suite="tiny", inventory=inventory, say=lambda _: None)
+    assert outcome.status == "ok"
+    run_dir = settings.run_dir(outcome.run_id)
+    broker = json.loads((run_dir / rundir.BROKER).read_text())
+    assert broker["cpus"] == str(first)
+    summaries = list((run_dir / rundir.RAW_DIR).glob("**/summary.json"))
+    assert summaries and all(json.loads(p.read_text())["cpus"] == rest for p in summaries)
+    (stage, *_) = Store(settings.database_url()).stages(outcome.run_id)
+    hosts = [json.loads(p.read_text())["hash"]
+             for p in sorted((run_dir / rundir.HOSTS_DIR).glob("*.json"))]
+    tuned = [json.loads(p.read_text())["values_hash"]
+             for p in sorted((run_dir / rundir.TUNING_DIR).glob("*.json"))]
+    assert stage["fingerprint_hash"] == run_hash(hosts, tuned, "mosquitto",
+                                                 broker_cpus=str(first))
+    assert stage["fingerprint_hash"] != run_hash(hosts, tuned, "mosquitto")
+
+    absent = len(os.sched_getaffinity(0)) + 64
+    inventory.write_text(yaml.safe_dump({**embedded, "broker": {**embedded["broker"],
+                                                               "cpus": str(absent)}}))
+    failed = run_pipeline(settings, suite="tiny", inventory=inventory, say=lambda _: None)
+    assert failed.status == "failed"
+    error = (settings.run_dir(failed.run_id) / rundir.ERROR_LOG).read_text()
+    assert f"broker.cpus: '{absent}' names CPUs localhost does not have" in error

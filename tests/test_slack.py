@@ -151,8 +151,8 @@ def test_a_capacity_held_with_cpu_to_spare_says_so_in_its_row(nights: Nights) ->
     """A capacity whose broker and host had CPU left at the rate that held was stopped by
     something else: its row says so, with both figures."""
     spare = {"cpu_to_spare": {"broker_pct": 78.4, "host_pct": 88.0}}
-    run_id = nights.run({"cap.q0.search": [("max_rate", "regression", 130_000.0, 91_600.0, 1,
-                                            spare)]})
+    drop = ("max_rate", "regression", 130_000.0, 91_600.0, 1, spare)
+    run_id = nights.run({"cap.q0.search": [drop]})
     assert nights.alert(run_id)["posted"]
     row = json.loads(blocks_text(nights.slack.calls[-1]))[2]["text"]["text"].split("\n")[-1]
     assert row == ("• `max_rate` 130,000 msg/s → *91,600 msg/s* (-29.5%) · confidence 99.9% · "

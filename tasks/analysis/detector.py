@@ -91,9 +91,10 @@ better-direction and a minimum practical effect) of a valid stage:
 - **What it can see.** Each verdict past learning carries the metric's minimum detectable
   effect (`mde_pct`): the smallest step these rules catch within two nights with 90%
   probability at the noise in use. Above `too_noisy` x the minimum practical effect the
-  detail says the metric is too noisy to guard, and why. A capacity (`max_rate`) whose
-  broker and host had CPU to spare at the rate that held says so too (`cpu_to_spare`,
-  `tasks.analysis.capacity`): the limit was something else that night.
+  detail says the metric is too noisy to guard, and why.
+- **What stopped a capacity.** A `max_rate` whose broker and host had CPU to spare at the
+  rate that held says so, whatever its verdict (`cpu_to_spare`, `tasks.analysis.capacity`):
+  the limit was something else that night.
 - Invalid stages are never compared. A stage without history says so, and says when a
   changed fingerprint is why.
 - For a flagged metric the detail names the run where the level shift began: the E-Divisive

@@ -103,7 +103,7 @@ class ActiveMQ(BrokerAdapter):
                 f"-Dactivemq.home={HOME}", f"-Dactivemq.base={base}", f"-Dactivemq.conf={base}",
                 f"-Dactivemq.data={base}/data", "-jar", f"{HOME}/bin/activemq.jar", "start",
                 f"xbean:file:{base}/activemq.xml"]
-        group = self.host.launch(argv, f"{base}/activemq.log")
+        group = self.launch(argv, f"{base}/activemq.log")
         try:
             health_check(address, port, timeout_s=60,
                          launched=Launched(self.host, f"{base}/activemq.log"))

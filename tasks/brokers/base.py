@@ -10,6 +10,7 @@ cannot start their broker here (IBM MQ, EMQX, TBMQ) derive from
 
 from __future__ import annotations
 
+from ..catalog.cpus import pinned
 from ..hosts import Host
 from .errors import BrokerError
 from .health import health_check
@@ -35,8 +36,13 @@ class BrokerAdapter:
     # `tasks.analysis.capacity`)
     cores: int | None = None
 
-    def __init__(self, host: Host | None = None) -> None:
+    def __init__(self, host: Host | None = None, cpus: str | None = None) -> None:
         self.host = host
+        self.cpus = cpus  # the CPUs of its host it runs on when perfpipe starts it, or None
+
+    def launch(self, argv: list[str], log_path: str) -> int:
+        """`Host.launch` of the broker's command, on `cpus` when given (`start` uses it)."""
+        return self.host.launch(pinned(argv, self.cpus), log_path)
 
     def version(self) -> str:
         """The installed version as the broker host tells it, or "unknown"."""

@@ -137,7 +137,7 @@ class Mosquitto(BrokerAdapter):
             tls = {"port": tls_port, **self.install_tls(run_dir, local_dir,
                                                         tls_names or [address])}
         self.host.put_text(render_config(port, bind_address(address), tls, extra_config), conf)
-        group = self.host.launch([self.binary(), "-c", conf], log)
+        group = self.launch([self.binary(), "-c", conf], log)
         launched = Launched(self.host, log)
         try:
             health_check(address, port, launched=launched)

@@ -176,8 +176,8 @@ class RabbitMQ(BrokerAdapter):
         env = server_env(base, node, ports)
         log = f"{base}/rabbitmq.log"
         started = time.monotonic()
-        group = self.host.launch(["env", *(f"{k}={v}" for k, v in env.items()),
-                                  "sh", "-c", START_SCRIPT], log)
+        group = self.launch(["env", *(f"{k}={v}" for k, v in env.items()),
+                             "sh", "-c", START_SCRIPT], log)
         try:
             connect_s = health_check(address, port, timeout_s=START_TIMEOUT_S,
                                      launched=Launched(self.host, log))

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..brokers import ADAPTERS
 from ..config_files import load_model
 from ..hosts import Host, LocalHost, SshHost
+from .cpus import CPU_LIST, parse
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./_-"
@@ -131,6 +132,10 @@ class BrokerConfig(BaseModel):
         None, pattern=r"^https?://[A-Za-z0-9_.:\[\]-]+(:\d+)?(/[A-Za-z0-9_./?=&-]*)?$",
         description="the broker's own Prometheus endpoint (default: its adapter's, on the "
         "broker's address)")
+    cpus: str | None = Field(
+        None, pattern=CPU_LIST, description="a broker perfpipe starts runs on these CPUs of "
+        "its host ('0', '0-1,3', as taskset takes them) and perfpipe's processes there "
+        "(drivers, the sampler) on the others (tasks.catalog.cpus); empty: anywhere")
 
     @field_validator("extra_config")
     @classmethod
@@ -139,6 +144,13 @@ class BrokerConfig(BaseModel):
             raise ValueError("one config line per entry: no empty entries, no line breaks or "
                              "control characters")
         return lines
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, cpus: str | None) -> str | None:
+        if cpus is not None:
+            parse(cpus)  # a range that runs backwards
+        return cpus
 
 
 class Inventory(BaseModel):
@@ -175,6 +187,9 @@ class Inventory(BaseModel):
             raise ValueError("broker.extra_config: only for a Mosquitto perfpipe starts "
                              "(kind: mosquitto, managed: true); configure your own broker "
                              "yourself")
+        if self.broker.cpus and not self.broker.managed:
+            raise ValueError("broker.cpus: only for a broker perfpipe starts (managed: true); "
+                             "place your own broker yourself")
         if not self.broker.managed and self.broker.port is None:
             raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
         return self

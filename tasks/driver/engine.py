@@ -18,6 +18,7 @@ Every phase has a time bound, so a dead broker gives a partial result, never a h
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import signal
@@ -248,6 +249,7 @@ class Engine:
             "versions": {"paho_mqtt": _paho_version(), "python": platform.python_version()},
             "clock": {"source": "time.time_ns", "offset_s": None},
             "fd_limit": fd_limit,
+            "cpus": sorted(os.sched_getaffinity(0)),
             "publish_cpu": self.publish_cpu,
             "read_hold": {"held_passes": sessions.reader.held_passes,
                           "max_ms": round(sessions.reader.hold_max_s * 1000, 3),

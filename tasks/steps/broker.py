@@ -10,6 +10,10 @@ generated for the run (`tasks.brokers.tls.make_certificates`; the CA and the
 certificate are kept in the run's ``broker/tls/``). The CA is installed on every driver
 host at each ``tls.ca_file`` named ``perfpipe-ca.pem`` (any other ca_file is the user's
 own and left alone).
+
+CPUs: with ``broker.cpus`` a managed broker runs on the CPUs it names (`tasks.catalog.cpus`),
+checked against its host's before the start and read back from /proc after it; broker.json
+records them, and so does the run's fingerprint.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from pathlib import Path
 from .. import rundir
 from ..brokers import ADAPTERS, BrokerError
 from ..brokers.tls import GENERATED_CA
+from ..catalog import cpus as cpu_lists
+from ..hosts import Host
 from ..run_context import RunContext
 from . import Call
+from .provision import host_cpus
 
 
 def tls_wanted(ctx: RunContext) -> dict | None:
@@ -51,12 +58,42 @@ def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
             host.put(Path(local_ca), path)
 
 
+def fits_cpus(ctx: RunContext, cpus: str) -> None:
+    """BrokerError naming `broker.cpus` when it does not fit the broker's host."""
+    name = ctx.inventory.broker.host
+    count = host_cpus(ctx).get(name)
+    if count is None:
+        raise BrokerError(f"broker.cpus: {name}'s core count was not recorded by provision")
+    try:
+        cpu_lists.check_fits(cpus, name, count, "driver" in ctx.inventory.host(name).roles)
+    except ValueError as exc:
+        raise BrokerError(str(exc)) from None
+
+
+def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
+    """The CPUs the started broker may run on, read back from /proc: `cpus` as a list, or
+    BrokerError (and the broker stopped) when they are not what was asked."""
+    status = host.run(["cat", f"/proc/{state['pid']}/status"], check=False)
+    try:
+        found = cpu_lists.allowed(status.stdout) if status.ok else None
+    except ValueError:
+        found = None
+    if found != cpu_lists.parse(cpus):
+        adapter.stop(state["group_pid"])
+        raise BrokerError(f"broker.cpus: asked for {cpus}, but {state['pid']} may run on "
+                          f"{'(unreadable)' if found is None else cpu_lists.as_list(found)}: "
+                          f"is taskset (util-linux) on {host.name}?")
+    return cpu_lists.as_list(found)
+
+
 def run(ctx: RunContext, call: Call) -> dict:
     inventory = ctx.inventory
     config = inventory.broker
     address = inventory.broker_address()
     host = ctx.host(config.host) if config.host else None
-    adapter = ADAPTERS[config.kind](host)
+    if config.cpus:
+        fits_cpus(ctx, config.cpus)
+    adapter = ADAPTERS[config.kind](host, cpus=config.cpus)
     # with no host in the inventory, the broker tells its version over the network
     version = adapter.version() if host else adapter.probe_version(address, config.port)
     state = {"kind": config.kind, "host": config.host, "address": address,
@@ -79,6 +116,8 @@ def run(ctx: RunContext, call: Call) -> dict:
                            tls_names=[address, config.host, "localhost", "127.0.0.1"])
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
                                                  **options))
+        if config.cpus:
+            state["cpus"] = placed_on(host, adapter, state, config.cpus)
         if tls:
             install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
             state["tls"]["installed_ca_files"] = tls["ca_files"]

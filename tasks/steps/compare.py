@@ -75,8 +75,8 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
         last = store.last_fingerprint(key, before_run=run_id)
         if last is not None and last != fp:
             new_history = (f"fingerprint changed ({last} -> {fp}): its hosts, tuning, broker "
-                           f"kind or perfpipe's measurement version differ; a new history "
-                           f"starts here")
+                           f"kind, the broker's CPUs or perfpipe's measurement version "
+                           f"differ; a new history starts here")
     pinned = release_problem = None
     if release is not None:
         label, base_run, stages = release

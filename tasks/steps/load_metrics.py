@@ -1,5 +1,6 @@
 """Step load_metrics: the Spark job's per-stage metrics, judged by the validity gates, into
-SQL; each max-rate search becomes a stage of its own whose one metric is `max_rate`."""
+SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate` and what
+its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from .. import rundir
 from ..analysis.capacity import broker_cores, cpu_used_pct
 from ..analysis.validity import judge
 from ..brokers import ADAPTERS
+from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
 from ..catalog.stages import probe_id
 from ..run_context import RunContext
@@ -80,16 +82,20 @@ def load_results(ctx: RunContext) -> list[dict]:
     return rows + record_searches(ctx, store, fingerprint, results, cpus)
 
 
-# What a search stage records of its hold, beside max_rate: the broker's cost at capacity.
+# What a search stage records of its hold, beside max_rate: the broker's cost at capacity
+# (and, from `cpu_at_capacity`, the CPU it and its host used of what they have).
 AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
                "broker_rss_per_1k_conn")
 
 
-def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None) -> dict:
+def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
+                    kept_on: str | None = None) -> dict:
     """The broker's and its host's CPU over a search's confirming hold (`at_capacity`: the
-    hold's metrics), each as % of the cores it can use (`tasks.analysis.capacity`):
-    `broker_cpu_used_pct` and `host_cpu_used_pct`, None where not known."""
-    cores = broker_cores(ADAPTERS[broker_kind].cores, host_cores)
+    hold's metrics), each as % of the cores it can use (`tasks.analysis.capacity`; the
+    broker's within the CPUs it was `kept_on`, `broker.cpus`): `broker_cpu_used_pct` and
+    `host_cpu_used_pct`, None where not known."""
+    cores = broker_cores(ADAPTERS[broker_kind].cores, host_cores,
+                         len(parse(kept_on)) if kept_on else None)
     return {"broker_cpu_used_pct": cpu_used_pct(at_capacity.get("broker_cpu_avg"), cores),
             "host_cpu_used_pct": cpu_used_pct(at_capacity.get("host_cpu_avg"), host_cores)}
 
@@ -104,12 +110,13 @@ def confirming_hold(template_id: str, outcome: dict) -> str | None:
 
 def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
                     cpus: dict[str, int]) -> list[dict]:
-    """Each max-rate search as a stage of its own whose metrics are `max_rate` and the
-    broker's cost during the hold that confirmed it (`results`: the job's stage results by
-    id; `cpus`: host -> cores, `provision.host_cpus`): valid only when the search converged
-    (its probes are stages too, never compared)."""
+    """Each max-rate search as a stage of its own whose metrics are `max_rate`, the
+    broker's cost during the hold that confirmed it and the CPU it and its host used there
+    (`results`: the job's stage results by id; `cpus`: host -> cores,
+    `provision.host_cpus`): valid only when the search converged (its probes are stages
+    too, never compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
-    broker = ctx.inventory.broker
+    broker, kept_on = ctx.inventory.broker, ctx.broker().get("cpus")
     host_cores = cpus.get(broker.host) if broker.host else None
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
@@ -124,7 +131,7 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
-                   **cpu_at_capacity(at_capacity, broker.kind, host_cores)}
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=outcome["reason"])
         rows.append({"stage_id": template_id, "validity": validity,

@@ -163,13 +163,16 @@ def host_cpus(ctx: RunContext) -> dict[str, int]:
 
 def run_fingerprint(ctx: RunContext) -> str:
     """The run's fingerprint (`tasks.fingerprint.run_hash`) from what provision and tune
-    recorded: every host's hash, every tuning hash and the measurement version of the
+    recorded: every host's hash, every tuning hash, the measurement version of the
     driver that was shipped (1 in a run folder of a perfpipe before it was recorded), so a
-    run loaded again by a later perfpipe keeps its own."""
+    run loaded again by a later perfpipe keeps its own, and the broker's CPUs (the broker
+    step's broker.json)."""
     def recorded(folder: str, key: str, default: object = "") -> list:
         return [json.loads(path.read_text()).get(key, default)
                 for path in sorted((ctx.run_dir / folder).glob("*.json"))]
 
     versions = recorded(rundir.HOSTS_DIR, "measurement_version", 1)
+    broker = ctx.broker()
     return run_hash(recorded(rundir.HOSTS_DIR, "hash"), recorded(rundir.TUNING_DIR, "values_hash"),
-                    ctx.broker()["kind"], measurement=max(versions, default=MEASUREMENT_VERSION))
+                    broker["kind"], measurement=max(versions, default=MEASUREMENT_VERSION),
+                    broker_cpus=broker.get("cpus"))

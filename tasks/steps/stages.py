@@ -21,6 +21,7 @@ from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
 from ..analysis.validity import backlog_rising
 from ..brokers import ADAPTERS
+from ..catalog.cpus import others, pinned
 from ..catalog.placement import (
     ProcessPlan,
     expected_delivery_rate,
@@ -84,7 +85,17 @@ def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> L
               f"{out_dir}/spec.json")
     argv = ["env", f"PYTHONPATH={host_pythonpath(ctx, plan.host)}", host.python, "-m", "tasks.driver",
             "--spec", f"{out_dir}/spec.json", "--out", out_dir]
-    return Launched(host, plan, out_dir, host.launch(argv, f"{out_dir}/driver.log"))
+    return Launched(host, plan, out_dir, host.launch(pinned(argv, own_cpus(ctx, plan.host)),
+                                                     f"{out_dir}/driver.log"))
+
+
+def own_cpus(ctx: RunContext, host: str) -> str | None:
+    """The CPUs perfpipe's own processes on `host` run on: where the broker runs on some
+    (`broker.cpus`, as broker.json records them), the others; else None (anywhere)."""
+    broker = ctx.broker()
+    if not broker.get("cpus") or broker.get("host") != host:
+        return None
+    return others(broker["cpus"], host_cpus(ctx)[host])
 
 
 def _wait_ready(launched: list[Launched], timeout_s: float) -> None:
@@ -188,9 +199,10 @@ def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until:
     host = ctx.host(sampler.host)
     out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, sampler.host)}"
     host.mkdir(out_dir)
-    host.launch(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python, "-m",
-                 "tasks.driver.sampler", *sampler.args, "--until", str(until),
-                 "--out", out_dir], f"{out_dir}/sampler.log")
+    host.launch(pinned(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python,
+                        "-m", "tasks.driver.sampler", *sampler.args, "--until", str(until),
+                        "--out", out_dir], own_cpus(ctx, sampler.host)),
+                f"{out_dir}/sampler.log")
 
 
 def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
