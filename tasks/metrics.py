@@ -137,8 +137,9 @@ _DEFS: list[MetricDef] = [
     # kept up with; recorded on the search's own stage, whose probes are never compared.
     MetricDef("max_rate", "msg/s", "higher", 0.05),
     # Over the hold that confirmed a search's answer: the broker's CPU as % of the cores its
-    # work can use (`BrokerAdapter.cores`: 1 for Mosquitto's one event loop, else its
-    # host's), and its host's CPU as % of all its cores. Recorded, never judged: under
+    # work can use (`tasks.analysis.capacity.broker_cores`: 1 for Mosquitto's one event
+    # loop, the CPUs `broker.cpus` keeps it on, else its host's), and its host's CPU as % of
+    # all its cores. Recorded, never judged: under
     # both lines of `tasks.analysis.capacity`, the verdict on max_rate says the broker fell
     # behind with CPU to spare.
     MetricDef("broker_cpu_used_pct", "%", "none"),

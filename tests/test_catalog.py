@@ -201,32 +201,37 @@ def test_a_topic_cycle_delivers_every_stream_without_gaps(broker, tmp_path):
 
 def test_cpu_lists_read_and_write_as_taskset_and_proc_do():
     assert cpus.parse("0,2-3") == {0, 2, 3} and cpus.as_list({3, 0, 2, 7}) == "0,2-3,7"
-    assert cpus.others("0", 4) == "1-3" and cpus.others("0-3", 4) == ""
+    assert cpus.others("0", range(4)) == "1-3" and cpus.others("0-3", range(4)) == ""
     assert cpus.pinned(["mosquitto", "-c", "x"], "1") == ["taskset", "-c", "1", "mosquitto",
                                                          "-c", "x"]
     assert cpus.pinned(["mosquitto"], None) == ["mosquitto"]
-    assert cpus.allowed("Name:\tmosquitto\nCpus_allowed:\t1\nCpus_allowed_list:\t0\n") == {0}
-    for bad in ("3-1", "0;reboot", "", "a"):
+    threads = "Name:\tmosquitto\nCpus_allowed_list:\t0\nName:\tmosquitto\nCpus_allowed_list:\t0-1\n"
+    assert cpus.allowed(threads) == [{0}, {0, 1}]
+    for bad in ("3-1", "0;reboot", "", "a", "\u0661"):
         with pytest.raises(ValueError):
             cpus.parse(bad)
 
 
 def test_broker_cpus_must_fit_its_host_and_leave_the_drivers_a_cpu():
-    cpus.check_fits("0", "h", 2, drivers_there=True)
-    cpus.check_fits("0-1", "h", 2, drivers_there=False)  # a host of its own
-    with pytest.raises(ValueError, match=r"broker.cpus: '2' names CPUs h does not have \(it "
-                                         r"has 2: 0-1\); name some of 0-1"):
-        cpus.check_fits("2", "h", 2, drivers_there=False)
+    cpus.check_fits("0", "h", {0, 1}, drivers_there=True)
+    cpus.check_fits("0-1", "h", {0, 1}, drivers_there=False)  # a host of its own
+    assert cpus.others("2", {2, 3}) == "3"  # a cpuset of CPUs 2 and 3
+    with pytest.raises(ValueError, match=r"broker.cpus: '0' names CPUs h does not let "
+                                         r"perfpipe use \(it may use 2-3\); name some of 2-3"):
+        cpus.check_fits("0", "h", {2, 3}, drivers_there=False)
     with pytest.raises(ValueError, match="broker.cpus: '0-1' leaves no CPU of h"):
-        cpus.check_fits("0-1", "h", 2, drivers_there=True)
+        cpus.check_fits("0-1", "h", {0, 1}, drivers_there=True)
 
 
 def test_the_inventory_takes_broker_cpus_only_for_a_broker_perfpipe_starts():
     host = {"name": "h", "transport": "local", "roles": ["broker", "driver"]}
     assert Inventory(hosts=[host], broker={"host": "h", "cpus": "0"}).broker.cpus == "0"
+    assert Inventory(hosts=[host], broker={"host": "h", "cpus": 1}).broker.cpus == "1"  # YAML 1
     for broker, error in (({"host": "h", "cpus": "1-0"}, "runs backwards"),
                           ({"host": "h", "cpus": "0 1"}, "should match pattern"),
                           ({"host": "h", "cpus": "0", "managed": False, "port": 1883},
+                           "broker.cpus: only for a broker perfpipe starts"),
+                          ({"cpus": "0", "managed": False, "address": "b", "port": 1883},
                            "broker.cpus: only for a broker perfpipe starts")):
         with pytest.raises(ValueError, match=error):
             Inventory(hosts=[host], broker=broker)

@@ -122,6 +122,7 @@ def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_oth
     recorded; the drivers on its host run on the others, and the fingerprint says so. A
     CPU the host lacks fails the run at the broker step, naming the field and the fix."""
     from tasks import rundir
+    from tasks.catalog import cpus
     from tasks.fingerprint import run_hash
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
@@ -137,7 +138,7 @@ def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_oth
     assert outcome.status == "ok"
     run_dir = settings.run_dir(outcome.run_id)
     broker = json.loads((run_dir / rundir.BROKER).read_text())
-    assert broker["cpus"] == str(first)
+    assert broker["cpus"] == str(first) and cpus.parse(broker["host_cpus"]) == {first, *rest}
     summaries = list((run_dir / rundir.RAW_DIR).glob("**/summary.json"))
     assert summaries and all(json.loads(p.read_text())["cpus"] == rest for p in summaries)
     (stage, *_) = Store(settings.database_url()).stages(outcome.run_id)
@@ -155,4 +156,4 @@ def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_oth
     failed = run_pipeline(settings, suite="tiny", inventory=inventory, say=lambda _: None)
     assert failed.status == "failed"
     error = (settings.run_dir(failed.run_id) / rundir.ERROR_LOG).read_text()
-    assert f"broker.cpus: '{absent}' names CPUs localhost does not have" in error
+    assert f"broker.cpus: '{absent}' names CPUs localhost does not let perfpipe use" in error

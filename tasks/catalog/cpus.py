@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 # A CPU list as `taskset -c` takes it and /proc/PID/status writes it: '0', '0-3', '0,2-3'
-CPU_LIST = r"^\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*$"
+CPU_LIST = r"^[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*$"
 
 
 def parse(cpus: str) -> frozenset[int]:
@@ -44,19 +44,22 @@ def as_list(cpus: Iterable[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def others(cpus: str, host_cpus: int) -> str:
-    """The CPUs of a host of `host_cpus` that `cpus` leaves, as a list ('' for none)."""
-    return as_list(set(range(host_cpus)) - parse(cpus))
+def others(cpus: str, usable: Iterable[int]) -> str:
+    """The CPUs of `usable` (a host's, as `allowed` reads them) that `cpus` leaves, as a
+    list ('' for none)."""
+    return as_list(set(usable) - parse(cpus))
 
 
-def check_fits(cpus: str, host: str, host_cpus: int, drivers_there: bool) -> None:
-    """ValueError naming `broker.cpus` and the fix when `cpus` names a CPU the broker's
-    host does not have, or leaves none for the drivers that run there."""
-    asked, has = parse(cpus), as_list(range(host_cpus))
-    if not asked <= set(range(host_cpus)):
-        raise ValueError(f"broker.cpus: {cpus!r} names CPUs {host} does not have (it has "
-                         f"{host_cpus}: {has}); name some of {has}")
-    if drivers_there and not others(cpus, host_cpus):
+def check_fits(cpus: str, host: str, usable: Iterable[int], drivers_there: bool) -> None:
+    """ValueError naming `broker.cpus` and the fix when `cpus` names a CPU that processes
+    started on the broker's host may not use (`usable`: offline, or outside its cpuset), or
+    leaves none for the drivers that run there."""
+    asked, usable = parse(cpus), frozenset(usable)
+    has = as_list(usable)
+    if not asked <= usable:
+        raise ValueError(f"broker.cpus: {cpus!r} names CPUs {host} does not let perfpipe use "
+                         f"(it may use {has}); name some of {has}")
+    if drivers_there and not others(cpus, usable):
         raise ValueError(f"broker.cpus: {cpus!r} leaves no CPU of {host} ({has}) for the "
                          f"driver processes that run there; leave one or more out")
 
@@ -67,9 +70,10 @@ def pinned(argv: Sequence[str], cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus, *argv] if cpus else list(argv)
 
 
-def allowed(status: str) -> frozenset[int]:
-    """The CPUs a process may run on, from the text of its /proc/PID/status."""
-    found = re.search(r"^Cpus_allowed_list:\s*(\S+)\s*$", status, re.MULTILINE)
-    if found is None:
+def allowed(status: str) -> list[frozenset[int]]:
+    """The CPUs each thread may run on, from the text of /proc/PID/status, or of its
+    threads' /proc/PID/task/*/status one after the other; ValueError without any."""
+    found = re.findall(r"^Cpus_allowed_list:\s*(\S+)\s*$", status, re.MULTILINE)
+    if not found:
         raise ValueError("no Cpus_allowed_list in the process's status")
-    return parse(found.group(1))
+    return [parse(cpus) for cpus in found]

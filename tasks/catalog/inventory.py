@@ -135,7 +135,7 @@ class BrokerConfig(BaseModel):
     cpus: str | None = Field(
         None, pattern=CPU_LIST, description="a broker perfpipe starts runs on these CPUs of "
         "its host ('0', '0-1,3', as taskset takes them) and perfpipe's processes there "
-        "(drivers, the sampler) on the others (tasks.catalog.cpus); empty: anywhere")
+        "(drivers, the sampler) on the others (tasks.catalog.cpus); unset: anywhere")
 
     @field_validator("extra_config")
     @classmethod
@@ -144,6 +144,11 @@ class BrokerConfig(BaseModel):
             raise ValueError("one config line per entry: no empty entries, no line breaks or "
                              "control characters")
         return lines
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _one_cpu(cls, cpus: object) -> object:
+        return str(cpus) if isinstance(cpus, int) and not isinstance(cpus, bool) else cpus
 
     @field_validator("cpus")
     @classmethod
@@ -170,6 +175,13 @@ class Inventory(BaseModel):
             raise ValueError("hosts: host names must be unique")
         if not self.driver_hosts():
             raise ValueError("hosts: at least one host needs the role 'driver'")
+        if self.broker.extra_config and (self.broker.kind != "mosquitto" or not self.broker.managed):
+            raise ValueError("broker.extra_config: only for a Mosquitto perfpipe starts "
+                             "(kind: mosquitto, managed: true); configure your own broker "
+                             "yourself")
+        if self.broker.cpus and not self.broker.managed:
+            raise ValueError("broker.cpus: only for a broker perfpipe starts (managed: true); "
+                             "place your own broker yourself")
         if self.broker.host is None:
             if self.broker.managed or not (self.broker.address and self.broker.port):
                 raise ValueError("broker.host: needed unless the broker is unmanaged "
@@ -183,13 +195,6 @@ class Inventory(BaseModel):
         for host in self.hosts:
             if host.gateway and (host.gateway not in names or host.gateway == host.name):
                 raise ValueError(f"hosts: {host.name}.gateway {host.gateway!r} must be another host")
-        if self.broker.extra_config and (self.broker.kind != "mosquitto" or not self.broker.managed):
-            raise ValueError("broker.extra_config: only for a Mosquitto perfpipe starts "
-                             "(kind: mosquitto, managed: true); configure your own broker "
-                             "yourself")
-        if self.broker.cpus and not self.broker.managed:
-            raise ValueError("broker.cpus: only for a broker perfpipe starts (managed: true); "
-                             "place your own broker yourself")
         if not self.broker.managed and self.broker.port is None:
             raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
         return self

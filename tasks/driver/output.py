@@ -61,8 +61,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               QoS 0 loss and QoS 1 duplicates are allowed), and up to 100
                               (subscriber, publisher) pairs with a gap, duplicate or reorder
                   fd_limit    the open-file limit the driver raised itself to
-                  cpus        the CPUs it may run on (all of its host's, unless
-                              ``broker.cpus`` keeps the broker on some of them)
+                  cpus        the CPUs it may run on: those its launching shell
+                              allowed; on the broker's host, those ``broker.cpus``
+                              leaves
                   publish_cpu  {cpu_s, wall_s}: this process's CPU seconds (user + system)
                               over the publish phase (warm-up and measure window) and its
                               wall-clock length; cpu_s / wall_s near 1.0 means the driver

@@ -12,8 +12,10 @@ host at each ``tls.ca_file`` named ``perfpipe-ca.pem`` (any other ca_file is the
 own and left alone).
 
 CPUs: with ``broker.cpus`` a managed broker runs on the CPUs it names (`tasks.catalog.cpus`),
-checked against its host's before the start and read back from /proc after it; broker.json
-records them, and so does the run's fingerprint.
+checked against those its host lets perfpipe's processes use before the start, and read
+back from every thread's /proc status after it; broker.json records both (``cpus``,
+``host_cpus``: the stages step runs perfpipe's processes there on the rest), and the run's
+fingerprint the first.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from ..catalog import cpus as cpu_lists
 from ..hosts import Host
 from ..run_context import RunContext
 from . import Call
-from .provision import host_cpus
 
 
 def tls_wanted(ctx: RunContext) -> dict | None:
@@ -58,32 +59,42 @@ def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
             host.put(Path(local_ca), path)
 
 
-def fits_cpus(ctx: RunContext, cpus: str) -> None:
-    """BrokerError naming `broker.cpus` when it does not fit the broker's host."""
-    name = ctx.inventory.broker.host
-    count = host_cpus(ctx).get(name)
-    if count is None:
-        raise BrokerError(f"broker.cpus: {name}'s core count was not recorded by provision")
+def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
+    """The CPUs perfpipe's processes may use on the broker's host, as a list; BrokerError
+    naming `broker.cpus` when it names others, leaves none for drivers there, or the host
+    has no taskset."""
+    if not host.run(["sh", "-c", "command -v taskset"], check=False).ok:
+        raise BrokerError(f"broker.cpus: needs taskset (util-linux) on {host.name}; install it "
+                          f"or leave broker.cpus out")
+    (usable,) = cpu_lists.allowed(host.run(["cat", "/proc/self/status"]).stdout)
+    drivers_there = "driver" in ctx.inventory.host(host.name).roles
     try:
-        cpu_lists.check_fits(cpus, name, count, "driver" in ctx.inventory.host(name).roles)
+        cpu_lists.check_fits(cpus, host.name, usable, drivers_there)
     except ValueError as exc:
         raise BrokerError(str(exc)) from None
+    return cpu_lists.as_list(usable)
 
 
 def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
-    """The CPUs the started broker may run on, read back from /proc: `cpus` as a list, or
-    BrokerError (and the broker stopped) when they are not what was asked."""
-    status = host.run(["cat", f"/proc/{state['pid']}/status"], check=False)
+    """The CPUs the started broker's threads may run on, read back from /proc: `cpus` as
+    a list, or BrokerError (and the broker stopped) when any thread's are not those."""
+    status = host.run(["sh", "-c", f"cat /proc/{int(state['pid'])}/task/*/status"],
+                      check=False)
     try:
-        found = cpu_lists.allowed(status.stdout) if status.ok else None
+        found = {cpu_lists.as_list(t) for t in cpu_lists.allowed(status.stdout)}
     except ValueError:
-        found = None
-    if found != cpu_lists.parse(cpus):
+        found = set()
+    asked = cpu_lists.as_list(cpu_lists.parse(cpus))
+    if found == {asked}:
+        return asked
+    problem = (f"broker.cpus: asked for {cpus}, but the broker's threads may run on "
+               f"{', '.join(sorted(found)) or '(unreadable)'}: a cpuset or cgroup of "
+               f"{host.name} narrows them, or the broker sets its own")
+    try:
         adapter.stop(state["group_pid"])
-        raise BrokerError(f"broker.cpus: asked for {cpus}, but {state['pid']} may run on "
-                          f"{'(unreadable)' if found is None else cpu_lists.as_list(found)}: "
-                          f"is taskset (util-linux) on {host.name}?")
-    return cpu_lists.as_list(found)
+    except BrokerError as exc:
+        problem += f"; stopping it: {exc}"
+    raise BrokerError(problem)
 
 
 def run(ctx: RunContext, call: Call) -> dict:
@@ -91,8 +102,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     config = inventory.broker
     address = inventory.broker_address()
     host = ctx.host(config.host) if config.host else None
-    if config.cpus:
-        fits_cpus(ctx, config.cpus)
+    usable = fits_cpus(ctx, host, config.cpus) if config.cpus else None
     adapter = ADAPTERS[config.kind](host, cpus=config.cpus)
     # with no host in the inventory, the broker tells its version over the network
     version = adapter.version() if host else adapter.probe_version(address, config.port)
@@ -117,7 +127,7 @@ def run(ctx: RunContext, call: Call) -> dict:
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
                                                  **options))
         if config.cpus:
-            state["cpus"] = placed_on(host, adapter, state, config.cpus)
+            state.update(cpus=placed_on(host, adapter, state, config.cpus), host_cpus=usable)
         if tls:
             install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
             state["tls"]["installed_ca_files"] = tls["ca_files"]

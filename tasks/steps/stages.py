@@ -21,7 +21,7 @@ from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
 from ..analysis.validity import backlog_rising
 from ..brokers import ADAPTERS
-from ..catalog.cpus import others, pinned
+from ..catalog.cpus import others, parse, pinned
 from ..catalog.placement import (
     ProcessPlan,
     expected_delivery_rate,
@@ -91,11 +91,12 @@ def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> L
 
 def own_cpus(ctx: RunContext, host: str) -> str | None:
     """The CPUs perfpipe's own processes on `host` run on: where the broker runs on some
-    (`broker.cpus`, as broker.json records them), the others; else None (anywhere)."""
+    (`broker.cpus`, as broker.json records them), the others it may use; else None
+    (anywhere; also where the broker has them all, on a host without drivers)."""
     broker = ctx.broker()
     if not broker.get("cpus") or broker.get("host") != host:
         return None
-    return others(broker["cpus"], host_cpus(ctx)[host])
+    return others(broker["cpus"], parse(broker["host_cpus"])) or None
 
 
 def _wait_ready(launched: list[Launched], timeout_s: float) -> None:

@@ -37,7 +37,8 @@ SCORE_CARD = (("delivered_rate", "delivered"), ("target_rate", "target"),
 # What the broker spent (from its processes, its own metrics or its host: see the stage's
 # problems), and a search stage's capacity
 COST = (("max_rate", "capacity"), ("broker_cpu_used_pct", "broker CPU used (of its cores)"),
-        ("host_cpu_used_pct", "host CPU used (of its cores)"), ("broker_cpu_s_per_10k", "broker CPU / 10K msgs"),
+        ("host_cpu_used_pct", "host CPU used (of its cores)"),
+        ("broker_cpu_s_per_10k", "broker CPU / 10K msgs"),
         ("broker_cpu_per_driver_cpu", "broker CPU / driver CPU"),
         ("broker_rss_per_1k_conn", "RSS / 1K conns"), ("broker_rss_avg", "RSS avg"),
         ("broker_cpu_user_avg", "user"), ("broker_cpu_sys_avg", "sys"),
