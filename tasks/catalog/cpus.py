@@ -3,9 +3,9 @@
 Where the broker shares its host with perfpipe's drivers (the embedded default), the
 kernel decides where each runs, and on a small host that is much of what a capacity
 search measures. On this repository's 2-vCPU machine, on one host, Mosquitto beside its
-drivers never used its core up at its answer (105K-140K msg/s, 7.4% night to night); kept
-on one CPU with the drivers on the other it did (167K-174K, 0.9%; bench/README.md,
-bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on the CPUs it names
+drivers used its core up at its answer on 1 of 20 valid nights (the others 94K-140K
+msg/s); kept on one CPU with the drivers on the other, on all 10 (167K-178K, 0.9% and 1.8%
+night to night in two runs; bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on the CPUs it names
 and perfpipe's own processes on its host (drivers, the sampler) on the others, through
 `taskset`; the broker step reads the broker's back from /proc.
 """
