@@ -85,15 +85,14 @@ def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> L
               f"{out_dir}/spec.json")
     argv = ["env", f"PYTHONPATH={host_pythonpath(ctx, plan.host)}", host.python, "-m", "tasks.driver",
             "--spec", f"{out_dir}/spec.json", "--out", out_dir]
-    return Launched(host, plan, out_dir, host.launch(pinned(argv, own_cpus(ctx, plan.host)),
+    return Launched(host, plan, out_dir, host.launch(pinned(argv, own_cpus(broker, plan.host)),
                                                      f"{out_dir}/driver.log"))
 
 
-def own_cpus(ctx: RunContext, host: str) -> str | None:
+def own_cpus(broker: dict, host: str) -> str | None:
     """The CPUs perfpipe's own processes on `host` run on: where the broker runs on some
-    (`broker.cpus`, as broker.json records them), the others it may use; else None
-    (anywhere; also where the broker has them all, on a host without drivers)."""
-    broker = ctx.broker()
+    (`broker.cpus`, as `broker`, broker.json, records them), the others it may use; else
+    None (anywhere; also where the broker has them all, on a host without drivers)."""
     if not broker.get("cpus") or broker.get("host") != host:
         return None
     return others(broker["cpus"], parse(broker["host_cpus"])) or None
@@ -196,13 +195,14 @@ def broker_sampler(ctx: RunContext, broker: dict) -> BrokerSampler | None:
                           "dedicated": dedicated, "stats": described})
 
 
-def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until: int) -> None:
+def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until: int,
+                   broker: dict) -> None:
     host = ctx.host(sampler.host)
     out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, sampler.host)}"
     host.mkdir(out_dir)
     host.launch(pinned(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python,
                         "-m", "tasks.driver.sampler", *sampler.args, "--until", str(until),
-                        "--out", out_dir], own_cpus(ctx, sampler.host)),
+                        "--out", out_dir], own_cpus(broker, sampler.host)),
                 f"{out_dir}/sampler.log")
 
 
@@ -241,7 +241,7 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         "sampler": sampler and sampler.sampled,
     })
     if sampler is not None:
-        _start_sampler(ctx, sampler, stage, windows["end"])
+        _start_sampler(ctx, sampler, stage, windows["end"], broker)
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
