@@ -261,6 +261,28 @@ def test_driver_procs_default_to_one_per_core(tmp_path):
             {"name": "d1", "transport": "ssh", "roles": ["driver"], "procs": 0}]})
 
 
+def test_auto_procs_leave_the_brokers_cpus_to_it(tmp_path):
+    """'auto' counts the cores broker.cpus leaves on the broker's host, so the drivers do
+    not run two processes to a CPU there; other hosts, and an unpinned broker, keep all."""
+    from tasks.catalog.inventory import Inventory, load_inventory
+
+    path = tmp_path / "inv.yml"
+    path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"
+                    "broker: {host: here, cpus: 0}\n")
+    assert load_inventory(path).host("here").procs == max(1, os.cpu_count() - 1)
+    hosts = [{"name": "b", "transport": "ssh", "address": "10.0.0.2",
+              "roles": ["broker", "driver"]},
+             {"name": "d", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],
+              "search_procs": "auto"}]
+    pinned = Inventory.model_validate({"hosts": hosts, "broker": {"host": "b", "cpus": "0-2,5"}})
+    cores = {"b": 8, "d": 8}
+    assert pinned.driver_procs(cores) == [("b", 4), ("d", 8)]
+    assert pinned.driver_procs(cores, search=True) == [("b", 4), ("d", 8)]
+    assert pinned.driver_procs({"b": 4, "d": 8}) == [("b", 1), ("d", 8)]  # at least one
+    unpinned = Inventory.model_validate({"hosts": hosts, "broker": {"host": "b"}})
+    assert unpinned.driver_procs(cores) == [("b", 8), ("d", 8)]
+
+
 # ---- inventory: a max-rate search's probes may run more driver processes ---------------
 SEARCHED = """
 name: s

@@ -29,8 +29,9 @@ class HostConfig(BaseModel):
     key_file: Path | None = None
     roles: list[Literal["broker", "driver"]] = Field(min_length=1)
     procs: int | Literal["auto"] = Field(
-        "auto", description="driver processes on this host; auto: one per core (resolved "
-        "at plan time for local hosts, from the provisioned fingerprint for SSH hosts)")
+        "auto", description="driver processes on this host; auto: one per core, less the "
+        "CPUs broker.cpus keeps for the broker on its host (resolved at plan time for local "
+        "hosts, from the provisioned fingerprint for SSH hosts)")
     search_procs: int | Literal["auto"] | None = Field(
         None, description="driver processes on this host for a max-rate search's probes "
         "and holds (capacity stages), instead of `procs`; default: procs")
@@ -211,8 +212,16 @@ class Inventory(BaseModel):
         fingerprint's core count), for `tasks.catalog.placement.driver_slots`; `search`: for
         a max-rate search's probe (each host's search_procs, where set)."""
         cpus = cpus or {}
-        return [(h.name, h.procs_for(cpus.get(h.name), search=search))
+        return [(h.name, h.procs_for(self.driver_cores(h.name, cpus.get(h.name)), search=search))
                 for h in self.driver_hosts()]
+
+    def driver_cores(self, name: str, cores: int | None) -> int | None:
+        """The cores of host `name` (`cores` of them) its driver processes have: all but
+        those `broker.cpus` keeps for the broker there, so 'auto' does not start two driver
+        processes on the one CPU the broker leaves (at least 1; None when unknown)."""
+        if not cores or not self.broker.cpus or self.broker.host != name:
+            return cores
+        return max(1, cores - len(parse(self.broker.cpus)))
 
     def broker_address(self) -> str:
         return self.broker.address or self.host(self.broker.host).address
@@ -223,10 +232,11 @@ def load_inventory(path: Path) -> Inventory:
     inventory = load_model(Inventory, path)
     for host in inventory.hosts:
         if host.transport == "local":  # this machine: 'auto' is known at plan time
+            cores = inventory.driver_cores(host.name, os.cpu_count())
             if host.procs == "auto":
-                host.procs = host.procs_for(os.cpu_count())
+                host.procs = host.procs_for(cores)
             if host.search_procs == "auto":
-                host.search_procs = host.procs_for(os.cpu_count(), search=True)
+                host.search_procs = host.procs_for(cores, search=True)
         if host.key_file is not None and not host.key_file.is_absolute():
             host.key_file = (Path(path).parent / host.key_file).resolve()
     return inventory
