@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
+from tasks.analysis.validity import drivers_cpus_used_pct, process_cpu_pct
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import (
@@ -187,18 +188,21 @@ def connect_metrics(stage: StageFiles) -> dict:
 
 
 def _driver_cpus(stage: StageFiles) -> list[float | None]:
-    """Each driver process's CPU over its publish phase (summary ``publish_cpu``, warm-up
-    and measure window), in % of one core; None where a process did not record it."""
-    return [100 * cpu["cpu_s"] / cpu["wall_s"] if cpu and cpu.get("wall_s") else None
-            for cpu in (summary.get("publish_cpu") for summary in stage.summaries)]
+    """Each driver process's CPU over its publish phase, in % of one core (None where a
+    process did not record it)."""
+    return [process_cpu_pct(summary) for summary in stage.summaries]
 
 
 def driver_metrics(stage: StageFiles) -> dict:
-    """driver_cpu_max: the busiest driver process's CPU over its publish phase, in % of
-    one core, a validity input: a driver that busy may be the bottleneck. Null when no
-    process recorded it."""
+    """Validity inputs (the load generator may be the bottleneck,
+    `tasks.analysis.validity.driver_limit`): driver_cpu_max, the busiest driver process's
+    CPU over its publish phase in % of one core, and drivers_cpus_used_pct, a host's driver
+    processes' over the CPUs they may run on, the highest host's. Each left out when no
+    process (no host) recorded what it needs."""
     busiest = [cpu for cpu in _driver_cpus(stage) if cpu is not None]
-    return {"driver_cpu_max": max(busiest)} if busiest else {}
+    shared = drivers_cpus_used_pct(stage.summaries)
+    return ({"driver_cpu_max": max(busiest)} if busiest else {}) \
+        | ({"drivers_cpus_used_pct": shared} if shared is not None else {})
 
 
 def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, delivered_rate: float | None,

@@ -144,9 +144,11 @@ _DEFS: list[MetricDef] = [
     # behind with CPU to spare.
     MetricDef("broker_cpu_used_pct", "%", "none"),
     MetricDef("host_cpu_used_pct", "%", "none"),
-    # The busiest driver process's CPU over the publish phase (% of one core): a validity
-    # input (the load generator must not be the bottleneck), never judged.
+    # The busiest driver process's CPU over the publish phase (% of one core), and a host's
+    # driver processes' summed over the CPUs they may run on (the highest host's): validity
+    # inputs (the load generator must not be the bottleneck), never judged.
     MetricDef("driver_cpu_max", "%", "none"),
+    MetricDef("drivers_cpus_used_pct", "%", "none"),
     # The subscription backlog over the measure window (`backlog`): its high-water mark and
     # its least-squares slope; a slope near 0 means the broker kept up.
     MetricDef("backlog_max", "msg", "none"),

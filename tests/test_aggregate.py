@@ -84,6 +84,10 @@ NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase 
 PUBLISH_CPU = {("h1", 0): (1.0, 4.0), ("h1", 1): (2.5, 4.0), ("h2", 0): (0.5, 2.0),
                ("h2", 1): (3.0, 8.0)}
 DRIVER_CPU_MAX = 62.5
+# The CPUs each process may run on: h1's two share CPU 1 (the broker kept on CPU 0), 25% +
+# 62.5% of it; h2's two share CPUs 0-1, 25% + 37.5% over two.
+CPUS = {("h1", 0): [1], ("h1", 1): [1], ("h2", 0): [0, 1], ("h2", 1): [0, 1]}
+DRIVERS_CPUS_USED = {"h1": 87.5, "h2": 31.25}
 # One second of the window stalls: a process gets 60 e2e samples 200 ms late in it, enough
 # to carry the window's p99 (60 of about 4,000 samples) but one second of four.
 STALL = ("h1", 0)
@@ -181,7 +185,8 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
             "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset},
             "connect_phase": connect_phase(proc),
-            "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)]))}
+            "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)])),
+            "cpus": CPUS[(proc.host, proc.proc)]}
 
 
 def write_process(proc_dir: Path, proc: Proc, document: dict) -> None:
@@ -460,6 +465,20 @@ def test_driver_cpu_max_is_the_busiest_process(run: Run):
     # h1/0 recorded none in s5_no_phase: the maximum of the others, not a zero
     assert run.stages["s5_no_phase"]["metrics"]["driver_cpu_max"] == DRIVER_CPU_MAX
     assert run.stages["s3_zero"]["metrics"]["driver_cpu_max"] is None
+
+
+def test_drivers_cpus_used_is_a_hosts_processes_over_the_cpus_they_may_run_on(run: Run):
+    """Two driver processes on one CPU use it up while neither is busy: the validity gate
+    reads their sum over the CPUs they share, the highest host's."""
+    for host, share in DRIVERS_CPUS_USED.items():
+        procs = [key for key in CPUS if key[0] == host]
+        cpus = set().union(*(CPUS[key] for key in procs))
+        assert sum(100 * PUBLISH_CPU[key][0] / PUBLISH_CPU[key][1] for key in procs) \
+            / len(cpus) == share
+    assert run.stages["s1_ok"]["metrics"]["drivers_cpus_used_pct"] == DRIVERS_CPUS_USED["h1"]
+    # h1/0 recorded no CPU there: h1 is left out (not read as h1/1 alone), h2 remains
+    assert run.stages["s5_no_phase"]["metrics"]["drivers_cpus_used_pct"] == DRIVERS_CPUS_USED["h2"]
+    assert run.stages["s3_zero"]["metrics"]["drivers_cpus_used_pct"] is None
 
 
 def test_the_broker_cpu_over_the_driver_cpu_only_where_they_share_a_host(run: Run):

@@ -149,6 +149,11 @@ def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_oth
     assert stage["fingerprint_hash"] == run_hash(hosts, tuned, "mosquitto",
                                                  broker_cpus=str(first))
     assert stage["fingerprint_hash"] != run_hash(hosts, tuned, "mosquitto")
+    # the drivers' CPU is read over the CPUs they were left: their sum over those
+    ran = [json.loads(p.read_text()) for p in summaries]
+    ran = [d for d in ran if d["stage_id"] == stage["stage_id"]]
+    used = sum(100 * d["publish_cpu"]["cpu_s"] / d["publish_cpu"]["wall_s"] for d in ran)
+    assert stage["metrics"]["drivers_cpus_used_pct"] == pytest.approx(used / len(rest))
 
     absent = len(os.sched_getaffinity(0)) + 64
     inventory.write_text(yaml.safe_dump({**embedded, "broker": {**embedded["broker"],

@@ -149,6 +149,26 @@ def test_a_driver_at_its_limit_at_the_answer_makes_the_search_say_so():
     assert outcome["reason"].startswith("a driver process used 97% of a core at 4000 msg/s")
 
 
+def test_drivers_sharing_cpus_they_used_up_at_the_answer_make_the_search_say_so():
+    """Two driver processes on the one CPU broker.cpus left them: neither over 90% of a
+    core, together 99% of that CPU."""
+    search = RateSearch(1_000, SearchPolicy(precision=0.1))
+    for rate in (1_000, 2_000, 4_000):
+        search.record(ProbeResult(rate, 1.0, 1.0, driver_cpu=rate / 80,
+                                  drivers_cpus_used=rate / 40))
+    assert search.outcome()["reason"].startswith("the broker kept up at every probe")
+    search.record(ProbeResult(4_300, 0.9, 0.9, driver_cpu=50.0, drivers_cpus_used=99.0))
+    assert search.converged
+    outcome = search.outcome()
+    assert outcome["converged"] is False and outcome["max_rate"] == 4_000
+    assert outcome["reason"].startswith(
+        "the driver processes of one host used 100% of the CPUs they may run on at 4000 msg/s "
+        "(over 90%): the load generator may be what ran out, not the broker; add driver hosts")
+    search.probes[-2] = (ProbeResult(4_000, 1.0, 1.0, driver_cpu=50.0, drivers_cpus_used=89.0),
+                         True)
+    assert search.outcome()["converged"] is True
+
+
 def test_a_driver_at_its_limit_at_a_held_answer_records_the_rate_that_held():
     """A run on this machine: the hold at the best probe (132,411 msg/s) fell behind, the
     next one (126,865) held with a driver at 97% of a core. The answer recorded beside that

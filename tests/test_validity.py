@@ -20,6 +20,9 @@ def test_each_gate_names_its_reason():
         "3 client errors": {"errors": 3},
         "2 messages lost at QoS 1, which promises delivery": {"lost": 2},
         "a driver process used 97% of a core while publishing (over 90%)": {"driver_cpu_max": 97.0},
+        "the driver processes of one host used 99% of the CPUs they may run on while publishing "
+        "(over 90%): the load generator may be the bottleneck; add driver hosts":
+            {"driver_cpu_max": 50.0, "drivers_cpus_used_pct": 99.0},
     }
     for reason, change in cases.items():
         validity, reasons = judge({**GOOD, **change}, qos=1, aggregation_status="ok", problems=[])

@@ -5,6 +5,7 @@ Pure: metrics in, (validity, reasons) out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..metrics import backlog
@@ -15,7 +16,9 @@ class Gates:
     rate_tolerance: float = 0.05  # delivered within 5% of target ("follows the theoretical max")
     max_throughput_cv: float = 0.25  # per-second delivered rate stable over the window
     max_errors: int = 0
-    max_driver_cpu_pct: float = 90.0  # a driver process busier than this may be the bottleneck
+    # a driver process busier than this (% of a core), or a host's driver processes over
+    # this share of the CPUs they may run on, may be the bottleneck
+    max_driver_cpu_pct: float = 90.0
     # backlog (published x receivers - delivered, cumulative) may not rise in most seconds
     # of the window and grow by more than this share of the window's expected deliveries
     max_backlog_growth: float = 0.02
@@ -39,6 +42,46 @@ def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str 
     return None
 
 
+def process_cpu_pct(summary: Mapping) -> float | None:
+    """A driver process's CPU over its publish phase (its summary's `publish_cpu`: warm-up
+    and measure window) in % of one core; None where it did not record it."""
+    cpu = summary.get("publish_cpu") or {}
+    return 100 * cpu["cpu_s"] / cpu["wall_s"] if cpu.get("wall_s") else None
+
+
+def drivers_cpus_used_pct(summaries: Iterable[Mapping]) -> float | None:
+    """The driver processes' CPU summed per host, as % of the CPUs they may run on there
+    (their summaries' `cpus`), on the host where that is highest. Processes that share CPUs
+    can use them up while none of them is busy: the two a search runs on the one CPU that
+    `broker.cpus: '0'` leaves on a 2-CPU host show 50% each. None when no host's processes
+    all recorded their CPU and CPUs."""
+    hosts: dict[object, list[Mapping]] = {}
+    for summary in summaries:
+        hosts.setdefault(summary.get("host"), []).append(summary)
+    shares = []
+    for processes in hosts.values():
+        used = [process_cpu_pct(summary) for summary in processes]
+        cpus = [summary.get("cpus") for summary in processes]
+        if all(pct is not None for pct in used) and all(cpus):
+            shares.append(sum(used) / len(set().union(*cpus)))
+    return max(shares, default=None)
+
+
+def driver_limit(metrics: Mapping, gates: Gates = Gates()) -> tuple[str, str] | None:
+    """(what, what to add) when the load generator may have been the bottleneck: a driver
+    process over `max_driver_cpu_pct` of a core, or a host's driver processes over that
+    share of the CPUs they may run on (`driver_cpu_max`, `drivers_cpus_used_pct`)."""
+    limit = gates.max_driver_cpu_pct
+    busiest, shared = metrics.get("driver_cpu_max"), metrics.get("drivers_cpus_used_pct")
+    if busiest is not None and busiest > limit:
+        return (f"a driver process used {busiest:.0f}% of a core",
+                "more driver processes (procs; search_procs for a search) or driver hosts")
+    if shared is not None and shared > limit:
+        return (f"the driver processes of one host used {shared:.0f}% of the CPUs they may run "
+                "on", "driver hosts, or CPUs for them (fewer in broker.cpus)")
+    return None
+
+
 def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[str],
           series: dict | None = None, gates: Gates = Gates()) -> tuple[str, list[str]]:
     reasons = []
@@ -58,11 +101,10 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
         backlog = backlog_rising(series or {}, fan_out, gates)
         if backlog:
             reasons.append(backlog)
-    driver_cpu = metrics.get("driver_cpu_max")
-    if driver_cpu is not None and driver_cpu > gates.max_driver_cpu_pct:
-        reasons.append(f"a driver process used {driver_cpu:.0f}% of a core while publishing "
-                       f"(over {gates.max_driver_cpu_pct:.0f}%): the load generator may be "
-                       "the bottleneck; add driver processes or hosts")
+    if limited := driver_limit(metrics, gates):
+        what, add = limited
+        reasons.append(f"{what} while publishing (over {gates.max_driver_cpu_pct:.0f}%): the "
+                       f"load generator may be the bottleneck; add {add}")
     if (metrics.get("errors") or 0) > gates.max_errors:
         reasons.append(f"{metrics['errors']:.0f} client errors")
     if qos >= 1 and (metrics.get("lost") or 0) > 0:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ..analysis.validity import Gates
+from ..analysis.validity import Gates, driver_limit
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class ProbeResult:
     errors: int = 0
     backlog: str | None = None  # why the subscription backlog kept rising, if it did
     driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
+    # a host's driver processes over the CPUs they may run on, %, the highest host's
+    drivers_cpus_used: float | None = None
 
     def keeps_up(self, tolerance: float) -> bool:
         return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
@@ -232,12 +234,16 @@ class RateSearch:
         held = [p.rate for p, kept in self.held if kept]
         return held[0] if held else None
 
-    def _driver_at_answer(self) -> float | None:
-        """The busiest driver's CPU at the answer, when it is over max_driver_cpu."""
+    def _driver_at_answer(self) -> tuple[str, str] | None:
+        """(what, what to add) when the load generator was at its limit at the answer
+        (`tasks.analysis.validity.driver_limit`, at max_driver_cpu)."""
         answer = [p for p, kept in (self.held if self.policy.hold_s else self.probes)
                   if kept and p.rate == self.max_rate]
-        busy = answer[0].driver_cpu if answer else None
-        return busy if busy is not None and busy > self.policy.max_driver_cpu else None
+        if not answer:
+            return None
+        return driver_limit({"driver_cpu_max": answer[0].driver_cpu,
+                             "drivers_cpus_used_pct": answer[0].drivers_cpus_used},
+                            Gates(max_driver_cpu_pct=self.policy.max_driver_cpu))
 
     def outcome(self) -> dict:
         """What the run records: the answer and whether it can be trusted."""
@@ -260,11 +266,11 @@ class RateSearch:
                        + ", ".join(f"{p.rate:.0f} ({p.reason(self.policy.tolerance)}"
                                    f"{'; run again' if i in self.held_aside else ''})"
                                    for i, (p, _) in enumerate(self.held)))
-        elif (busy := self._driver_at_answer()) is not None:
-            verdict = (f"a driver process used {busy:.0f}% of a core at "
-                       f"{self.max_rate:.0f} msg/s (over {self.policy.max_driver_cpu:.0f}%): "
-                       "the load generator may be what ran out, not the broker; give searches "
-                       "more driver processes (the hosts' search_procs) or add driver hosts")
+        elif (limited := self._driver_at_answer()) is not None:
+            what, add = limited
+            verdict = (f"{what} at {self.max_rate:.0f} msg/s (over "
+                       f"{self.policy.max_driver_cpu:.0f}%): the load generator may be what "
+                       f"ran out, not the broker; add {add}")
         else:
             verdict = None
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
-from ..analysis.validity import backlog_rising
+from ..analysis.validity import backlog_rising, drivers_cpus_used_pct, process_cpu_pct
 from ..brokers import ADAPTERS
 from ..catalog.cpus import others, parse, pinned
 from ..catalog.placement import (
@@ -276,12 +276,9 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
                 for name in columns:
                     per_second[int(row["second"])][name] += int(row[name])
     totals = {name: sum(s[name] for s in per_second.values()) for name in columns}
-    busiest = []
-    for host_name, out_dir in ran["out_dirs"]:
-        summary = json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
-        cpu = summary.get("publish_cpu") or {}
-        if cpu.get("wall_s"):
-            busiest.append(100 * cpu["cpu_s"] / cpu["wall_s"])
+    summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
+                 for host_name, out_dir in ran["out_dirs"]]
+    busiest = [pct for pct in map(process_cpu_pct, summaries) if pct is not None]
     seconds = last - first
     offered = stage.target_publish_rate * seconds
     expected = ran["expected_delivery_rate"] * seconds
@@ -293,7 +290,8 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
                        backlog=backlog_rising(series, fan_out),
-                       driver_cpu=max(busiest, default=None))
+                       driver_cpu=max(busiest, default=None),
+                       drivers_cpus_used=drivers_cpus_used_pct(summaries))
 
 
 def last_capacity(ctx: RunContext, template: Stage) -> float | None:
