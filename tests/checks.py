@@ -19,5 +19,4 @@ def assert_plausible(store: Store, run_id: str) -> list[dict]:
         assert 0 < metrics["e2e_latency_p50"] <= metrics["e2e_latency_p99"] < 1_000_000
         assert metrics["errors"] == 0
         assert 0 < metrics["driver_cpu_max"] < 90  # the load generator was not the bottleneck
-        assert 0 < metrics["drivers_cpus_used_pct"] < 90  # ... nor the CPUs they had
     return stages

@@ -244,7 +244,7 @@ def test_driver_procs_default_to_one_per_core(tmp_path):
     path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"
                     "broker: {host: here}\n")
     local = load_inventory(path)
-    assert local.host("here").procs == os.cpu_count()  # resolved at plan time
+    assert local.host("here").procs == len(os.sched_getaffinity(0))  # resolved at plan time
     remote = Inventory.model_validate({
         "hosts": [{"name": "d1", "transport": "ssh", "address": "10.0.0.2", "roles": ["driver"]},
                   {"name": "d2", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],
@@ -267,9 +267,10 @@ def test_auto_procs_leave_the_brokers_cpus_to_it(tmp_path):
     from tasks.catalog.inventory import Inventory, load_inventory
 
     path = tmp_path / "inv.yml"
-    path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"
+    path.write_text("hosts:\n  - {name: here, roles: [broker, driver], search_procs: auto}\n"
                     "broker: {host: here, cpus: 0}\n")
-    assert load_inventory(path).host("here").procs == max(1, os.cpu_count() - 1)
+    here = load_inventory(path).host("here")
+    assert here.procs == here.search_procs == max(1, len(os.sched_getaffinity(0)) - 1)
     hosts = [{"name": "b", "transport": "ssh", "address": "10.0.0.2",
               "roles": ["broker", "driver"]},
              {"name": "d", "transport": "ssh", "address": "10.0.0.3", "roles": ["driver"],

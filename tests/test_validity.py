@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.analysis.validity import backlog_rising, judge
+from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
         "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
@@ -31,6 +31,25 @@ def test_each_gate_names_its_reason():
     assert reasons == ["4 duplicates at QoS 2, which promises exactly once"]
     _, reasons = judge(GOOD, qos=0, aggregation_status="incomplete", problems=["driver1/0: no summary"])
     assert reasons == ["aggregation incomplete: driver1/0: no summary"]
+
+
+def test_the_drivers_cpus_are_read_per_host_and_set_of_cpus():
+    def proc(host, pct, cpus):
+        return {"host": host, "publish_cpu": {"cpu_s": pct / 100, "wall_s": 1.0}, "cpus": cpus}
+
+    # two processes share CPU 1 and use it up; a third, on CPUs 2-3, does not dilute them
+    assert drivers_cpus_used_pct([proc("a", 50, [1]), proc("a", 50, [1]),
+                                  proc("a", 5, [2, 3]), proc("b", 80, [0, 1])]) == 100
+    # a process without a summary, its CPU or its CPUs is left out: a lower bound
+    assert drivers_cpus_used_pct([proc("a", 60, [1]), {}, proc("a", 30, []),
+                                  {"host": "a", "cpus": [1]}]) == 60
+    assert drivers_cpus_used_pct([{}, {"host": "a", "cpus": [0]}]) is None
+    # one process using up the one CPU it has: more processes would not help
+    _, reasons = judge({**GOOD, "driver_cpu_max": 99.0, "drivers_cpus_used_pct": 99.0}, qos=0,
+                       aggregation_status="ok", problems=[])
+    assert reasons == ["the driver processes of one host used 99% of the CPUs they may run on "
+                       "while publishing (over 90%): the load generator may be the bottleneck; "
+                       "add driver hosts, or CPUs for them (fewer in broker.cpus)"]
 
 
 def test_a_backlog_rising_through_the_window_invalidates_the_stage():

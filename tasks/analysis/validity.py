@@ -50,35 +50,35 @@ def process_cpu_pct(summary: Mapping) -> float | None:
 
 
 def drivers_cpus_used_pct(summaries: Iterable[Mapping]) -> float | None:
-    """The driver processes' CPU summed per host, as % of the CPUs they may run on there
-    (their summaries' `cpus`), on the host where that is highest. Processes that share CPUs
-    can use them up while none of them is busy: the two a search runs on the one CPU that
-    `broker.cpus: '0'` leaves on a 2-CPU host show 50% each. None when no host's processes
-    all recorded their CPU and CPUs."""
-    hosts: dict[object, list[Mapping]] = {}
+    """The driver processes' CPU summed over the CPUs they may run on (their summaries'
+    `cpus`), per host and set of CPUs, where that is highest. Processes that share CPUs can
+    use them up while none of them is busy: the two a search runs on the one CPU that
+    `broker.cpus: '0'` leaves on a 2-CPU host show 50% each. A process that recorded no CPU
+    or no CPUs (or no summary) is left out, so this is a lower bound; None when none
+    recorded both. It counts the drivers only: CPUs they share with the broker (unpinned)
+    can be full at a lower figure, which the capacity note reads from the host's CPU."""
+    groups: dict[tuple[object, frozenset[int]], float] = {}
     for summary in summaries:
-        hosts.setdefault(summary.get("host"), []).append(summary)
-    shares = []
-    for processes in hosts.values():
-        used = [process_cpu_pct(summary) for summary in processes]
-        cpus = [summary.get("cpus") for summary in processes]
-        if all(pct is not None for pct in used) and all(cpus):
-            shares.append(sum(used) / len(set().union(*cpus)))
-    return max(shares, default=None)
+        used, cpus = process_cpu_pct(summary), summary.get("cpus")
+        if used is not None and cpus:
+            key = (summary.get("host"), frozenset(cpus))
+            groups[key] = groups.get(key, 0.0) + used
+    return max((used / len(cpus) for (_, cpus), used in groups.items()), default=None)
 
 
 def driver_limit(metrics: Mapping, gates: Gates = Gates()) -> tuple[str, str] | None:
-    """(what, what to add) when the load generator may have been the bottleneck: a driver
-    process over `max_driver_cpu_pct` of a core, or a host's driver processes over that
-    share of the CPUs they may run on (`driver_cpu_max`, `drivers_cpus_used_pct`)."""
+    """(what, what to add) when the load generator may have been the bottleneck: a host's
+    driver processes over `max_driver_cpu_pct` of the CPUs they may run on (more processes
+    would not help), or one driver process over that share of a core
+    (`drivers_cpus_used_pct`, `driver_cpu_max`)."""
     limit = gates.max_driver_cpu_pct
     busiest, shared = metrics.get("driver_cpu_max"), metrics.get("drivers_cpus_used_pct")
-    if busiest is not None and busiest > limit:
-        return (f"a driver process used {busiest:.0f}% of a core",
-                "more driver processes (procs; search_procs for a search) or driver hosts")
     if shared is not None and shared > limit:
         return (f"the driver processes of one host used {shared:.0f}% of the CPUs they may run "
                 "on", "driver hosts, or CPUs for them (fewer in broker.cpus)")
+    if busiest is not None and busiest > limit:
+        return (f"a driver process used {busiest:.0f}% of a core",
+                "more driver processes (procs; search_procs for a search) or driver hosts")
     return None
 
 

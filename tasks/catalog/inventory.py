@@ -49,7 +49,8 @@ class HostConfig(BaseModel):
     @classmethod
     def _procs_range(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, int) and not 1 <= value <= 256:
-            raise ValueError("must be 1..256 driver processes, or auto (one per core)")
+            raise ValueError("must be 1..256 driver processes, or auto (one per core the "
+                             "broker leaves)")
         return value
 
     def procs_for(self, cpus: int | None, *, search: bool = False) -> int:
@@ -231,8 +232,9 @@ def load_inventory(path: Path) -> Inventory:
     """Load and validate an inventory; relative key_file paths are relative to its folder."""
     inventory = load_model(Inventory, path)
     for host in inventory.hosts:
-        if host.transport == "local":  # this machine: 'auto' is known at plan time
-            cores = inventory.driver_cores(host.name, os.cpu_count())
+        if host.transport == "local":  # this machine: 'auto' is known at plan time, from
+            # the CPUs perfpipe may use here (an SSH host's: its fingerprint's core count)
+            cores = inventory.driver_cores(host.name, len(os.sched_getaffinity(0)))
             if host.procs == "auto":
                 host.procs = host.procs_for(cores)
             if host.search_procs == "auto":

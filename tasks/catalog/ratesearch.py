@@ -47,7 +47,8 @@ class SearchPolicy:
     hold_s: int = 0  # hold the rate found for this long (0: no hold)
     holds: int = 2  # hold attempts, each lower than the last (one run again: not counted)
     retries: int = 1  # probes or holds that fell behind below last_capacity, run again
-    # % of a core: a busier driver may be the bottleneck (the validity gates' threshold)
+    # %: a driver process busier than this share of a core, or a host's driver processes
+    # of the CPUs they may run on, may be the bottleneck (the validity gates' threshold)
     max_driver_cpu: float = Gates().max_driver_cpu_pct
 
 
@@ -277,7 +278,8 @@ class RateSearch:
         def listed(probes: list[tuple[ProbeResult, bool]], aside: set[int]) -> list[dict]:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
                      "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance),
-                     "retried": i in aside}
+                     "retried": i in aside, "driver_cpu": p.driver_cpu,
+                     "drivers_cpus_used": p.drivers_cpus_used}
                     for i, (p, kept) in enumerate(probes)]
 
         # the rate that held, even when a verdict makes the search untrusted (a driver at its

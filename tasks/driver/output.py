@@ -66,9 +66,11 @@ measured; at the end both are rewritten whole, with any late event, before
                               leaves
                   publish_cpu  {cpu_s, wall_s}: this process's CPU seconds (user + system)
                               over the publish phase (warm-up and measure window) and its
-                              wall-clock length; cpu_s / wall_s near 1.0 means the driver
-                              process, not the broker, was the bottleneck; null when the
-                              stage never started publishing
+                              wall-clock length; cpu_s / wall_s near 1.0, or the sum
+                              of a host's processes near the number of CPUs they may
+                              run on (``cpus``), means the driver, not the broker, may
+                              have been the bottleneck; null when the stage never
+                              started publishing
                   read_hold   {held_passes, max_ms, stamped_reads, segments_in}: epoll
                               passes held back (`receive.Reader.end_pass`: a backlogged
                               reader, only when even the freshest message read was 50 ms
