@@ -3,13 +3,15 @@
 A max-rate search's answer (`max_rate`) is the broker's capacity when the broker ran out
 of CPU. It falls behind for other reasons too: a lock, the disk, the network, or, on a
 small shared host, a scheduler that lets the broker sleep and wakes it for a few messages
-at a time. On this repository's 2-vCPU machine that last regime gave Mosquitto answers
-15-34% below its nights that used the CPU up, about one unpinned night in six, the broker
-at 69-86% of its one core and the host at 155-189% of its two (bench/README.md,
-bench_capacity.py). The detector judges `max_rate` as measured: a broker that sleeps for
-reasons of its own (a new lock) looks the same, so CPU cannot be its covariate. The
-verdict says it instead (`cpu_to_spare`), so whoever reads a `suspected` capacity knows
-the broker had CPU left at the rate that held, just below the one it could not pass.
+at a time. On this repository's 2-vCPU machine, with its publishers writing once a
+message, that last regime gave Mosquitto answers 15-34% below its nights that used the
+CPU up, about one unpinned night in six (on the host of 2026-12-01, every one), the
+broker at 67-86% of its one core and the host at 75-95% of its two; on the fan-in
+search's 1 ms tick, 1 of 9 (bench/README.md, bench_capacity.py). The detector judges
+`max_rate` as measured: a broker that sleeps for reasons of its own (a new lock) looks
+the same, so CPU cannot be its covariate. The verdict says it instead (`cpu_to_spare`),
+so whoever reads a `suspected` capacity knows the broker had CPU left at the rate that
+held, just below the one it could not pass.
 
 Where the broker's processes were not found on a host of its own, its CPU is the host's
 (`spark/stage_metrics.py`), which may read above 100% of the cores a broker can use: an
@@ -25,7 +27,9 @@ from __future__ import annotations
 # host at 97-100% of its two; nights with CPU to spare, the broker at 67-86% and the host
 # at 75-94%. The two ranges meet at 86-87%: the broker's line sits under every night that
 # used the CPU up, so a note is never false for that reason, at the price of a spare night
-# at 85-86% going without one (the highest measured was 86%).
+# at 85-86% going without one (the highest measured was 86%). On the fan-in search's 1 ms
+# tick, nights that used it up had the broker at 91-99% and the host at 74-85%: there the
+# broker's line decides alone.
 BROKER_USED_UP_PCT = 85.0
 HOST_USED_UP_PCT = 95.0
 
