@@ -7,8 +7,8 @@ drivers used its core up at its answer on 1 of 20 valid nights (the others 94K-1
 msg/s); kept on one CPU with the drivers on the other, on all 10 (167K-178K, 0.9% and 1.8%
 night to night in two runs), but writing once a message the drivers used theirs up too,
 and such a search is invalid (`tasks.analysis.validity.driver_limit`). On the fan-in
-search's 1 ms tick they used 56-67% of it and 3 of 4 pinned nights were valid,
-182.7K-190.0K (bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on
+search's 1 ms tick they used 56-76% of it and 12 of 14 pinned nights in two runs were
+valid, 165.4K-190.0K, 1.5-1.6% night to night (bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on
 the CPUs it names and perfpipe's own processes on its host (drivers, the sampler) on the
 others, through `taskset`; the broker step reads the broker's back from /proc.
 """
