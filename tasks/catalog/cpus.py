@@ -2,14 +2,15 @@
 
 Where the broker shares its host with perfpipe's drivers (the embedded default), the
 kernel decides where each runs, and on a small host that is much of what a capacity
-search measures. On this repository's 2-vCPU machine, on one host, Mosquitto beside its
-drivers used its core up at its answer on 1 of 20 valid nights (the others 94K-140K
-msg/s); kept on one CPU with the drivers on the other, on all 10 (167K-178K, 0.9% and 1.8%
-night to night in two runs), but writing once a message the drivers used theirs up too,
-and such a search is invalid (`tasks.analysis.validity.driver_limit`). On the fan-in
-search's 1 ms tick they used 56-76% of it and 12 of 14 pinned nights in two runs were
-valid, 165.4K-190.0K, 1.5-1.6% night to night (bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on
-the CPUs it names and perfpipe's own processes on its host (drivers, the sampler) on the
+search measures. On this repository's 2-vCPU machine, with its publishers writing once a
+message, Mosquitto beside its drivers used its core up at its answer on 1 of 20 valid
+fan-in nights (the others 94K-140K msg/s); kept on one CPU with the drivers on the other,
+on all 10 (167K-178K), but the drivers used theirs up too, and such a search is invalid
+(`tasks.analysis.validity.driver_limit`). On the fan-in search's 1 ms tick the broker used
+its core up on 11 of 12 valid nights unpinned (151.9K-189.3K) and on all 12 pinned
+(165.4K-190.0K, 1.5-1.6% night to night in two runs), the drivers at 56-76% of their CPU
+(bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on the
+CPUs it names and perfpipe's own processes on its host (drivers, the sampler) on the
 others, through `taskset`; the broker step reads the broker's back from /proc.
 """
 
