@@ -123,7 +123,7 @@ class Engine:
         publishers = [c for c in sessions.conns if c.role == "pub" and c.state == READY]
         end_ns = pub_end * 1_000_000_000
         scheduler = Scheduler(sessions, self.acct, publishers, start_at * 1_000_000_000,
-                              end_ns, spec.max_inflight)
+                              end_ns, spec.max_inflight, spec.tick_us)
         self.scheduler = scheduler
         tick_ns = spec.tick_us * 1000
         next_run = 0  # with a tick, sends wait for it even when reads wake the loop sooner

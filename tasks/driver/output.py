@@ -28,7 +28,7 @@ measured; at the end both are rewritten whole, with any late event, before
                               (they are sent when acks free the window, late: ``pub_delay``)
                   connects_ok, connects_failed   CONNACK accepted / refused or failed
                   delay_overruns  messages sent more than ``DELAY_OVERRUN_US`` after their
-                              intended time
+                              intended time, past a tick's own lateness (`overrun_after_us`)
 ``histograms.csv`` sparse latency histograms, columns ``HISTOGRAM_COLUMNS``
                   (second, kind, bucket, count); ``kind`` is one of ``HISTOGRAM_KINDS``,
                   buckets are `tasks.driver.histogram` indexes of microseconds.
@@ -151,6 +151,12 @@ HOST_COLUMNS_BEFORE = tuple(HOST_COLUMNS[:HOST_COLUMNS.index(added)]
                             for added in ("pace_ns", "steal_pct"))
 STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
+
+
+def overrun_after_us(tick_us: int) -> int:
+    """How late a send is an overrun: DELAY_OVERRUN_US past the lateness a tick makes by
+    design (a message due just after a tick's run waits for the next one)."""
+    return DELAY_OVERRUN_US + tick_us
 
 COUNTERS_FILE = "counters.csv"
 HISTOGRAMS_FILE = "histograms.csv"

@@ -10,7 +10,8 @@ Rate control is open-loop: message k of a publisher is *intended* at
 ``first + (k-1) * interval`` whether or not the previous one could be sent; latency is
 measured from that time and the lag of the actual send is recorded as ``pub_delay``.
 With a spec's ``tick_us`` the loop runs the schedule at most once per tick, so a message
-leaves up to about a tick late (half a tick at the median), plus the wake-up's own lag.
+leaves up to about a tick late (half a tick at the median), plus the wake-up's own lag;
+``delay_overruns`` counts the sends later than that (`output.overrun_after_us`).
 ``pub_delay`` and a QoS 1/2 message's ack timer start when the tick's run begins; its
 writes follow the encoding of every due client (1.4-1.5 us each in bench_scheduler.py at
 1000 x 50 msgs/s, more at 10,000 clients and in a real run), which that figure does not
@@ -30,7 +31,7 @@ from .accounting import (
     C_PUBLISHED,
     Accounting,
 )
-from .output import DELAY_OVERRUN_US
+from .output import overrun_after_us
 from .session import DEAD, Conn, Sessions
 from .wire import Template
 
@@ -49,8 +50,9 @@ class Scheduler:
     """Open-loop publishing for every publisher of the process, one heap of due times."""
 
     def __init__(self, sessions: Sessions, acct: Accounting, publishers: list[Conn],
-                 start_ns: int, end_ns: int, max_inflight: int) -> None:
+                 start_ns: int, end_ns: int, max_inflight: int, tick_us: int = 0) -> None:
         self.sessions = sessions
+        self.overrun_us = overrun_after_us(tick_us)  # sends later than this count as overruns
         self.acct = acct
         self.max_inflight = max_inflight
         self.heap: list[int] = []  # one key (INDEX_BITS) per scheduled publisher: its next message
@@ -204,10 +206,10 @@ class Scheduler:
     def _late(self, v: int) -> None:
         """Count a publish sent `v` us (128 or more) after its intended time in pub_delay's
         log buckets (the histogram's layout; the loops count under 128 us inline), and as an
-        overrun past DELAY_OVERRUN_US."""
+        overrun past `overrun_us`."""
         b = v.bit_length() - 7
         self.delays[(b << 6) + (v >> b) if b < 34 else -1] += 1
-        if v > DELAY_OVERRUN_US:
+        if v > self.overrun_us:
             self.row[C_DELAY_OVERRUNS] += 1
 
     def fill(self, conn: Conn, now: int) -> int:
