@@ -2,7 +2,7 @@
 run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
 
     .state/venv/bin/python bench/bench_capacity.py [--nights 8] [--real-nights 6]
-                                                   [--pin off|on|alternate]
+                                                   [--pin off|on|alternate] [--qos 0|1]
                                                    [--series 2000] [--out FILE]
 
 1. The method's own precision: `--nights` nights of a capacity search (the shipped
@@ -10,9 +10,9 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
    whose deliveries pass a token bucket (infra/slowdown), so its capacity is known
    exactly; then two nights with the bucket 5% smaller, and whether perfpipe's verdicts
    caught it (suspected, then regression).
-2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` QoS 0
-   search against a plain Mosquitto perfpipe starts (no throttle: the 2 vCPUs are the
-   limit), and the broker's cost per message at its hold; and how much of each is
+2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` search
+   at `--qos` (0 unless told) against a plain Mosquitto perfpipe starts (no throttle: the
+   2 vCPUs are the limit), and the broker's cost per message at its hold; and how much of each is
    explained, night to night (4 valid nights or more), by what was measured over the hold:
    the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's CPU
    use and the broker's context switches; and the nights grouped by what the verdict on
@@ -136,7 +136,7 @@ def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
 
 
 def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
-    """The shipped capacity_fanin QoS 0 search against the Mosquitto perfpipe starts here,
+    """The shipped capacity_fanin search (at the suite's QoS: `scenarios_dir`) against the Mosquitto perfpipe starts here,
     kept on the first CPU with perfpipe's processes on the others (`broker.cpus`) on every
     night (`pin` on), every other night (alternate) or none. A pinned night is of another
     fingerprint, so each kind is judged on its own history."""
@@ -206,8 +206,9 @@ def simulated_recall(sigma: float, step: float, series: int, rng: np.random.Gene
                            scales=(1.0,))["recall2"]
 
 
-def scenarios_dir(work: Path) -> Path:
-    """The shipped catalog, plus the throttled scenario, with the bench's two suites."""
+def scenarios_dir(work: Path, qos: int) -> Path:
+    """The shipped catalog, plus the throttled scenario, with the bench's two suites (the
+    real one capacity_fanin at `qos`)."""
     import shutil
 
     target = work / "scenarios"
@@ -215,7 +216,7 @@ def scenarios_dir(work: Path) -> Path:
     (target / "catalog" / "bench_throttled.yml").write_text(THROTTLED)
     (target / "suites.yml").write_text(
         "suites:\n  throttled: [bench_throttled]\n"
-        "  real: [{scenario: capacity_fanin, qos: [0]}]\n")
+        f"  real: [{{scenario: capacity_fanin, qos: [{qos}]}}]\n")
     return target
 
 
@@ -287,6 +288,8 @@ def main() -> int:
                         help="the real nights' broker on the first CPU and drivers on the "
                              "others: on no night, every night, or every other night "
                              "(the first pinned)")
+    parser.add_argument("--qos", type=int, choices=(0, 1), default=0,
+                        help="the real nights' QoS (capacity_fanin runs both every night)")
     parser.add_argument("--series", type=int, default=2000, help="simulated histories per step")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
@@ -299,15 +302,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="perfpipe-bench-capacity-") as tmp:
         work = Path(tmp)
         os.environ.update(PERFPIPE_STATE_DIR=str(work / "state"),
-                          PERFPIPE_SCENARIOS_DIR=str(scenarios_dir(work)))
+                          PERFPIPE_SCENARIOS_DIR=str(scenarios_dir(work, args.qos)))
         for name in ("PERFPIPE_DB_URL", "PERFPIPE_SLACK_TOKEN", "PERFPIPE_INVENTORY"):
             os.environ.pop(name, None)
         a, b = [], []
         if args.nights:
             print(f"1. throttled Mosquitto, capacity {CAPACITY} msg/s exactly:", flush=True)
             a, b = throttled_nights(work, args.nights)
-        print("2. this machine's Mosquitto, capacity_fanin QoS 0 (perfpipe starts it):",
-              flush=True)
+        print(f"2. this machine's Mosquitto, capacity_fanin QoS {args.qos} (perfpipe starts "
+              "it):", flush=True)
         real = real_nights(args.real_nights, args.pin, work)
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
                "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
