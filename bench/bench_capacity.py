@@ -5,20 +5,20 @@ run, with the pipeline itself (real Mosquitto, drivers, Spark, SQLite).
                                                    [--pin off|on|alternate] [--qos 0|1]
                                                    [--series 2000] [--out FILE]
 
-1. The method's own precision: `--nights` nights of a capacity search (the shipped
-   capacity scenarios' search: precision 2%, up to 2 holds of 10 s, warm starts) against a Mosquitto
-   whose deliveries pass a token bucket (infra/slowdown), so its capacity is known
+1. The method's own precision: `--nights` nights of a capacity search (capacity_fanin's
+   search: precision 2%, up to 3 holds of 10 s, warm starts) against a Mosquitto whose
+   deliveries pass a token bucket (infra/slowdown), so its capacity is known
    exactly; then two nights with the bucket 5% smaller, and whether perfpipe's verdicts
    caught it (suspected, then regression).
 2. This machine's own noise: `--real-nights` nights of the shipped `capacity_fanin` search
-   at `--qos` (0 unless told) against a plain Mosquitto perfpipe starts (no throttle: the
-   2 vCPUs are the limit), and the broker's cost per message at its hold; and how much of each is
-   explained, night to night (4 valid nights or more), by what was measured over the hold:
-   the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's CPU
-   use and the broker's context switches; and the nights grouped by what the verdict on
+   at `--qos` (0 unless told) against a plain Mosquitto perfpipe starts (no throttle: the 2
+   vCPUs are the limit), and the broker's cost per message at its hold; and how much of each
+   is explained, night to night (4 valid nights or more), by what was measured over the
+   hold: the host's pace (`tasks/driver/pace.py`), the driver's CPU a message, the host's
+   CPU use and the broker's context switches; and the nights grouped by what the verdict on
    max_rate says of them: the broker or its host used its CPU up, or they had CPU to spare
-   (`tasks/analysis/capacity.py`; here, the broker slept while it fell behind). `--pin` keeps
-   the broker on the first CPU and perfpipe's processes on the others (the inventory's
+   (`tasks/analysis/capacity.py`; here, the broker slept while it fell behind). `--pin`
+   keeps the broker on the first CPU and perfpipe's processes on the others (the inventory's
    `broker.cpus`), for every night or every other night.
 3. For every measured noise, the smallest step caught within two nights: the
    Neyman-Pearson bound (no detector can beat it at that noise and a false-alarm budget of
@@ -76,7 +76,7 @@ stages:
   warmup_s: 1
   measure_s: 3
   cooldown_s: 1
-  search: {{growth: 2.0, precision: 0.02, max_probes: 14, hold_s: 10, holds: 2}}
+  search: {{growth: 2.0, precision: 0.02, max_probes: 14, hold_s: 10, holds: 3}}
 """
 
 
@@ -136,10 +136,10 @@ def throttled_nights(work: Path, nights: int) -> tuple[list[dict], list[dict]]:
 
 
 def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
-    """The shipped capacity_fanin search (at the suite's QoS: `scenarios_dir`) against the Mosquitto perfpipe starts here,
-    kept on the first CPU with perfpipe's processes on the others (`broker.cpus`) on every
-    night (`pin` on), every other night (alternate) or none. A pinned night is of another
-    fingerprint, so each kind is judged on its own history."""
+    """The shipped capacity_fanin search (at the suite's QoS: `scenarios_dir`) against the
+    Mosquitto perfpipe starts here, kept on the first CPU with perfpipe's processes on the
+    others (`broker.cpus`) on every night (`pin` on), every other night (alternate) or none.
+    A pinned night is of another fingerprint, so each kind is judged on its own history."""
     import yaml
 
     plain = REPO / "infra" / "inventories" / "local.yml"
@@ -314,7 +314,7 @@ def main() -> int:
         real = real_nights(args.real_nights, args.pin, work)
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_at_end": os.getloadavg(),
                "command": "bench/bench_capacity.py " + " ".join(sys.argv[1:]),
-               "seconds": round(time.time() - started),
+               "seconds": round(time.time() - started), "qos": args.qos,
                "throttled": {"capacity": CAPACITY, "max_rate": series_spread(a, "max_rate"),
                              "cost": series_spread(a, "broker_cpu_s_per_10k"),
                              "step_5pct": [{"max_rate": n["max_rate"],

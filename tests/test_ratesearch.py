@@ -222,7 +222,8 @@ def test_a_hold_that_fell_behind_steps_down_to_what_it_delivered():
     1,999 kept up within the 5% tolerance (95.05%), but over the 10 s hold the backlog rose.
     Steps of 2% (1,960, 1,921) would never hold; the next hold goes below what 1,999
     delivered, and holds. A stalled hold (half delivered) steps down no further than the
-    best probe vouches for."""
+    best probe vouches for; when the hold there falls behind too, the next goes below what
+    the two delivered."""
     def search_at_1999() -> RateSearch:
         search = RateSearch(1_817, SearchPolicy(growth=1.1, precision=0.02, hold_s=10))
         for rate, received in [(1_817, 1.0), (1_999, 0.9505), (2_199, 0.864)]:
@@ -244,9 +245,60 @@ def test_a_hold_that_fell_behind_steps_down_to_what_it_delivered():
     stalled.record_hold(ProbeResult(stalled.best, 1.0, 0.5, backlog=rising))
     floor = stalled.next_hold()
     assert floor == pytest.approx(stalled.best * 0.95 * 0.99)
-    stalled.record_hold(ProbeResult(floor, 1.0, 0.5, backlog=rising))  # failed there too
-    assert stalled.next_hold() == pytest.approx(floor / 1.02)  # lower again, not the same
+    stalled.record_hold(ProbeResult(floor, 1.0, 0.6, backlog=rising))  # failed there too
+    # two holds fell behind: just below the most either delivered (the floor's 60%)
+    assert stalled.next_hold() == pytest.approx(floor * 0.6 * 0.99)
 
+
+def test_a_hold_at_the_floor_that_fails_too_goes_below_what_the_holds_delivered():
+    """A night on this machine (capacity_fanin QoS 0, 1 ms tick): the 3 s probe at 171,733
+    msg/s kept up, the 10 s hold there delivered 91.0% (156,277), the hold at the floor
+    (best x 0.95 x 0.99, 161,515) 84.6%. The broker's 10 s capacity is what the holds
+    showed, not the probe: the third hold goes just below the most they delivered, where
+    steps of 2% (158,348) would have failed again."""
+    rising = "backlog rose in 9 of 10 seconds"
+
+    def held_at(best: float, holds: int = 3, last_capacity: float | None = None) -> RateSearch:
+        policy = SearchPolicy(precision=0.02, max_probes=20, hold_s=10, holds=holds)
+        search = RateSearch(best, policy, last_capacity=last_capacity)
+        search.record(ProbeResult(best, 1.0, 0.99))
+        search.record(ProbeResult(175_000, 1.0, 0.93))
+        assert search.next_rate() is None and search.next_hold() == best
+        return search
+
+    search = held_at(171_733)
+    search.record_hold(ProbeResult(171_733, 1.0, 0.910, backlog=rising))
+    floor = search.next_hold()
+    assert floor == pytest.approx(171_733 * 0.95 * 0.99)
+    search.record_hold(ProbeResult(floor, 1.0, 0.846, backlog=rising))
+    third = search.next_hold()
+    assert third == pytest.approx(171_733 * 0.910 * 0.99)  # 154,714
+    search.record_hold(ProbeResult(third, 1.0, 1.0))
+    assert search.outcome()["max_rate"] == third and search.outcome()["converged"]
+    assert search.next_hold() is None
+
+    # a hold that fell behind just above the floor goes to the floor first, not below it
+    above = held_at(171_733)
+    above.record_hold(ProbeResult(171_733, 1.0, 0.96, backlog=rising))  # to 163,214
+    assert above.next_hold() == pytest.approx(171_733 * 0.96 * 0.99)
+    above.record_hold(ProbeResult(above.next_hold(), 1.0, 0.9, backlog=rising))
+    assert above.next_hold() == pytest.approx(floor)
+
+    # a hold run again (it fell behind below the last capacity) is not counted, nor what it
+    # delivered (99%, its backlog rising)
+    again = held_at(171_733, last_capacity=172_000)
+    again.record_hold(ProbeResult(171_733, 1.0, 0.99, backlog=rising))
+    assert again.retrying and again.next_hold() == 171_733
+    again.record_hold(ProbeResult(171_733, 1.0, 0.88, backlog=rising))
+    again.record_hold(ProbeResult(again.next_hold(), 1.0, 0.80, backlog=rising))  # the floor
+    assert again.next_hold() == pytest.approx(171_733 * 0.88 * 0.99)
+
+    # holds that delivered nothing tell nothing: no third hold, and no rate held
+    broken = held_at(171_733)
+    broken.record_hold(ProbeResult(171_733, 0.0, 0.0))
+    broken.record_hold(ProbeResult(broken.next_hold(), 0.0, 0.0))
+    assert broken.next_hold() is None and broken.max_rate is None
+    assert broken.outcome()["reason"].startswith("no rate held for 10 s")
 
 def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
     """A clean clone's slowdown test, third A night, against a bucket of exactly 2,000

@@ -17,8 +17,9 @@ above delivered / (1 - tolerance) can keep up, which bounds the bracket from abo
 With `hold_s`, the answer is then held: one more probe at the rate found, `hold_s` seconds
 long; when it does not keep up over that longer window, the rate steps down (by
 `precision`, or to just below what the failed hold delivered when that is lower, never
-below what the best probe showed the broker sustains) and is held again, at most `holds`
-times. The search's answer is the rate that held.
+below what the best probe showed the broker sustains until a hold there failed too, then
+below the most any failed hold delivered) and is held again, at most `holds` times. The
+search's answer is the rate that held.
 
 A search knows the capacity the stage last measured on the same fingerprint and setup
 (where a warm start begins). A probe or hold that falls behind below it contradicts the
@@ -213,19 +214,27 @@ class RateSearch:
             return self.best
         return self._stepped_down(self.held[-1][0])
 
-    def _stepped_down(self, failed: ProbeResult) -> float:
+    def _stepped_down(self, failed: ProbeResult) -> float | None:
         """The rate to hold after `failed` did not hold: `precision` lower, or just below
         what it delivered when that is lower still. A probe keeps up within `tolerance`, so
         the rate found may be up to that much above what the broker sustains, and steps of
         `precision` alone would not reach it in `holds` tries; the broker sustained at least
         best x (1 - tolerance) in that probe, which bounds the step from below (one stalled
-        hold cannot drag the answer down), unless a hold at that bound failed too: then
-        `precision` lower again, never the same rate twice."""
+        hold cannot drag the answer down). Once the hold at that floor failed too, the holds
+        that fell behind say what the broker sustains over `hold_s` better than a short probe
+        does: `precision` lower, or just below the most any of them delivered when that is
+        lower (one stalled hold among them cannot drag it down); None (no more holds) when
+        that is below `min_rate`, as when a hold delivered nothing. Never the same rate
+        twice."""
         policy = self.policy
         stepped = failed.rate / (1 + policy.precision)
-        lower = min(stepped, failed.delivered_rate * (1 - policy.precision / 2))
         floor = self.best * (1 - policy.tolerance) * (1 - policy.precision / 2)
-        return min(max(lower, floor), stepped)
+        if failed.rate > floor:
+            return max(min(stepped, failed.delivered_rate * (1 - policy.precision / 2)), floor)
+        most = max(p.delivered_rate for p, kept in self._counted(self.held, self.held_aside)
+                   if not kept)
+        rate = min(stepped, most * (1 - policy.precision / 2))
+        return rate if rate >= policy.min_rate else None
 
     @property
     def max_rate(self) -> float | None:

@@ -219,7 +219,8 @@ class SearchSettings(BaseModel):
                              "and received within this of what was asked")
     hold_s: Seconds = Field(0, ge=0, description="hold the rate found this many seconds, "
                         "throughput stable and backlog not rising, before it counts (0: no hold)")
-    holds: StrictInt = Field(2, ge=1, le=5, description="hold attempts, each a precision lower")
+    holds: StrictInt = Field(2, ge=1, le=5, description="hold attempts, each lower than the last "
+                         "(tasks/catalog/ratesearch.py)")
     warm_start: bool = Field(True, description="start at 90% of the capacity this stage last "
                              "measured on the same fingerprint and setup, in steps of at "
                              "most 10%, when there is one")
