@@ -18,7 +18,8 @@ With `hold_s`, the answer is then held: one more probe at the rate found, `hold_
 long; when it does not keep up over that longer window, the rate steps down (by
 `precision`, or to just below what the failed hold delivered when that is lower, never
 below what the best probe showed the broker sustains until a hold there failed too, then
-below the most any failed hold delivered) and is held again, at most `holds` times. The
+`precision` lower, or just below the most any counted failed hold delivered when that is
+lower, and no more holds under `min_rate`) and is held again, at most `holds` times. The
 search's answer is the rate that held.
 
 A search knows the capacity the stage last measured on the same fingerprint and setup
@@ -229,7 +230,7 @@ class RateSearch:
         policy = self.policy
         stepped = failed.rate / (1 + policy.precision)
         floor = self.best * (1 - policy.tolerance) * (1 - policy.precision / 2)
-        if failed.rate > floor:
+        if failed.rate > floor * (1 + 1e-9):  # above it, not the floor as a stage ran it
             return max(min(stepped, failed.delivered_rate * (1 - policy.precision / 2)), floor)
         most = max(p.delivered_rate for p, kept in self._counted(self.held, self.held_aside)
                    if not kept)
