@@ -110,9 +110,12 @@ def night(suite: str, inventory: Path) -> dict:
             for kind in ("probes", "holds")}
     held = confirming_hold(search["stage_id"], ran)  # what AT_HOLD reads is read over it
     at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})
+    # each hold's rate and the share of it the broker delivered (sent and received), in order
+    holds = [{"rate": h["rate"], "delivered": min(h["sent_ratio"], h["received_ratio"]),
+              "kept_up": h["kept_up"], "retried": h["retried"]} for h in ran["holds"]]
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
             "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
-            "cpu_to_spare": spare,
+            "holds": holds, "cpu_to_spare": spare,
             "hold": {name: at_hold.get(name) for name in AT_HOLD}}
 
 
@@ -171,10 +174,14 @@ def say_night(label: str, number: int, result: dict) -> dict:
             f"{' (CPU to spare)' if result.get('cpu_to_spare') else ''}, "
             if None not in (result.get(n) for n in ("broker_cpu_used_pct", "host_cpu_used_pct"))
             else "")
+    held = " -> ".join(f"{h['rate']:,.0f} ("
+                       + ("kept up" if h["kept_up"] else f"{h['delivered']:.1%}")
+                       + ("; run again" if h["retried"] else "") + ")"
+                       for h in result.get("holds", []))
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
           f"cost {result.get('broker_cpu_s_per_10k') or 0:.3f} CPU-s/10K, {read}{used}"
-          f"{''.join(r + ', ' for r in ran)}{result['validity']}{reason}; "
-          f"verdicts {result['verdicts']}", flush=True)
+          f"{''.join(r + ', ' for r in ran)}{f'holds {held}, ' if held else ''}"
+          f"{result['validity']}{reason}; verdicts {result['verdicts']}", flush=True)
     return result
 
 
@@ -326,8 +333,9 @@ def main() -> int:
                         "reasons": sorted({n["reason"] for n in real if n["reason"]}),
                         "explained": hold_explains(real),
                         "nights": [{key: n.get(key) for key in (
-                            "max_rate", "validity", "pinned", "hold", "broker_cpu_used_pct",
-                            "host_cpu_used_pct", "cpu_to_spare")} for n in real],
+                            "max_rate", "validity", "pinned", "hold", "holds",
+                            "broker_cpu_used_pct", "host_cpu_used_pct", "cpu_to_spare")}
+                                   for n in real],
                         "groups": night_groups(real)},
                # probes and holds run, and of them run again after falling behind below the
                # last capacity (a stall, or a broker that lost capacity: the B nights)
