@@ -88,6 +88,7 @@ def robust_sigma(values: list[float]) -> float:
 def night(suite: str, inventory: Path) -> dict:
     from sql import Store
     from tasks import rundir
+    from tasks.catalog.ratesearch import ProbeResult
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
     from tasks.steps.load_metrics import confirming_hold
@@ -110,9 +111,11 @@ def night(suite: str, inventory: Path) -> dict:
             for kind in ("probes", "holds")}
     held = confirming_hold(search["stage_id"], ran)  # what AT_HOLD reads is read over it
     at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})
-    # each hold's rate and the share of it the broker delivered (sent and received), in order
-    holds = [{"rate": h["rate"], "delivered": min(h["sent_ratio"], h["received_ratio"]),
-              "kept_up": h["kept_up"], "retried": h["retried"]} for h in ran["holds"]]
+    # each hold's rate and what the broker delivered of it (the search's own rule), in order
+    holds = [{"rate": h["rate"], "kept_up": h["kept_up"], "retried": h["retried"],
+              "delivered_rate": ProbeResult(h["rate"], h["sent_ratio"],
+                                            h["received_ratio"]).delivered_rate}
+             for h in ran["holds"]]
     return {"run": outcome.run_id, "status": outcome.status, "validity": search["validity"],
             "reason": search["reason"], **search["metrics"], "verdicts": verdicts, "runs": runs,
             "holds": holds, "cpu_to_spare": spare,
@@ -175,7 +178,7 @@ def say_night(label: str, number: int, result: dict) -> dict:
             if None not in (result.get(n) for n in ("broker_cpu_used_pct", "host_cpu_used_pct"))
             else "")
     held = " -> ".join(f"{h['rate']:,.0f} ("
-                       + ("kept up" if h["kept_up"] else f"{h['delivered']:.1%}")
+                       + ("kept up" if h["kept_up"] else f"{h['delivered_rate'] / h['rate']:.1%}")
                        + ("; run again" if h["retried"] else "") + ")"
                        for h in result.get("holds", []))
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "
