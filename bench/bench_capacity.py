@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from detector_bounds import recall_bound  # noqa: E402
+from paired_change import local_inventory  # noqa: E402
 from replayed_detector import Replay  # noqa: E402
 from simulated_nights import Noise  # noqa: E402
 
@@ -146,13 +147,8 @@ def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
     Mosquitto perfpipe starts here, kept on the first CPU with perfpipe's processes on the
     others (`broker.cpus`) on every night (`pin` on), every other night (alternate) or none.
     A pinned night is of another fingerprint, so each kind is judged on its own history."""
-    import yaml
-
     plain = REPO / "infra" / "inventories" / "local.yml"
-    inventory = yaml.safe_load(plain.read_text())
-    inventory["broker"]["cpus"] = str(min(os.sched_getaffinity(0)))
-    pinned_inventory = work / "pinned.yml"
-    pinned_inventory.write_text(yaml.safe_dump(inventory))
+    pinned_inventory = local_inventory(work / "pinned.yml", pinned=True)
     results = []
     for i in range(nights):
         pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)

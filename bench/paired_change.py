@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -52,11 +53,18 @@ VARIANTS = ("plain", "burn")
 PAIRS_FILE = "pairs.json"  # [{variant: run id}], in the order the pairs ran
 
 
-def burning_inventory(path: Path, burn_us: int) -> Path:
-    """The embedded default with the burn plugin in its broker's config, written to `path`."""
+def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False) -> Path:
+    """The embedded default written to `path`: with the burn plugin in its broker's config
+    (`burn_us` of the broker's CPU on every PUBLISH; None: without it), and with its broker
+    kept on the first CPU this process may use and perfpipe's processes on the others
+    (`broker.cpus`) when `pinned`. A pinned night is of another fingerprint than an
+    unpinned one, so the detector judges each kind on its own history."""
     doc = yaml.safe_load(Settings.model_fields["inventory"].default.read_text())
-    doc["name"] = f"local-burn-{burn_us}us"
-    doc["broker"]["extra_config"] = burn_config(build_burn_plugin(), burn_us)
+    if burn_us is not None:
+        doc["name"] = f"local-burn-{burn_us}us"
+        doc["broker"]["extra_config"] = burn_config(build_burn_plugin(), burn_us)
+    if pinned:
+        doc["broker"]["cpus"] = str(min(os.sched_getaffinity(0)))
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -74,7 +82,7 @@ def newest_run(state: Path) -> str | None:
 
 
 def run_pairs(pairs: int, burn_us: int, suite: str, state: Path) -> None:
-    inventories = {"plain": None, "burn": burning_inventory(state / "burn.yml", burn_us)}
+    inventories = {"plain": None, "burn": local_inventory(state / "burn.yml", burn_us)}
     ran: list[dict[str, str | None]] = []
     for i in range(pairs):
         pair: dict[str, str | None] = {}

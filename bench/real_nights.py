@@ -11,7 +11,10 @@ plugin (infra/slowdown: BURN_US of the broker's own CPU on every PUBLISH it take
 it delivers it), all in one results store (PERFPIPE_STATE_DIR=STATE), as nights of a
 nightly would be. --seed-from starts STATE with a copy of another state's store (its
 nights come first: a noise batch of `measure_noise.py`, or this script's plain nights, so
-one history is tried with several steps). The runs, in order, are kept in STATE/nights.json.
+one history is tried with several steps). --pin keeps the broker on the first CPU and
+perfpipe's processes on the others (`broker.cpus`) on every night or every other one: a
+pinned night is of its own fingerprint, so each kind builds its own history and is
+reported apart. The runs, in order, are kept in STATE/nights.json.
 
 Then every run is judged again in the order it ran, with the detector as it is now, on a
 copy of the store (STATE/rejudged.db: the verdicts the runs recorded are kept), and it
@@ -24,6 +27,9 @@ prints:
   the rank correlations of the stages' changes and the robust sigma of each change over
   its sd, per stage and combined (near 1 when the stages are independent, as judging them
   together assumes);
+- per stage, the night-to-night spread of the figures the burn moves, the judged tail, the
+  driver's CPU and the broker's wake-ups over the plain nights (their medians and the
+  robust sigma of their logs), beside the MDE of the last one judged;
 - the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
   moves), each night's verdict, change and the MDE the nightly reported beside it (for
   the cost also its change and MDE across the stages, `tasks.analysis.across`); and the
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sqlite3
 import statistics
@@ -59,15 +66,19 @@ from tasks.views.summary import NOTABLE  # noqa: E402
 from tasks.views.tables import across_note, mde_text  # noqa: E402
 
 from measure_noise import run_one  # noqa: E402  (bench/, beside it)
-from paired_change import burning_inventory, newest_run  # noqa: E402
+from paired_change import local_inventory, newest_run  # noqa: E402
 from replayed_detector import judged_z  # noqa: E402
 
-# [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night}], in order
+# [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night, "pinned"}],
+# in order ("pinned" absent: not pinned)
 NIGHTS_FILE = "nights.json"
 REJUDGED = "rejudged.db"
 # the figures the burn moves: those judged at the driver's CPU (the broker's cost, e2e p50)
 STEPPED = tuple(m for m, d in DEFS.items() if d.adjusted_by == DRIVER_CPU)
 COST = "broker_cpu_s_per_10k"
+# the figures whose night-to-night spread `noise` prints: the stepped ones, the judged tail,
+# the covariate and how often the broker was woken (a pinned broker is woken across CPUs)
+SPREAD = (*STEPPED, "e2e_latency_p99_no_stall", DRIVER_CPU, "broker_ctx_switches_per_s")
 
 
 def seed(state: Path, source: Path) -> list[dict]:
@@ -85,20 +96,33 @@ def seed(state: Path, source: Path) -> list[dict]:
             for r in runs]
 
 
-def run_nights(state: Path, suite: str, plain: int, burn_nights: int, burn_us: int,
+def night_plan(plain: int, burn_nights: int, pin: str) -> list[tuple[str, bool]]:
+    """(variant, pinned) of each night to run: PLAIN plain nights, then BURN_NIGHTS burning
+    ones; pinned all (`pin` on), none (off), or every other plain night, the first pinned,
+    and each burning night run pinned then not (alternate), so each kind gets as many."""
+    if pin != "alternate":
+        return [("plain", pin == "on")] * plain + [("burn", pin == "on")] * burn_nights
+    return [("plain", i % 2 == 0) for i in range(plain)] + [("burn", True), ("burn", False)] \
+        * burn_nights
+
+
+def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: int,
                nights: list[dict]) -> None:
-    burning = burning_inventory(state / "burn.yml", burn_us) if burn_nights else None
-    plan = [("plain", None)] * plain + [("burn", burning)] * burn_nights
-    for i, (variant, inventory) in enumerate(plan):
+    inventories = {(variant, pinned): local_inventory(
+        state / f"{variant}{'-pinned' if pinned else ''}.yml",
+        burn_us if variant == "burn" else None, pinned) for variant, pinned in set(plan)}
+    inventories["plain", False] = None  # the embedded default, as the seeds' nights ran
+    for i, (variant, pinned) in enumerate(plan):
         before = newest_run(state)
-        cond = run_one(suite, state, state / "logs" / f"{i:02d}-{variant}.log", inventory)
+        cond = run_one(suite, state, state / "logs" / f"{i:02d}-{variant}.log",
+                       inventories[variant, pinned])
         run_id = newest_run(state)
         stored = run_id if run_id != before else None
-        nights.append({"run_id": stored, "variant": variant,
-                       **({"burn_us": burn_us} if inventory else {})})
+        nights.append({"run_id": stored, "variant": variant, "pinned": pinned,
+                       **({"burn_us": burn_us} if variant == "burn" else {})})
         (state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
-        print(f"night {i + 1}/{len(plan)} {variant}: exit {cond['exit']} in "
-              f"{cond['seconds']} s, load {cond['loadavg']}"
+        print(f"night {i + 1}/{len(plan)} {variant}{' pinned' if pinned else ''}: exit "
+              f"{cond['exit']} in {cond['seconds']} s, load {cond['loadavg']}"
               + ("" if stored else ", stored no run"), flush=True)
 
 
@@ -267,6 +291,26 @@ def burning_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> 
                 print(f"    night {i + 1}: {_said(row)}")
 
 
+def noise(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
+    """Per stage, over the valid plain nights: the SPREAD figures' medians and night-to-night
+    spread as measured (the robust sigma of their logs), beside the MDE the nightly
+    reported on the last plain night it judged each."""
+    plain = [judged[n["run_id"]] for n in nights
+             if n["variant"] != "burn" and n["run_id"] in judged]
+    print(f"\nnoise over the {len(plain)} plain nights, per stage: each figure's median and "
+          "robust sigma as measured, the MDE of the last plain night judged, [valid nights]")
+    for key in sorted({k for p in plain for k in p}):
+        cells = []
+        for m in SPREAD:
+            logs = [math.log(p[key]["metrics"][m]) for p in plain
+                    if key in p and p[key]["validity"] == "valid"
+                    and (p[key]["metrics"].get(m) or 0) > 0]
+            spread = (f"median {math.exp(statistics.median(logs)):.4g}, robust sigma "
+                      f"{100 * noise_sigma(logs):.1f}%") if len(logs) >= 3 else "too few"
+            cells.append(f"{m} {spread}, MDE {_last_mde(plain, key, m)} [{len(logs)}]")
+        print(f"  {key}:\n    " + "\n    ".join(cells))
+
+
 def report(state: Path, policy: Policy) -> None:
     nights = json.loads((state / NIGHTS_FILE).read_text())
     variants = Counter(n["variant"] for n in nights if n["run_id"])
@@ -274,9 +318,16 @@ def report(state: Path, policy: Policy) -> None:
           f"is now, pace_gate {policy.pace_gate}, across_level {policy.across_level:g} "
           f"({state / REJUDGED})")
     judged = rejudge(state, nights, policy)
-    plain_verdicts(nights, judged)
-    across_check(nights, judged)
-    burning_verdicts(nights, judged)
+    kinds = sorted({bool(n.get("pinned")) for n in nights})
+    for pinned in kinds:  # a pinned night is of its own fingerprint, judged on its own history
+        kind = [n for n in nights if bool(n.get("pinned")) == pinned]
+        if len(kinds) > 1:
+            print(f"\n=== {'pinned' if pinned else 'not pinned'} nights ({len(kind)}; the "
+                  "night numbers below count these alone) ===")
+        plain_verdicts(kind, judged)
+        across_check(kind, judged)
+        noise(kind, judged)
+        burning_verdicts(kind, judged)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the broker's extra CPU on every message it takes, in us (0: the "
                              "plugin loaded, burning nothing: what loading it costs)")
     parser.add_argument("--suite", default="smoke", help="the suite each night runs")
+    parser.add_argument("--pin", choices=("off", "on", "alternate"), default="off",
+                        help="keep the broker on the first CPU and perfpipe's processes on "
+                             "the others (broker.cpus) on every night, none, or every other "
+                             "plain night (the first pinned) and each burning night once "
+                             "pinned and once not; each kind is judged on its own history")
     parser.add_argument("--pace-gate", type=float, default=Policy().pace_gate,
                         help="the detector's pace_gate when judging again (latency is not "
                              "judged on a host this far off its usual pace; 10: no gate)")
@@ -315,12 +371,16 @@ def main(argv: list[str] | None = None) -> int:
                          "folder, or add --analyse-only to read them")
         if min(args.burn_us, args.plain, args.burn_nights) < 0:
             parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
+        if args.pin != "off" and len(os.sched_getaffinity(0)) < 2:
+            parser.error(f"--pin {args.pin} needs 2 CPUs or more; this process may use "
+                         f"{sorted(os.sched_getaffinity(0))}")
         if args.seed_from and not (args.seed_from / "results.db").exists():
             parser.error(f"--seed-from {args.seed_from}: no results.db there")
         args.state.mkdir(parents=True, exist_ok=True)
         nights = seed(args.state, args.seed_from) if args.seed_from else []
         (args.state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
-        run_nights(args.state, args.suite, args.plain, args.burn_nights, args.burn_us, nights)
+        run_nights(args.state, args.suite, night_plan(args.plain, args.burn_nights, args.pin),
+                   args.burn_us, nights)
     if not (args.state / NIGHTS_FILE).exists():
         parser.error(f"--state {args.state}: no {NIGHTS_FILE}, so no nights ran there")
     report(args.state, policy)
