@@ -200,11 +200,13 @@ def parser() -> argparse.ArgumentParser:
                      help="what the run is stored as: a release run stays out of the rolling "
                      "history and always posts a Slack summary (default: manual)")
     tune = _command(sub, "tune", "check, apply or restore a tuning profile on the hosts",
-                    "Host tuning (infra/tuning/): check a profile's values on each host, "
+                    "Host tuning (PERFPIPE_TUNING_DIR, default infra/tuning/): check a "
+                    "profile's values on each host, "
                     "apply them (recording what they were), or restore what was applied.",
                     _tune)
     tune.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
-    tune.add_argument("--profile", help="infra/tuning/<name>.yml (default: the inventory's)")
+    tune.add_argument("--profile", help="a profile's name, NAME for <tuning dir>/NAME.yml "
+                      "(default: the inventory's)")
     modes = tune.add_mutually_exclusive_group(required=True)
     for mode, text in (("check", "read each value back and report the drift; change nothing"),
                        ("apply", "set the profile's values, read them back, record what "
@@ -241,13 +243,16 @@ def parser() -> argparse.ArgumentParser:
                         help="bencher: the JSON file to write; otava: the folder to write into")
     _command(sub, "check-nightly", "exit 1 and alert when no nightly ran recently "
              "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)",
-             "What the watchdog DAG does: exit 1 and alert Slack when no nightly run "
-             "started within PERFPIPE_NIGHTLY_MAX_AGE_H hours (default 26), else exit 0.",
+             "What the watchdog DAG does: when no nightly run started within "
+             "PERFPIPE_NIGHTLY_MAX_AGE_H hours (default 26), write the alert under the "
+             "state dir's watchdog/, post it to Slack where a token or Connection is set, "
+             "and exit 1; else exit 0.",
              _check_nightly)
     step = _command(sub, "step", "run one step of a run not yet closed by teardown "
                     "(see the list below)",
                     "Run one step of a run again, as its DAG task does; a run that "
-                    "teardown closed is refused (its results stay as they were).", _step)
+                    "teardown closed is refused (its results stay as they were), but for "
+                    "teardown itself.", _step)
     step.add_argument("name", help="the step: one of the steps listed by "
                       "`perfpipe --help`, but plan")
     step.add_argument("run_id", help=RUN_ID_HELP)

@@ -21,6 +21,8 @@ import pytest
 import yaml
 
 from tasks.catalog.inventory import load_inventory
+from tasks.catalog.scenarios import load_suite
+from tasks.catalog.stages import expand_all
 from tasks.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,6 +115,17 @@ def test_the_compose_inventory_points_at_compose_services():
         assert key.startswith("/run/secrets/") and Path(key).name in COMPOSE["secrets"]
     assert inventory.broker.address in SERVICES and not inventory.broker.managed
     assert all(SERVICES[h.address].get("secrets") for h in inventory.hosts)
+
+
+def test_the_scheduled_nightly_runs_the_nightly_suite():
+    """Compose's nightly runs what suites.yml calls the nightly's (rated load, then
+    capacity), not the setting's default (`smoke`, make run's); every scenario in it loads."""
+    value = env("airflow-scheduler")["PERFPIPE_SUITE"]
+    suite = re.fullmatch(r"\$\{PERFPIPE_SUITE:-(\w+)\}", value).group(1)
+    assert suite == "nightly" != Settings.model_fields["suite"].default
+    scenarios = load_suite(REPO / "scenarios", suite)
+    assert any(s.stages.search for s in scenarios)  # capacity, not rated load alone
+    assert expand_all(scenarios)
 
 
 def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
