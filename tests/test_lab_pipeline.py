@@ -42,7 +42,7 @@ def run_dag(dag_id: str, kind: str, conf: dict) -> tuple[str, str]:
 
 
 def assert_spread_over_the_lab(run_dir: Path, stages: list[dict]) -> None:
-    cpus = json.loads((run_dir / "hosts" / "driver2.json").read_text())["cpus"]
+    cpus = json.loads((run_dir / "hosts" / "driver2.json").read_text())["usable_cpus"]
     for stage in stages:
         plan = json.loads((run_dir / "raw" / stage["stage_id"] / "stage.json").read_text())
         hosts = Counter(p["host"] for p in plan["processes"])

@@ -29,9 +29,10 @@ class HostConfig(BaseModel):
     key_file: Path | None = None
     roles: list[Literal["broker", "driver"]] = Field(min_length=1)
     procs: int | Literal["auto"] = Field(
-        "auto", description="driver processes on this host; auto: one per core, less the "
-        "CPUs broker.cpus keeps for the broker on its host (resolved at plan time for local "
-        "hosts, from the provisioned fingerprint for SSH hosts)")
+        "auto", description="driver processes on this host; auto: one per CPU perfpipe's "
+        "processes may use there (its affinity), less the CPUs broker.cpus keeps for the "
+        "broker on its host (resolved at plan time for local hosts, from the provisioned "
+        "fingerprint's usable_cpus for SSH hosts)")
     search_procs: int | Literal["auto"] | None = Field(
         None, description="driver processes on this host for a max-rate search's probes "
         "and holds (capacity stages), instead of `procs`; default: procs")
@@ -210,8 +211,9 @@ class Inventory(BaseModel):
     def driver_procs(self, cpus: dict[str, int | None] | None = None, *, search: bool = False
                      ) -> list[tuple[str, int]]:
         """(host, processes) of every driver host, 'auto' resolved from `cpus` (host -> the
-        fingerprint's core count), for `tasks.catalog.placement.driver_slots`; `search`: for
-        a max-rate search's probe (each host's search_procs, where set)."""
+        CPUs perfpipe's processes may use there, `tasks.steps.provision.usable_cpus`), for
+        `tasks.catalog.placement.driver_slots`; `search`: for a max-rate search's probe (each
+        host's search_procs, where set)."""
         cpus = cpus or {}
         return [(h.name, h.procs_for(self.driver_cores(h.name, cpus.get(h.name)), search=search))
                 for h in self.driver_hosts()]
@@ -233,7 +235,7 @@ def load_inventory(path: Path) -> Inventory:
     inventory = load_model(Inventory, path)
     for host in inventory.hosts:
         if host.transport == "local":  # this machine: 'auto' is known at plan time, from
-            # the CPUs perfpipe may use here (an SSH host's: its fingerprint's core count)
+            # the CPUs perfpipe may use here (an SSH host's: its fingerprint's usable_cpus)
             cores = inventory.driver_cores(host.name, len(os.sched_getaffinity(0)))
             if host.procs == "auto":
                 host.procs = host.procs_for(cores)

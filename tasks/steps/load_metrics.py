@@ -15,7 +15,7 @@ from ..catalog.placement import recorded_params
 from ..catalog.stages import probe_id
 from ..run_context import RunContext
 from . import Call
-from .provision import host_cpus, run_fingerprint
+from .provision import host_cpus, run_fingerprint, usable_cpus
 
 
 def stage_key(broker_kind: str, stage_id: str) -> str:
@@ -55,7 +55,7 @@ def load_results(ctx: RunContext) -> list[dict]:
     stages = {stage.stage_id: stage for stage in ctx.measured_stages}
     fingerprint = run_fingerprint(ctx)
     broker_kind = ctx.inventory.broker.kind
-    cpus = host_cpus(ctx)
+    cpus = usable_cpus(ctx)
     store = ctx.store()
     rows = []
     for result in document["stages"]:
@@ -79,7 +79,7 @@ def load_results(ctx: RunContext) -> list[dict]:
                              reason="; ".join(reasons) or None)
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
-    return rows + record_searches(ctx, store, fingerprint, results, cpus)
+    return rows + record_searches(ctx, store, fingerprint, results, cpus, host_cpus(ctx))
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity
@@ -109,15 +109,15 @@ def confirming_hold(template_id: str, outcome: dict) -> str | None:
 
 
 def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
-                    cpus: dict[str, int]) -> list[dict]:
+                    cpus: dict[str, int], cores: dict[str, int]) -> list[dict]:
     """Each max-rate search as a stage of its own whose metrics are `max_rate`, the
     broker's cost during the hold that confirmed it and the CPU it and its host used there
-    (`results`: the job's stage results by id; `cpus`: host -> cores,
-    `provision.host_cpus`): valid only when the search converged (its probes are stages
-    too, never compared)."""
+    (`results`: the job's stage results by id; `cpus`: host -> the CPUs perfpipe may use
+    there, `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`):
+    valid only when the search converged (its probes are stages too, never compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     broker, kept_on = ctx.inventory.broker, ctx.broker().get("cpus")
-    host_cores = cpus.get(broker.host) if broker.host else None
+    host_cores = cores.get(broker.host) if broker.host else None
     rows = []
     for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
         template = templates[template_id]

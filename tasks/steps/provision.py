@@ -46,7 +46,13 @@ try:
     paho_version = paho.mqtt.__version__
 except ImportError:
     paho_version = None
-print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'memory_bytes': mem_bytes(),
+def usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'usable_cpus': usable_cpus(),
+    'memory_bytes': mem_bytes(),
     'kernel': platform.release(), 'arch': platform.machine(), 'os': os_name(),
     'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': 0}))
 """
@@ -155,10 +161,25 @@ def host_pythonpath(ctx: RunContext, host_name: str) -> str:
     return json.loads(path.read_text())["pythonpath"]
 
 
-def host_cpus(ctx: RunContext) -> dict[str, int]:
-    """host -> core count, from the fingerprints provisioning recorded (resolves procs: auto)."""
-    return {path.stem: json.loads(path.read_text())["cpus"]
+def _recorded_facts(ctx: RunContext) -> dict[str, dict]:
+    """host -> the fingerprint provisioning recorded in the run folder."""
+    return {path.stem: json.loads(path.read_text())
             for path in (ctx.run_dir / rundir.HOSTS_DIR).glob("*.json")}
+
+
+def host_cpus(ctx: RunContext) -> dict[str, int]:
+    """host -> its core count, from the fingerprints provisioning recorded (what a host's
+    CPU use is a share of)."""
+    return {host: facts["cpus"] for host, facts in _recorded_facts(ctx).items()}
+
+
+def usable_cpus(ctx: RunContext) -> dict[str, int]:
+    """host -> the CPUs perfpipe's processes may run on there (its affinity: a cpuset, a
+    container or `taskset` can leave fewer than the host has), from the fingerprints
+    provisioning recorded; what `procs: auto` resolves against. A run folder from before
+    it was recorded has the core count."""
+    return {host: facts.get("usable_cpus") or facts["cpus"]
+            for host, facts in _recorded_facts(ctx).items()}
 
 
 def run_fingerprint(ctx: RunContext) -> str:

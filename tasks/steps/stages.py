@@ -45,7 +45,7 @@ from ..hosts import Host, died
 from ..run_context import RunContext
 from . import STEPS, Call
 from .load_metrics import stage_key
-from .provision import host_cpus, host_pythonpath, run_fingerprint
+from .provision import host_pythonpath, run_fingerprint, usable_cpus
 from .teardown import stop_drivers
 
 READY_TIMEOUT_S = 60.0
@@ -208,7 +208,7 @@ def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until:
 
 def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
     inventory = ctx.inventory
-    plans = place(stage, stage_slots(stage, inventory, host_cpus(ctx)))
+    plans = place(stage, stage_slots(stage, inventory, usable_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
     ctx.write_json(rundir.processes_file(stage.stage_id),
                    {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})
@@ -301,7 +301,8 @@ def last_capacity(ctx: RunContext, template: Stage) -> float | None:
     such as more driver processes, the last capacity may be the old setup's limit."""
     key = stage_key(ctx.inventory.broker.kind, template.stage_id)
     nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1)
-    nights = same_setup(recorded_params(template, ctx.inventory, host_cpus(ctx)), nights)[0]
+    nights = same_setup(recorded_params(template, ctx.inventory, usable_cpus(ctx)),
+                        nights)[0]
     return nights[0]["metrics"].get("max_rate") if nights else None
 
 
