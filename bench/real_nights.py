@@ -98,8 +98,9 @@ def seed(state: Path, source: Path) -> list[dict]:
 
 def night_plan(plain: int, burn_nights: int, pin: str) -> list[tuple[str, bool]]:
     """(variant, pinned) of each night to run: PLAIN plain nights, then BURN_NIGHTS burning
-    ones; pinned all (`pin` on), none (off), or every other plain night, the first pinned,
-    and each burning night run pinned then not (alternate), so each kind gets as many."""
+    ones; pinned all (`pin` on), none (off), or every other plain night, the first pinned
+    (an odd PLAIN gives the pinned kind one more), and each burning night run pinned then
+    not (alternate)."""
     if pin != "alternate":
         return [("plain", pin == "on")] * plain + [("burn", pin == "on")] * burn_nights
     return [("plain", i % 2 == 0) for i in range(plain)] + [("burn", True), ("burn", False)] \
@@ -114,7 +115,8 @@ def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: i
     inventories["plain", False] = None  # the embedded default, as the seeds' nights ran
     for i, (variant, pinned) in enumerate(plan):
         before = newest_run(state)
-        cond = run_one(suite, state, state / "logs" / f"{i:02d}-{variant}.log",
+        name = f"{i:02d}-{variant}{'-pinned' if pinned else ''}.log"
+        cond = run_one(suite, state, state / "logs" / name,
                        inventories[variant, pinned])
         run_id = newest_run(state)
         stored = run_id if run_id != before else None

@@ -245,8 +245,8 @@ def parser() -> argparse.ArgumentParser:
              "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)",
              "What the watchdog DAG does: when no nightly run started within "
              "PERFPIPE_NIGHTLY_MAX_AGE_H hours (default 26), write the alert under the "
-             "state dir's watchdog/, post it to Slack where a token or Connection is set, "
-             "and exit 1; else exit 0.",
+             "state dir's watchdog/, post it to Slack where PERFPIPE_SLACK_TOKEN is set (the "
+             "DAG: or its Slack Connection), and exit 1; else exit 0.",
              _check_nightly)
     step = _command(sub, "step", "run one step of a run not yet closed by teardown "
                     "(see the list below)",

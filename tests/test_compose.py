@@ -121,7 +121,9 @@ def test_the_scheduled_nightly_runs_the_nightly_suite():
     """Compose's nightly runs what suites.yml calls the nightly's (rated load, then
     capacity), not the setting's default (`smoke`, make run's); every scenario in it loads."""
     value = env("airflow-scheduler")["PERFPIPE_SUITE"]
-    suite = re.fullmatch(r"\$\{PERFPIPE_SUITE:-(\w+)\}", value).group(1)
+    default = re.fullmatch(r"\$\{PERFPIPE_SUITE:-([\w-]+)\}", value)
+    assert default, f"PERFPIPE_SUITE: {value!r}, not ${{PERFPIPE_SUITE:-SUITE}}"
+    suite = default.group(1)
     assert suite == "nightly" != Settings.model_fields["suite"].default
     scenarios = load_suite(REPO / "scenarios", suite)
     assert any(s.stages.search for s in scenarios)  # capacity, not rated load alone

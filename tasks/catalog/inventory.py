@@ -50,12 +50,12 @@ class HostConfig(BaseModel):
     @classmethod
     def _procs_range(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, int) and not 1 <= value <= 256:
-            raise ValueError("must be 1..256 driver processes, or auto (one per core the "
-                             "broker leaves)")
+            raise ValueError("must be 1..256 driver processes, or auto (one per CPU "
+                             "perfpipe's processes may use there that the broker leaves)")
         return value
 
     def procs_for(self, cpus: int | None, *, search: bool = False) -> int:
-        """The number of driver processes, with 'auto' resolved against a core count:
+        """The number of driver processes, with 'auto' resolved against a CPU count:
         `search_procs` (when set) for a max-rate search's probes, else `procs`."""
         field = "search_procs" if search and self.search_procs is not None else "procs"
         value = getattr(self, field)
