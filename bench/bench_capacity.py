@@ -47,7 +47,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from detector_bounds import recall_bound  # noqa: E402
-from paired_change import local_inventory  # noqa: E402
+from paired_change import (  # noqa: E402
+    EMBEDDED,
+    PIN,
+    local_inventory,
+    pin_problem,
+    pinned_nights,
+)
 from replayed_detector import Replay  # noqa: E402
 from simulated_nights import Noise  # noqa: E402
 
@@ -147,13 +153,11 @@ def real_nights(nights: int, pin: str, work: Path) -> list[dict]:
     Mosquitto perfpipe starts here, kept on the first CPU with perfpipe's processes on the
     others (`broker.cpus`) on every night (`pin` on), every other night (alternate) or none.
     A pinned night is of another fingerprint, so each kind is judged on its own history."""
-    plain = REPO / "infra" / "inventories" / "local.yml"
     pinned_inventory = local_inventory(work / "pinned.yml", pinned=True)
     results = []
-    for i in range(nights):
-        pinned = pin == "on" or (pin == "alternate" and i % 2 == 0)
+    for i, pinned in enumerate(pinned_nights(nights, pin)):
         results.append(say_night("real" + (" pinned" if pinned else ""), i,
-                                 {**night("real", pinned_inventory if pinned else plain),
+                                 {**night("real", pinned_inventory if pinned else EMBEDDED),
                                   "pinned": pinned}))
     return results
 
@@ -290,7 +294,7 @@ def main() -> int:
     parser.add_argument("--nights", type=int, default=8,
                         help="A nights of the throttled broker (0: none, nor its 5%% step)")
     parser.add_argument("--real-nights", type=int, default=6, help="nights of the real one")
-    parser.add_argument("--pin", choices=("off", "on", "alternate"), default="off",
+    parser.add_argument("--pin", choices=PIN, default="off",
                         help="the real nights' broker on the first CPU and drivers on the "
                              "others: on no night, every night, or every other night "
                              "(the first pinned)")
@@ -300,9 +304,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    if args.pin != "off" and len(os.sched_getaffinity(0)) < 2:
-        parser.error(f"--pin {args.pin} needs 2 CPUs or more; this process may use "
-                     f"{sorted(os.sched_getaffinity(0))}")
+    if pin_problem(args.pin):
+        parser.error(pin_problem(args.pin))
     rng = np.random.default_rng(args.seed)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="perfpipe-bench-capacity-") as tmp:

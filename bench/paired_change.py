@@ -51,6 +51,8 @@ from measure_noise import run_one  # noqa: E402  (bench/, beside it)
 METRICS = ("e2e_latency_p50", "broker_cpu_s_per_10k", "e2e_latency_p99_no_stall")
 VARIANTS = ("plain", "burn")
 PAIRS_FILE = "pairs.json"  # [{variant: run id}], in the order the pairs ran
+PIN = ("off", "on", "alternate")  # a bench's --pin: the broker on a CPU of its own, or not
+EMBEDDED = Settings.model_fields["inventory"].default  # the embedded default's inventory
 
 
 def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False) -> Path:
@@ -59,7 +61,7 @@ def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False
     kept on the first CPU this process may use and perfpipe's processes on the others
     (`broker.cpus`) when `pinned`. A pinned night is of another fingerprint than an
     unpinned one, so the detector judges each kind on its own history."""
-    doc = yaml.safe_load(Settings.model_fields["inventory"].default.read_text())
+    doc = yaml.safe_load(EMBEDDED.read_text())
     if burn_us is not None:
         doc["name"] = f"local-burn-{burn_us}us"
         doc["broker"]["extra_config"] = burn_config(build_burn_plugin(), burn_us)
@@ -67,6 +69,21 @@ def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False
         doc["broker"]["cpus"] = str(min(os.sched_getaffinity(0)))
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def pinned_nights(nights: int, pin: str) -> list[bool]:
+    """Whether each of `nights` runs pinned (`local_inventory`): every one (`pin` on), none
+    (off), or every other one, the first pinned (alternate)."""
+    return [pin == "on" or (pin == "alternate" and i % 2 == 0) for i in range(nights)]
+
+
+def pin_problem(pin: str) -> str | None:
+    """Why `--pin PIN` cannot run on this machine (it leaves the broker one CPU and needs
+    another for perfpipe's processes), or None."""
+    if pin != "off" and len(os.sched_getaffinity(0)) < 2:
+        return (f"--pin {pin} needs 2 CPUs or more; this process may use "
+                f"{sorted(os.sched_getaffinity(0))}")
+    return None
 
 
 def newest_run(state: Path) -> str | None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sqlite3
 import statistics
@@ -66,7 +65,13 @@ from tasks.views.summary import NOTABLE  # noqa: E402
 from tasks.views.tables import across_note, mde_text  # noqa: E402
 
 from measure_noise import run_one  # noqa: E402  (bench/, beside it)
-from paired_change import local_inventory, newest_run  # noqa: E402
+from paired_change import (  # noqa: E402
+    PIN,
+    local_inventory,
+    newest_run,
+    pin_problem,
+    pinned_nights,
+)
 from replayed_detector import judged_z  # noqa: E402
 
 # [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night, "pinned"}],
@@ -101,10 +106,9 @@ def night_plan(plain: int, burn_nights: int, pin: str) -> list[tuple[str, bool]]
     ones; pinned all (`pin` on), none (off), or every other plain night, the first pinned
     (an odd PLAIN gives the pinned kind one more), and each burning night run pinned then
     not (alternate)."""
-    if pin != "alternate":
-        return [("plain", pin == "on")] * plain + [("burn", pin == "on")] * burn_nights
-    return [("plain", i % 2 == 0) for i in range(plain)] + [("burn", True), ("burn", False)] \
-        * burn_nights
+    burning = [("burn", True), ("burn", False)] * burn_nights if pin == "alternate" \
+        else [("burn", pin == "on")] * burn_nights
+    return [("plain", pinned) for pinned in pinned_nights(plain, pin)] + burning
 
 
 def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: int,
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the broker's extra CPU on every message it takes, in us (0: the "
                              "plugin loaded, burning nothing: what loading it costs)")
     parser.add_argument("--suite", default="smoke", help="the suite each night runs")
-    parser.add_argument("--pin", choices=("off", "on", "alternate"), default="off",
+    parser.add_argument("--pin", choices=PIN, default="off",
                         help="keep the broker on the first CPU and perfpipe's processes on "
                              "the others (broker.cpus) on every night, none, or every other "
                              "plain night (the first pinned) and each burning night once "
@@ -373,9 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                          "folder, or add --analyse-only to read them")
         if min(args.burn_us, args.plain, args.burn_nights) < 0:
             parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
-        if args.pin != "off" and len(os.sched_getaffinity(0)) < 2:
-            parser.error(f"--pin {args.pin} needs 2 CPUs or more; this process may use "
-                         f"{sorted(os.sched_getaffinity(0))}")
+        if pin_problem(args.pin):
+            parser.error(pin_problem(args.pin))
         if args.seed_from and not (args.seed_from / "results.db").exists():
             parser.error(f"--seed-from {args.seed_from}: no results.db there")
         args.state.mkdir(parents=True, exist_ok=True)

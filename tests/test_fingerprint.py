@@ -62,10 +62,10 @@ def test_procs_auto_counts_the_cpus_a_hosts_processes_may_use_not_the_hosts(tmp_
     cpuset, a container, sshd under taskset): its fingerprint records both, and procs: auto
     starts one driver process per CPU they may use. The probe runs for real, from a process
     kept on one CPU."""
-    mine = os.sched_getaffinity(0)
+    mine, host = os.sched_getaffinity(0), LocalHost()
     os.sched_setaffinity(0, {min(mine)})
     try:
-        facts = provision.fingerprint(LocalHost(), LocalHost().code_root)
+        facts = provision.fingerprint(host, host.code_root)
     finally:
         os.sched_setaffinity(0, mine)
     assert facts["usable_cpus"] == 1 < facts["cpus"] == os.cpu_count()

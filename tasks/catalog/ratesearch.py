@@ -229,12 +229,13 @@ class RateSearch:
         twice."""
         policy = self.policy
         stepped = failed.rate / (1 + policy.precision)
-        floor = self.best * (1 - policy.tolerance) * (1 - policy.precision / 2)
+        below = 1 - policy.precision / 2  # "just below" a rate
+        floor = self.best * (1 - policy.tolerance) * below
         if failed.rate > floor * (1 + 1e-9):  # above it, not the floor as a stage ran it
-            return max(min(stepped, failed.delivered_rate * (1 - policy.precision / 2)), floor)
+            return max(min(stepped, failed.delivered_rate * below), floor)
         most = max(p.delivered_rate for p, kept in self._counted(self.held, self.held_aside)
                    if not kept)
-        rate = min(stepped, most * (1 - policy.precision / 2))
+        rate = min(stepped, most * below)
         return rate if rate >= policy.min_rate else None
 
     @property
