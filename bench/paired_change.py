@@ -55,18 +55,22 @@ PIN = ("off", "on", "alternate")  # a bench's --pin: the broker on a CPU of its 
 EMBEDDED = Settings.model_fields["inventory"].default  # the embedded default's inventory
 
 
-def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False) -> Path:
+def local_inventory(path: Path, burn_us: int | None = None, pinned: bool = False,
+                    cpus_for: str = "all") -> Path:
     """The embedded default written to `path`: with the burn plugin in its broker's config
     (`burn_us` of the broker's CPU on every PUBLISH; None: without it), and with its broker
     kept on the first CPU this process may use and perfpipe's processes on the others
-    (`broker.cpus`) when `pinned`. A pinned night is of another fingerprint than an
-    unpinned one, so the detector judges each kind on its own history."""
+    (`broker.cpus`) when `pinned`, for every stage or a max-rate search's only (`cpus_for`,
+    `broker.cpus_for`). A pinned night is of another fingerprint than an unpinned one, so
+    the detector judges each kind on its own history."""
     doc = yaml.safe_load(EMBEDDED.read_text())
     if burn_us is not None:
         doc["name"] = f"local-burn-{burn_us}us"
         doc["broker"]["extra_config"] = burn_config(build_burn_plugin(), burn_us)
     if pinned:
         doc["broker"]["cpus"] = str(min(os.sched_getaffinity(0)))
+        if cpus_for != "all":
+            doc["broker"]["cpus_for"] = cpus_for
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

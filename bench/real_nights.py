@@ -12,9 +12,11 @@ it delivers it), all in one results store (PERFPIPE_STATE_DIR=STATE), as nights 
 nightly would be. --seed-from starts STATE with a copy of another state's store (its
 nights come first: a noise batch of `measure_noise.py`, or this script's plain nights, so
 one history is tried with several steps). --pin keeps the broker on the first CPU and
-perfpipe's processes on the others (`broker.cpus`) on every night or every other one: a
-pinned night is of its own fingerprint, so each kind builds its own history and is
-reported apart. The runs, in order, are kept in STATE/nights.json.
+perfpipe's processes on the others (`broker.cpus`) on every night or every other one, for
+every stage or, with --cpus-for capacity, for the max-rate searches only (the rated stages
+of `--suite nightly` then run as unpinned nights do): a pinned night is of its own
+fingerprint, so each kind builds its own history and is reported apart. The runs, in
+order, are kept in STATE/nights.json.
 
 Then every run is judged again in the order it ran, with the detector as it is now, on a
 copy of the store (STATE/rejudged.db: the verdicts the runs recorded are kept), and it
@@ -28,8 +30,8 @@ prints:
   its sd, per stage and combined (near 1 when the stages are independent, as judging them
   together assumes);
 - per stage, the night-to-night spread of the figures the burn moves, the judged tail, the
-  driver's CPU and the broker's wake-ups over the plain nights (their medians and the
-  robust sigma of their logs), beside the MDE of the last one judged;
+  driver's CPU, the broker's wake-ups and a search's max_rate over the plain nights (their
+  medians and the robust sigma of their logs), beside the MDE of the last one judged;
 - the burning nights: per stage, for the broker's cost and e2e p50 (the figures the burn
   moves), each night's verdict, change and the MDE the nightly reported beside it (for
   the cost also its change and MDE across the stages, `tasks.analysis.across`); and the
@@ -59,6 +61,7 @@ sys.path.insert(0, str(REPO))
 from sql import Store  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
 from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
+from tasks.catalog.cpus import CPUS_FOR  # noqa: E402
 from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
 from tasks.views.summary import NOTABLE  # noqa: E402
@@ -81,9 +84,11 @@ REJUDGED = "rejudged.db"
 # the figures the burn moves: those judged at the driver's CPU (the broker's cost, e2e p50)
 STEPPED = tuple(m for m, d in DEFS.items() if d.adjusted_by == DRIVER_CPU)
 COST = "broker_cpu_s_per_10k"
-# the figures whose night-to-night spread `noise` prints: the stepped ones, the judged tail,
-# the covariate and how often the broker was woken (a pinned broker is woken across CPUs)
-SPREAD = (*STEPPED, "e2e_latency_p99_no_stall", DRIVER_CPU, "broker_ctx_switches_per_s")
+# the figures whose night-to-night spread `noise` prints, where a stage has them: the
+# stepped ones, the judged tail, the covariate, how often the broker was woken (a pinned
+# broker is woken across CPUs) and a search's answer
+SPREAD = (*STEPPED, "e2e_latency_p99_no_stall", DRIVER_CPU, "broker_ctx_switches_per_s",
+          "max_rate")
 
 
 def seed(state: Path, source: Path) -> list[dict]:
@@ -112,10 +117,11 @@ def night_plan(plain: int, burn_nights: int, pin: str) -> list[tuple[str, bool]]
 
 
 def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: int,
-               nights: list[dict]) -> None:
+               nights: list[dict], cpus_for: str = "all") -> None:
     inventories = {(variant, pinned): local_inventory(
         state / f"{variant}{'-pinned' if pinned else ''}.yml",
-        burn_us if variant == "burn" else None, pinned) for variant, pinned in set(plan)}
+        burn_us if variant == "burn" else None, pinned, cpus_for)
+        for variant, pinned in set(plan)}
     inventories["plain", False] = None  # the embedded default, as the seeds' nights ran
     for i, (variant, pinned) in enumerate(plan):
         before = newest_run(state)
@@ -311,6 +317,8 @@ def noise(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
             logs = [math.log(p[key]["metrics"][m]) for p in plain
                     if key in p and p[key]["validity"] == "valid"
                     and (p[key]["metrics"].get(m) or 0) > 0]
+            if not logs and not any(m in p.get(key, {}).get("metrics", {}) for p in plain):
+                continue  # a figure this stage does not have (max_rate: a search's)
             spread = (f"median {math.exp(statistics.median(logs)):.4g}, robust sigma "
                       f"{100 * noise_sigma(logs):.1f}%") if len(logs) >= 3 else "too few"
             cells.append(f"{m} {spread}, MDE {_last_mde(plain, key, m)} [{len(logs)}]")
@@ -354,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the others (broker.cpus) on every night, none, or every other "
                              "plain night (the first pinned) and each burning night once "
                              "pinned and once not; each kind is judged on its own history")
+    parser.add_argument("--cpus-for", choices=CPUS_FOR, default="all",
+                        help="the stages a pinned night keeps the broker on its CPU for "
+                             "(broker.cpus_for): every stage, or a max-rate search's probes "
+                             "and holds only (capacity: run --suite nightly)")
     parser.add_argument("--pace-gate", type=float, default=Policy().pace_gate,
                         help="the detector's pace_gate when judging again (latency is not "
                              "judged on a host this far off its usual pace; 10: no gate)")
@@ -385,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         nights = seed(args.state, args.seed_from) if args.seed_from else []
         (args.state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
         run_nights(args.state, args.suite, night_plan(args.plain, args.burn_nights, args.pin),
-                   args.burn_us, nights)
+                   args.burn_us, nights, args.cpus_for)
     if not (args.state / NIGHTS_FILE).exists():
         parser.error(f"--state {args.state}: no {NIGHTS_FILE}, so no nights ran there")
     report(args.state, policy)

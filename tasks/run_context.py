@@ -56,7 +56,9 @@ class RunContext:
         return [Stage.from_dict(doc) for doc in self.plan["stages"]]
 
     def searches(self) -> dict:
-        """{"probes": [stage docs], "outcomes": {template id: outcome}} of this run so far."""
+        """{"probes": [stage docs], "outcomes": {template id: outcome}, "broker_cpus":
+        {template id: the CPUs the broker was kept on through it, or None}} of this run so
+        far (a run folder from before `broker_cpus` has none)."""
         path = self.run_dir / rundir.SEARCH
         return json.loads(path.read_text()) if path.exists() else {"probes": [], "outcomes": {}}
 

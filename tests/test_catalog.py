@@ -232,6 +232,21 @@ def test_the_inventory_takes_broker_cpus_only_for_a_broker_perfpipe_starts():
                           ({"host": "h", "cpus": "0", "managed": False, "port": 1883},
                            "broker.cpus: only for a broker perfpipe starts"),
                           ({"cpus": "0", "managed": False, "address": "b", "port": 1883},
-                           "broker.cpus: only for a broker perfpipe starts")):
+                           "broker.cpus: only for a broker perfpipe starts"),
+                          ({"host": "h", "cpus_for": "capacity"},
+                           "broker.cpus_for: 'capacity' needs broker.cpus"),
+                          ({"host": "h", "cpus": "0", "cpus_for": "rated"},
+                           "cpus_for\n  Input should be 'all' or 'capacity'")):
         with pytest.raises(ValueError, match=error):
             Inventory(hosts=[host], broker=broker)
+
+
+def test_the_broker_is_kept_on_its_cpus_for_every_stage_or_for_searches_only():
+    assert [cpus.kept_on("0", "all", search) for search in (False, True)] == ["0", "0"]
+    assert [cpus.kept_on("0", "capacity", search) for search in (False, True)] == [None, "0"]
+    assert cpus.kept_on(None, "all", True) is None
+    with pytest.raises(ValueError, match="broker.cpus_for: 'rated' is not one of all, capacity"):
+        cpus.kept_on("0", "rated", True)  # a broker.json edited by hand
+    # the fingerprint names both; 'all' as before cpus_for, so pinned histories go on
+    assert cpus.placement("0", "all") == "0" and cpus.placement(None, "capacity") is None
+    assert cpus.placement("0-1", "capacity") == "0-1 for capacity"

@@ -162,3 +162,97 @@ def test_a_broker_kept_on_its_cpus_runs_there_and_perfpipes_processes_on_the_oth
     assert failed.status == "failed"
     error = (settings.run_dir(failed.run_id) / rundir.ERROR_LOG).read_text()
     assert f"broker.cpus: '{absent}' names CPUs localhost does not let perfpipe use" in error
+
+
+SEARCHED = """
+name: tiny_search
+source: "a max-rate search, shortened for tests"
+qos: [0]
+publishers:
+  - {group: pub, count: 4, topic: "perfpipe/test/{scenario}", aggregate_rate: 400}
+subscribers:
+  - {group: sub, count: 1, topics: ["perfpipe/test/{scenario}"]}
+stages:
+  warmup_s: 1
+  measure_s: 1
+  cooldown_s: 0
+  search: {growth: 2.0, max_probes: 2, hold_s: 1, holds: 1}
+"""
+RATED = """
+name: tiny_rated
+source: "a rated stage, shortened for tests"
+qos: [0, 1]
+publishers:
+  - {group: pub, count: 10, topic: "perfpipe/test/{scenario}", rate_per_client: 20}
+subscribers:
+  - {group: sub, count: 1, topics: ["perfpipe/test/{scenario}"]}
+stages: {warmup_s: 1, measure_s: 1, cooldown_s: 0}
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="broker.cpus needs 2 CPUs here")
+def test_a_broker_kept_on_its_cpus_for_capacity_only_is_let_go_for_the_rated_stages(
+        tiny_suite, tmp_path, spark_connect):
+    """`broker.cpus_for: capacity` starts the broker anywhere, keeps it and perfpipe's
+    processes apart through a max-rate search only (each of the broker's threads read from
+    /proc while the search runs, and after it, as the next stages start), and records
+    where: search.json, the drivers' summaries, the run's fingerprint. Not `alone`: it
+    asserts where processes ran, not how fast."""
+    from tasks import rundir
+    from tasks.catalog import cpus
+    from tasks.fingerprint import run_hash
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    scenarios = Path(os.environ["PERFPIPE_SCENARIOS_DIR"])
+    (scenarios / "catalog" / "tiny_search.yml").write_text(SEARCHED)
+    (scenarios / "catalog" / "tiny_rated.yml").write_text(RATED)
+    (scenarios / "suites.yml").write_text("suites: {mixed: [tiny_search, tiny_rated]}\n")
+    usable = os.sched_getaffinity(0)
+    first, everywhere = min(usable), cpus.as_list(usable)
+    rest = sorted(usable - {first})
+    embedded = yaml.safe_load((REPO / "infra/inventories/local.yml").read_text())
+    inventory = tmp_path / "capacity-pinned.yml"
+    inventory.write_text(yaml.safe_dump({**embedded, "broker": {
+        **embedded["broker"], "cpus": str(first), "cpus_for": "capacity"}}))
+    settings = load_settings()
+    seen: list[tuple[str, set[str]]] = []  # (what was said, the broker's threads' CPUs then)
+
+    def watch(line: str) -> None:
+        runs = list(settings.runs_dir.glob(f"*/{rundir.BROKER}"))
+        if runs and (line.startswith("stage ") or "msg/s kept up" in line
+                     or "msg/s fell behind" in line):
+            pid = json.loads(max(runs, key=os.path.getmtime).read_text()).get("pid")
+            status = "".join(p.read_text() for p in Path(f"/proc/{pid}/task").glob("*/status"))
+            seen.append((line, {cpus.as_list(t) for t in cpus.allowed(status)}))
+
+    outcome = run_pipeline(settings, suite="mixed", inventory=inventory, say=watch)
+    assert outcome.status != "failed", outcome  # valid or not: where it ran is the point
+    probes = [on for line, on in seen if line.startswith("  tiny_search")]
+    stages = [(line.split()[2].rstrip(":"), on) for line, on in seen if line.startswith("stage ")]
+    assert probes and all(on == {str(first)} for on in probes), seen
+    assert stages == [("tiny_search.q0.c100.search", {everywhere}),  # started anywhere
+                      ("tiny_rated.q0.c100.r100", {everywhere}),  # let go after the search
+                      ("tiny_rated.q1.c100.r100", {everywhere})], seen
+    run_dir = settings.run_dir(outcome.run_id)
+    broker = json.loads((run_dir / rundir.BROKER).read_text())
+    assert (broker["cpus"], broker["cpus_for"]) == (str(first), "capacity")
+    search = json.loads((run_dir / rundir.SEARCH).read_text())
+    assert list(search["broker_cpus"].values()) == [str(first)]
+    ran = {}
+    for path in (run_dir / rundir.RAW_DIR).glob("**/summary.json"):
+        summary = json.loads(path.read_text())
+        ran.setdefault("search" if "tiny_search" in summary["stage_id"] else "rated",
+                       set()).add(tuple(summary["cpus"]))
+    assert ran == {"search": {tuple(rest)}, "rated": {tuple(sorted(usable))}}, ran
+    hosts = [json.loads(p.read_text())["hash"]
+             for p in sorted((run_dir / rundir.HOSTS_DIR).glob("*.json"))]
+    tuned = [json.loads(p.read_text())["values_hash"]
+             for p in sorted((run_dir / rundir.TUNING_DIR).glob("*.json"))]
+    recorded = Store(settings.database_url()).stages(outcome.run_id)
+    assert {s["fingerprint_hash"] for s in recorded} == {
+        run_hash(hosts, tuned, "mosquitto", broker_cpus=f"{first} for capacity")}
+    assert run_hash(hosts, tuned, "mosquitto", broker_cpus=f"{first} for capacity") != run_hash(
+        hosts, tuned, "mosquitto", broker_cpus=str(first))
+    (searched,) = [s for s in recorded if s["stage_id"] == "tiny_search.q0.c100.search"]
+    assert searched["params"]["drivers"] == {"localhost": 2}  # search_procs: 2, as recorded

@@ -282,6 +282,16 @@ def test_auto_procs_leave_the_brokers_cpus_to_it(tmp_path):
     assert pinned.driver_procs({"b": 4, "d": 8}) == [("b", 1), ("d", 8)]  # at least one
     unpinned = Inventory.model_validate({"hosts": hosts, "broker": {"host": "b"}})
     assert unpinned.driver_procs(cores) == [("b", 8), ("d", 8)]
+    # kept on its CPUs for searches only: the rated stages' drivers have every core
+    searched = Inventory.model_validate({"hosts": hosts, "broker": {
+        "host": "b", "cpus": "0-2,5", "cpus_for": "capacity"}})
+    assert searched.driver_procs(cores) == [("b", 8), ("d", 8)]
+    assert searched.driver_procs(cores, search=True) == [("b", 4), ("d", 8)]
+    path.write_text("hosts:\n  - {name: here, roles: [broker, driver]}\n"
+                    "broker: {host: here, cpus: 0, cpus_for: capacity}\n")
+    here = load_inventory(path).host("here")  # procs: auto, searches too
+    assert here.procs == len(os.sched_getaffinity(0))
+    assert here.search_procs == max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 # ---- inventory: a max-rate search's probes may run more driver processes ---------------

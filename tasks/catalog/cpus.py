@@ -68,6 +68,31 @@ def check_fits(cpus: str, host: str, usable: Iterable[int], drivers_there: bool)
                          f"driver processes that run there; leave one or more out")
 
 
+# For which stages `broker.cpus` keeps the broker on its CPUs (`broker.cpus_for`): every
+# stage (the broker started there), or a max-rate search's probes and holds only (the
+# broker started anywhere, kept on them for each search and let go after it). On this
+# repository's 2-vCPU machine the fan-in search pinned spread 1.5-1.6% night to night
+# against 2.8-5.3% unpinned, while the rated stages of the smoke suite pinned cost the broker
+# 38-65% more a message and spread 8.5-32% against 5.1-9.3% (bench/README.md).
+CPUS_FOR = ("all", "capacity")
+
+
+def kept_on(cpus: str | None, cpus_for: str, search: bool) -> str | None:
+    """The CPUs the broker is kept on during a stage (`search`: a max-rate search's probe
+    or hold), given `broker.cpus` and `broker.cpus_for`; None where it may run anywhere."""
+    if cpus_for not in CPUS_FOR:
+        raise ValueError(f"broker.cpus_for: {cpus_for!r} is not one of {', '.join(CPUS_FOR)}")
+    return cpus if cpus and (search or cpus_for == "all") else None
+
+
+def placement(cpus: str | None, cpus_for: str) -> str | None:
+    """How a run placed its broker, as its fingerprint names it: '0' kept there for every
+    stage (as before `cpus_for` existed), '0 for capacity' for searches only, None."""
+    if not cpus:
+        return None
+    return cpus if cpus_for == "all" else f"{cpus} for {cpus_for}"
+
+
 def pinned(argv: Sequence[str], cpus: str | None) -> list[str]:
     """`argv` run on `cpus` (through taskset, which every process it starts inherits);
     as it is without them."""

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..brokers import ADAPTERS
 from ..config_files import load_model
 from ..hosts import Host, LocalHost, SshHost
-from .cpus import CPU_LIST, parse
+from .cpus import CPU_LIST, CPUS_FOR, kept_on, parse
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./_-"
@@ -139,6 +139,10 @@ class BrokerConfig(BaseModel):
         None, pattern=CPU_LIST, description="a broker perfpipe starts runs on these CPUs of "
         "its host ('0', '0-1,3', as taskset takes them) and perfpipe's processes there "
         "(drivers, the sampler) on the others (tasks.catalog.cpus); unset: anywhere")
+    cpus_for: Literal[CPUS_FOR] = Field(  # type: ignore[valid-type]
+        "all", description="the stages broker.cpus keeps the broker there for: 'all', or "
+        "'capacity' (a max-rate search's probes and holds; every other stage runs the broker "
+        "and perfpipe's processes anywhere)")
 
     @field_validator("extra_config")
     @classmethod
@@ -182,6 +186,9 @@ class Inventory(BaseModel):
             raise ValueError("broker.extra_config: only for a Mosquitto perfpipe starts "
                              "(kind: mosquitto, managed: true); configure your own broker "
                              "yourself")
+        if self.broker.cpus_for != "all" and not self.broker.cpus:
+            raise ValueError(f"broker.cpus_for: {self.broker.cpus_for!r} needs broker.cpus (the "
+                             f"CPUs to keep the broker on); set it or leave cpus_for out")
         if self.broker.cpus and not self.broker.managed:
             raise ValueError("broker.cpus: only for a broker perfpipe starts (managed: true); "
                              "place your own broker yourself")
@@ -215,16 +222,24 @@ class Inventory(BaseModel):
         `tasks.catalog.placement.driver_slots`; `search`: for a max-rate search's probe (each
         host's search_procs, where set)."""
         cpus = cpus or {}
-        return [(h.name, h.procs_for(self.driver_cores(h.name, cpus.get(h.name)), search=search))
+        return [(h.name, h.procs_for(self.driver_cores(h.name, cpus.get(h.name), search=search),
+                                     search=search))
                 for h in self.driver_hosts()]
 
-    def driver_cores(self, name: str, cores: int | None) -> int | None:
-        """The cores of host `name` (`cores` of them) its driver processes have: all but
-        those `broker.cpus` keeps for the broker there, so 'auto' does not start two driver
-        processes on the one CPU the broker leaves (at least 1; None when unknown)."""
-        if not cores or not self.broker.cpus or self.broker.host != name:
+    def broker_kept_on(self, search: bool) -> str | None:
+        """The CPUs `broker.cpus` keeps the broker on during a stage (`search`: a max-rate
+        search's probe or hold), or None (`tasks.catalog.cpus.kept_on`)."""
+        return kept_on(self.broker.cpus, self.broker.cpus_for, search)
+
+    def driver_cores(self, name: str, cores: int | None, *, search: bool = False) -> int | None:
+        """The cores of host `name` (`cores` of them) its driver processes have during a
+        stage (`search`: a max-rate search's): all but those `broker.cpus` keeps for the
+        broker there then, so 'auto' does not start two driver processes on the one CPU
+        the broker leaves (at least 1; None when unknown)."""
+        kept = self.broker_kept_on(search)
+        if not cores or not kept or self.broker.host != name:
             return cores
-        return max(1, cores - len(parse(self.broker.cpus)))
+        return max(1, cores - len(parse(kept)))
 
     def broker_address(self) -> str:
         return self.broker.address or self.host(self.broker.host).address
@@ -236,11 +251,12 @@ def load_inventory(path: Path) -> Inventory:
     for host in inventory.hosts:
         if host.transport == "local":  # this machine: 'auto' is known at plan time, from
             # the CPUs perfpipe may use here (an SSH host's: its fingerprint's usable_cpus)
-            cores = inventory.driver_cores(host.name, len(os.sched_getaffinity(0)))
+            usable = len(os.sched_getaffinity(0))
+            if host.search_procs == "auto" or (host.search_procs, host.procs) == (None, "auto"):
+                host.search_procs = host.procs_for(  # broker.cpus may leave searches fewer
+                    inventory.driver_cores(host.name, usable, search=True), search=True)
             if host.procs == "auto":
-                host.procs = host.procs_for(cores)
-            if host.search_procs == "auto":
-                host.search_procs = host.procs_for(cores, search=True)
+                host.procs = host.procs_for(inventory.driver_cores(host.name, usable))
         if host.key_file is not None and not host.key_file.is_absolute():
             host.key_file = (Path(path).parent / host.key_file).resolve()
     return inventory

@@ -14,13 +14,17 @@ own and left alone).
 CPUs: with ``broker.cpus`` a managed broker runs on the CPUs it names (`tasks.catalog.cpus`),
 checked against those its host lets perfpipe's processes use before the start, and read
 back from every thread's /proc status after it; broker.json records both (``cpus``,
-``host_cpus``: the stages step runs perfpipe's processes there on the rest), and the run's
-fingerprint the first.
+``host_cpus``: the stages step runs perfpipe's processes there on the rest) and
+``cpus_for``, and the run's fingerprint the first and the last. With ``cpus_for:
+capacity`` the broker starts anywhere, and the stages step keeps it on ``cpus`` for each
+max-rate search only (`keep_on`).
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .. import rundir
@@ -75,21 +79,75 @@ def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
     return cpu_lists.as_list(usable)
 
 
+def threads_on(host: Host, pid: int) -> set[str]:
+    """The CPU lists the threads of process `pid` may run on, read from /proc (empty when
+    unreadable)."""
+    status = host.run(["sh", "-c", f"cat /proc/{int(pid)}/task/*/status"], check=False)
+    try:
+        return {cpu_lists.as_list(t) for t in cpu_lists.allowed(status.stdout)}
+    except ValueError:
+        return set()
+
+
+def not_on(host: Host, pid: int, cpus: str) -> str | None:
+    """What is wrong when the threads of `pid` may not run on exactly `cpus` (read back
+    from /proc), naming `broker.cpus`; None when they are there."""
+    found, asked = threads_on(host, pid), cpu_lists.as_list(cpu_lists.parse(cpus))
+    if found == {asked}:
+        return None
+    return (f"broker.cpus: asked for {cpus}, but the broker's threads may run on "
+            f"{', '.join(sorted(found)) or '(unreadable)'}: a cpuset or cgroup of "
+            f"{host.name} narrows them, or the broker sets its own")
+
+
+def keep_on(host: Host, pid: int, cpus: str) -> str:
+    """Move every thread of the running broker `pid` onto `cpus` (`taskset -a -p`) and
+    read them back: `cpus` as a list, or BrokerError naming `broker.cpus`. A thread the
+    broker starts later inherits its parent's CPUs."""
+    moved = host.run(["taskset", "-a", "-p", "-c", cpus, str(int(pid))], check=False)
+    problem = not_on(host, pid, cpus)
+    if problem:
+        said = (moved.stderr or moved.stdout).strip()
+        raise BrokerError(f"{problem}{'; taskset: ' + said if not moved.ok and said else ''}")
+    return cpu_lists.as_list(cpu_lists.parse(cpus))
+
+
+def searches_only(state: dict) -> bool:
+    """Whether the stages step keeps the broker (broker.json's `state`) on its CPUs for
+    max-rate searches only (`broker.cpus_for: capacity`): a managed broker that runs."""
+    return bool(state.get("cpus") and state.get("cpus_for", "all") != "all" and state.get("pid"))
+
+
+def let_go(ctx: RunContext, state: dict) -> None:
+    """A broker kept on its CPUs for searches only, moved back onto every CPU perfpipe may
+    use on its host, as it started (a stages step retried after a search failed must not
+    run its rated stages pinned); nothing when the broker is gone, or `searches_only` not."""
+    if searches_only(state):
+        host = ctx.host(state["host"])
+        if threads_on(host, state["pid"]):
+            keep_on(host, state["pid"], state["host_cpus"])
+
+
+@contextmanager
+def kept_for_search(ctx: RunContext, state: dict) -> Iterator[str | None]:
+    """Around a max-rate search: the broker kept on `broker.cpus` where it runs there for
+    searches only, and let go after; yields the CPUs it runs on (None: anywhere)."""
+    if not searches_only(state):
+        yield state.get("cpus")
+        return
+    kept = keep_on(ctx.host(state["host"]), state["pid"], state["cpus"])
+    try:
+        yield kept
+    finally:
+        let_go(ctx, state)
+
+
 def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
     """The CPUs the started broker's threads may run on, read back from /proc: `cpus` as
     a list, or BrokerError (and the broker stopped) when any thread's are not those."""
-    status = host.run(["sh", "-c", f"cat /proc/{int(state['pid'])}/task/*/status"],
-                      check=False)
-    try:
-        found = {cpu_lists.as_list(t) for t in cpu_lists.allowed(status.stdout)}
-    except ValueError:
-        found = set()
-    asked = cpu_lists.as_list(cpu_lists.parse(cpus))
-    if found == {asked}:
-        return asked
-    problem = (f"broker.cpus: asked for {cpus}, but the broker's threads may run on "
-               f"{', '.join(sorted(found)) or '(unreadable)'}: a cpuset or cgroup of "
-               f"{host.name} narrows them, or the broker sets its own")
+    problem = not_on(host, state["pid"], cpus)
+    if problem is None:
+        return cpu_lists.as_list(cpu_lists.parse(cpus))
     try:
         adapter.stop(state["group_pid"])
     except BrokerError as exc:
@@ -103,7 +161,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     address = inventory.broker_address()
     host = ctx.host(config.host) if config.host else None
     usable = fits_cpus(ctx, host, config.cpus) if config.cpus else None
-    adapter = ADAPTERS[config.kind](host, cpus=config.cpus)
+    adapter = ADAPTERS[config.kind](host, cpus=inventory.broker_kept_on(search=False))
     # with no host in the inventory, the broker tells its version over the network
     version = adapter.version() if host else adapter.probe_version(address, config.port)
     state = {"kind": config.kind, "host": config.host, "address": address,
@@ -126,8 +184,10 @@ def run(ctx: RunContext, call: Call) -> dict:
                            tls_names=[address, config.host, "localhost", "127.0.0.1"])
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
                                                  **options))
-        if config.cpus:
-            state.update(cpus=placed_on(host, adapter, state, config.cpus), host_cpus=usable)
+        if config.cpus:  # kept there from the start, or by the stages step for searches
+            asked = (placed_on(host, adapter, state, config.cpus) if config.cpus_for == "all"
+                     else cpu_lists.as_list(cpu_lists.parse(config.cpus)))
+            state.update(cpus=asked, cpus_for=config.cpus_for, host_cpus=usable)
         if tls:
             install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
             state["tls"]["installed_ca_files"] = tls["ca_files"]

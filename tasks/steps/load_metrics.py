@@ -116,11 +116,14 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     there, `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`):
     valid only when the search converged (its probes are stages too, never compared)."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
-    broker, kept_on = ctx.inventory.broker, ctx.broker().get("cpus")
+    broker, record = ctx.inventory.broker, ctx.searches()
     host_cores = cores.get(broker.host) if broker.host else None
     rows = []
-    for template_id, outcome in sorted(ctx.searches()["outcomes"].items()):
+    for template_id, outcome in sorted(record["outcomes"].items()):
         template = templates[template_id]
+        # where the stages step kept the broker through the search (read back); a run
+        # folder from before it said so kept it there for every stage, or nowhere
+        kept_on = record.get("broker_cpus", {}).get(template_id, ctx.broker().get("cpus"))
         store.record_stage(ctx.run_id, template_id, scenario=template.scenario,
                            stage_key=stage_key(ctx.inventory.broker.kind, template_id),
                            params={**recorded_params(template, ctx.inventory, cpus),

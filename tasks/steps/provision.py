@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .. import bundle, rundir
+from ..catalog.cpus import placement
 from ..fingerprint import MEASUREMENT_VERSION, host_facts, host_hash, run_hash
 from ..hosts import Host, HostError, LocalHost
 from ..manifest import file_sha256
@@ -186,8 +187,8 @@ def run_fingerprint(ctx: RunContext) -> str:
     """The run's fingerprint (`tasks.fingerprint.run_hash`) from what provision and tune
     recorded: every host's hash, every tuning hash, the measurement version of the
     driver that was shipped (1 in a run folder of a perfpipe before it was recorded), so a
-    run loaded again by a later perfpipe keeps its own, and the broker's CPUs (the broker
-    step's broker.json)."""
+    run loaded again by a later perfpipe keeps its own, and the broker's CPUs and the
+    stages it was kept on them for (the broker step's broker.json)."""
     def recorded(folder: str, key: str, default: object = "") -> list:
         return [json.loads(path.read_text()).get(key, default)
                 for path in sorted((ctx.run_dir / folder).glob("*.json"))]
@@ -196,4 +197,4 @@ def run_fingerprint(ctx: RunContext) -> str:
     broker = ctx.broker()
     return run_hash(recorded(rundir.HOSTS_DIR, "hash"), recorded(rundir.TUNING_DIR, "values_hash"),
                     broker["kind"], measurement=max(versions, default=MEASUREMENT_VERSION),
-                    broker_cpus=broker.get("cpus"))
+                    broker_cpus=placement(broker.get("cpus"), broker.get("cpus_for", "all")))

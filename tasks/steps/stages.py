@@ -21,7 +21,7 @@ from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
 from ..analysis.validity import backlog_rising, drivers_cpus_used_pct, process_cpu_pct
 from ..brokers import ADAPTERS
-from ..catalog.cpus import others, parse, pinned
+from ..catalog.cpus import kept_on, others, parse, pinned
 from ..catalog.placement import (
     ProcessPlan,
     expected_delivery_rate,
@@ -44,6 +44,7 @@ from ..fingerprint import same_setup
 from ..hosts import Host, died
 from ..run_context import RunContext
 from . import STEPS, Call
+from .broker import kept_for_search, let_go
 from .load_metrics import stage_key
 from .provision import host_pythonpath, run_fingerprint, usable_cpus
 from .teardown import stop_drivers
@@ -87,6 +88,14 @@ def _launch(ctx: RunContext, stage: Stage, plan: ProcessPlan, broker: dict) -> L
             "--spec", f"{out_dir}/spec.json", "--out", out_dir]
     return Launched(host, plan, out_dir, host.launch(pinned(argv, own_cpus(broker, plan.host)),
                                                      f"{out_dir}/driver.log"))
+
+
+def during(broker: dict, search: bool) -> dict:
+    """broker.json's state (`broker`) as a stage sees it: `cpus` only where the broker is
+    kept on them during the stage (`search`: a max-rate search's; `tasks.catalog.cpus.kept_on`),
+    so perfpipe's processes on its host run on the others then, and anywhere otherwise."""
+    kept = kept_on(broker.get("cpus"), broker.get("cpus_for", "all"), search)
+    return {**broker, "cpus": kept} if kept else {k: v for k, v in broker.items() if k != "cpus"}
 
 
 def own_cpus(broker: dict, host: str) -> str | None:
@@ -336,6 +345,7 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         run_probe(probe(template, rate, len(search.held) + 1, hold_s=search.policy.hold_s),
                   search.record_hold)
     record["outcomes"][template.stage_id] = search.outcome()
+    record.setdefault("broker_cpus", {})[template.stage_id] = broker.get("cpus")
     ctx.write_json(rundir.SEARCH, record)
     outcome = record["outcomes"][template.stage_id]
     progress(f"  {template.stage_id}: max rate {outcome['max_rate'] or 0:,.0f} msg/s"
@@ -416,6 +426,7 @@ def run(ctx: RunContext, call: Call) -> list[dict]:
     recorded for teardown (`rundir.BROKER_GONE`)."""
     progress = call.say
     broker = ctx.broker()
+    let_go(ctx, broker)  # where an earlier attempt stopped in a search
     cleaned = start_clean(ctx)
     if cleaned:
         progress(f"starting from clean folders: {cleaned}")
@@ -428,9 +439,10 @@ def run(ctx: RunContext, call: Call) -> list[dict]:
                  f"{stage.subscribers} subs, {stage.target_publish_rate:g} msg/s, "
                  f"{stage.duration_s} s")
         if stage.search is not None:
-            results.append(run_search(ctx, stage, broker, progress))
+            with kept_for_search(ctx, broker):
+                results.append(run_search(ctx, stage, during(broker, search=True), progress))
         else:
-            results.append(run_stage(ctx, stage, broker, progress))
+            results.append(run_stage(ctx, stage, during(broker, search=False), progress))
         why = broker_check(ctx, broker)()
         if why:
             skipped = [s.stage_id for s in ctx.stages[number:]]
