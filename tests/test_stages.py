@@ -406,3 +406,38 @@ def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_els
     few = replace(first, groups=(replace(first.groups[0], count=2), replace(first.groups[1],
                                                                          count=1)))
     assert recorded_params(few, inventory, {"d2": 4})["drivers"] == {"here": 1, "d2": 2}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to move between")
+def test_only_the_broker_perfpipe_started_is_moved_between_cpus(tmp_path):
+    """`broker.cpus_for: capacity` moves a running broker's threads (taskset -a -p): only a
+    pid alive in the process group perfpipe started it in, read back from /proc; a pid
+    gone, or now another group's, is left alone and said."""
+    import time
+
+    from tasks.brokers import BrokerError
+    from tasks.catalog.cpus import as_list
+    from tasks.hosts import LocalHost
+    from tasks.steps.broker import keep_on, ours, threads_on
+
+    host, log = LocalHost(), str(tmp_path / "sleeper.log")
+    group = host.launch(["python3", "-c", "import threading, time; threading.Thread("
+                         "target=time.sleep, args=(60,)).start(); time.sleep(60)"], log)
+    try:
+        for _ in range(100):
+            if Path(log + ".pid").exists() and Path(log + ".pid").read_text().strip():
+                break
+            time.sleep(0.05)
+        state = {"pid": int(Path(log + ".pid").read_text()), "group_pid": group}
+        first, everywhere = str(min(os.sched_getaffinity(0))), as_list(os.sched_getaffinity(0))
+        assert ours(host, state) and keep_on(host, state, first) == first
+        assert threads_on(host, state["pid"]) == {first}  # both threads
+        assert keep_on(host, state, everywhere) == everywhere
+        other = {**state, "group_pid": os.getpgrp()}  # the pid, but not in that group
+        assert not ours(host, other)
+        with pytest.raises(BrokerError, match=f"the broker \\(pid {state['pid']} on "
+                                              f"localhost\\) is gone; not moved onto {first}"):
+            keep_on(host, other, first)
+        assert threads_on(host, state["pid"]) == {everywhere}  # left as it was
+    finally:
+        host.kill_group(group, "KILL")

@@ -100,11 +100,26 @@ def not_on(host: Host, pid: int, cpus: str) -> str | None:
             f"{host.name} narrows them, or the broker sets its own")
 
 
-def keep_on(host: Host, pid: int, cpus: str) -> str:
-    """Move every thread of the running broker `pid` onto `cpus` (`taskset -a -p`) and
-    read them back: `cpus` as a list, or BrokerError naming `broker.cpus`. A thread the
-    broker starts later inherits its parent's CPUs."""
-    moved = host.run(["taskset", "-a", "-p", "-c", cpus, str(int(pid))], check=False)
+def ours(host: Host, state: dict) -> bool:
+    """Whether the broker perfpipe started (broker.json's `state`) still runs: its pid
+    alive in the process group it was started in (a pid the kernel has since given to
+    another process is not perfpipe's to move)."""
+    stat = host.run(["cat", f"/proc/{int(state['pid'])}/stat"], check=False)
+    fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
+    return stat.ok and len(fields) > 2 and fields[0] != "Z" \
+        and fields[2] == str(state.get("group_pid"))
+
+
+def keep_on(host: Host, state: dict, cpus: str) -> str:
+    """Move every thread of the running broker (broker.json's `state`) onto `cpus`
+    (`taskset -a -p`) and read them back: `cpus` as a list, or BrokerError naming
+    `broker.cpus` (or saying the broker is gone). A thread the broker starts later
+    inherits its parent's CPUs."""
+    pid = int(state["pid"])
+    if not ours(host, state):
+        raise BrokerError(f"broker.cpus: the broker (pid {pid} on {host.name}) is gone; "
+                          f"not moved onto {cpus}")
+    moved = host.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=False)
     problem = not_on(host, pid, cpus)
     if problem:
         said = (moved.stderr or moved.stdout).strip()
@@ -124,8 +139,8 @@ def let_go(ctx: RunContext, state: dict) -> None:
     run its rated stages pinned); nothing when the broker is gone, or `searches_only` not."""
     if searches_only(state):
         host = ctx.host(state["host"])
-        if threads_on(host, state["pid"]):
-            keep_on(host, state["pid"], state["host_cpus"])
+        if ours(host, state):
+            keep_on(host, state, state["host_cpus"])
 
 
 @contextmanager
@@ -135,7 +150,7 @@ def kept_for_search(ctx: RunContext, state: dict) -> Iterator[str | None]:
     if not searches_only(state):
         yield state.get("cpus")
         return
-    kept = keep_on(ctx.host(state["host"]), state["pid"], state["cpus"])
+    kept = keep_on(ctx.host(state["host"]), state, state["cpus"])
     try:
         yield kept
     finally:
