@@ -138,8 +138,9 @@ _DEFS: list[MetricDef] = [
     MetricDef("max_rate", "msg/s", "higher", 0.05),
     # Over the hold that confirmed a search's answer: the broker's CPU as % of the cores its
     # work can use (`tasks.analysis.capacity.broker_cores`: 1 for Mosquitto's one event
-    # loop, the CPUs `broker.cpus` keeps it on, else its host's), and its host's CPU as % of
-    # all its cores. Recorded, never judged: under
+    # loop, the CPUs `broker.cpus` keeps it on, else those perfpipe may use on its host, for
+    # a broker it started, or the host's cores), and its host's CPU as % of all its cores.
+    # Recorded, never judged: under
     # both lines of `tasks.analysis.capacity`, the verdict on max_rate says the broker fell
     # behind with CPU to spare.
     MetricDef("broker_cpu_used_pct", "%", "none"),

@@ -297,8 +297,9 @@ def test_a_capacity_held_with_cpu_to_spare_says_so_beside_its_verdict():
 
 def test_a_capacitys_cpu_is_read_against_the_cores_its_broker_can_use():
     """Mosquitto's one event loop can use one core whatever its host has; a broker without
-    such a limit is measured against its host's cores (none without them), or the CPUs it
-    was kept on; the host's figure needs its cores."""
+    such a limit is measured against its host's cores (none without them), the CPUs it
+    was started with where a cpuset leaves fewer, or the CPUs it was kept on; the host's
+    figure needs its cores."""
     hold = {"broker_cpu_avg": 78.0, "host_cpu_avg": 176.0}
     assert cpu_at_capacity(hold, "mosquitto", 2) == {"broker_cpu_used_pct": 78.0,
                                                      "host_cpu_used_pct": 88.0}
@@ -308,3 +309,9 @@ def test_a_capacitys_cpu_is_read_against_the_cores_its_broker_can_use():
     assert cpu_at_capacity(hold, "rabbitmq", None)["broker_cpu_used_pct"] is None
     kept = cpu_at_capacity({"broker_cpu_avg": 150.0}, "rabbitmq", 4, kept_on="0-1")
     assert kept["broker_cpu_used_pct"] == 75.0  # of 2 CPUs, not the host's 4
+    # started where a cpuset leaves perfpipe 2 of the host's 4: of those 2 (its host's of 4)
+    fenced = cpu_at_capacity({"broker_cpu_avg": 150.0, "host_cpu_avg": 200.0}, "rabbitmq", 4,
+                             may_use=2)
+    assert fenced == {"broker_cpu_used_pct": 75.0, "host_cpu_used_pct": 50.0}
+    assert cpu_at_capacity({"broker_cpu_avg": 150.0}, "rabbitmq", 4, kept_on="0",
+                           may_use=2)["broker_cpu_used_pct"] == 150.0  # kept on 1 of them

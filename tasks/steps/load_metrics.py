@@ -89,12 +89,13 @@ AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
 
 
 def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
-                    kept_on: str | None = None) -> dict:
+                    kept_on: str | None = None, may_use: int | None = None) -> dict:
     """The broker's and its host's CPU over a search's confirming hold (`at_capacity`: the
     hold's metrics), each as % of the cores it can use (`tasks.analysis.capacity`; the
-    broker's within the CPUs it was `kept_on`, `broker.cpus`): `broker_cpu_used_pct` and
-    `host_cpu_used_pct`, None where not known."""
-    cores = broker_cores(ADAPTERS[broker_kind].cores, host_cores,
+    broker's within the CPUs it was `kept_on`, `broker.cpus`, or the `may_use` CPUs it
+    started with, else its host's): `broker_cpu_used_pct` and `host_cpu_used_pct`, None
+    where not known."""
+    cores = broker_cores(ADAPTERS[broker_kind].cores, may_use or host_cores,
                          len(parse(kept_on)) if kept_on else None)
     return {"broker_cpu_used_pct": cpu_used_pct(at_capacity.get("broker_cpu_avg"), cores),
             "host_cpu_used_pct": cpu_used_pct(at_capacity.get("host_cpu_avg"), host_cores)}
@@ -118,6 +119,9 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     broker, record = ctx.inventory.broker, ctx.searches()
     host_cores = cores.get(broker.host) if broker.host else None
+    # a broker perfpipe started inherited the CPUs perfpipe's processes may use there (a
+    # cpuset can leave fewer than the host's cores); one it found running, not known
+    may_use = cpus.get(broker.host) if broker.host and broker.managed else None
     rows = []
     for template_id, outcome in sorted(record["outcomes"].items()):
         template = templates[template_id]
@@ -134,7 +138,7 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
-                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on)}
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=outcome["reason"])
         rows.append({"stage_id": template_id, "validity": validity,
