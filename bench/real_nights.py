@@ -77,8 +77,8 @@ from paired_change import (  # noqa: E402
 )
 from replayed_detector import judged_z  # noqa: E402
 
-# [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night, "pinned"}],
-# in order ("pinned" absent: not pinned)
+# [{"run_id", "variant": "seed" | "plain" | "burn", "burn_us" of a burning night, "pinned",
+# "cpus_for" of a pinned night}], in order ("pinned" absent: not pinned; "cpus_for": all)
 NIGHTS_FILE = "nights.json"
 REJUDGED = "rejudged.db"
 # the figures the burn moves: those judged at the driver's CPU (the broker's cost, e2e p50)
@@ -131,7 +131,8 @@ def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: i
         run_id = newest_run(state)
         stored = run_id if run_id != before else None
         nights.append({"run_id": stored, "variant": variant, "pinned": pinned,
-                       **({"burn_us": burn_us} if variant == "burn" else {})})
+                       **({"burn_us": burn_us} if variant == "burn" else {}),
+                       **({"cpus_for": cpus_for} if pinned else {})})
         (state / NIGHTS_FILE).write_text(json.dumps(nights, indent=1))
         print(f"night {i + 1}/{len(plan)} {variant}{' pinned' if pinned else ''}: exit "
               f"{cond['exit']} in {cond['seconds']} s, load {cond['loadavg']}"
@@ -336,7 +337,9 @@ def report(state: Path, policy: Policy) -> None:
     for pinned in kinds:  # a pinned night is of its own fingerprint, judged on its own history
         kind = [n for n in nights if bool(n.get("pinned")) == pinned]
         if len(kinds) > 1:
-            print(f"\n=== {'pinned' if pinned else 'not pinned'} nights ({len(kind)}; the "
+            fors = sorted({n.get("cpus_for", "all") for n in kind if pinned})
+            label = f"pinned for {'/'.join(fors)}" if pinned else "not pinned"
+            print(f"\n=== {label} nights ({len(kind)}; the "
                   "night numbers below count these alone) ===")
         plain_verdicts(kind, judged)
         across_check(kind, judged)
@@ -391,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--burn-us, --plain and --burn-nights: give 0 or more")
         if pin_problem(args.pin):
             parser.error(pin_problem(args.pin))
+        if args.cpus_for != "all" and args.pin == "off":
+            parser.error(f"--cpus-for {args.cpus_for}: only for pinned nights; add --pin on or "
+                         "--pin alternate")
         if args.seed_from and not (args.seed_from / "results.db").exists():
             parser.error(f"--seed-from {args.seed_from}: no results.db there")
         args.state.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,9 @@ from .driver.output import FAILFAST_FILE, STAGE_FILE
 PLAN = "plan.json"  # suite, inventory and expanded stages (the plan step)
 BROKER = "broker.json"  # the broker as the broker step found or started it
 BROKER_GONE = "broker_gone.json"  # the broker died mid-run: when, in which stage, what was skipped
+# broker.cpus_for: capacity: the CPUs of each broker thread before a search moved it (the
+# stages step gives them back after it, or at its next attempt's start)
+BROKER_MOVED = "broker_moved.json"
 BROKER_DIR = "broker"  # a managed broker's config, log and data
 TLS_DIR = "broker/tls"  # the run's throwaway CA and server certificate
 SEARCH = "search.json"  # max-rate searches: probe stages and outcomes

@@ -409,35 +409,77 @@ def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_els
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to move between")
-def test_only_the_broker_perfpipe_started_is_moved_between_cpus(tmp_path):
-    """`broker.cpus_for: capacity` moves a running broker's threads (taskset -a -p): only a
-    pid alive in the process group perfpipe started it in, read back from /proc; a pid
-    gone, or now another group's, is left alone and said."""
+def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(tiny_suite,
+                                                                             tmp_path):
+    """`broker.cpus_for: capacity` moves every thread of the broker's process group onto
+    its CPUs for a search (read back from /proc), and gives each thread back the CPUs it
+    had (a broker may bind its threads one by one, as RabbitMQ's schedulers are), a thread
+    started meanwhile those of its process: after the search, even a failed one, and at
+    the next attempt of a stages step that stopped inside one (what each had is recorded
+    before the move). A group gone is said, and nothing is moved."""
+    import subprocess
     import time
 
-    from tasks.brokers import BrokerError
-    from tasks.catalog.cpus import as_list
+    from tasks import rundir
+    from tasks.brokers import BrokerError, affinity
     from tasks.hosts import LocalHost
-    from tasks.steps.broker import keep_on, ours, threads_on
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps.broker import kept_for_search, let_go
+    from tasks.steps.plan import plan_run
 
-    host, log = LocalHost(), str(tmp_path / "sleeper.log")
-    group = host.launch(["python3", "-c", "import threading, time; threading.Thread("
-                         "target=time.sleep, args=(60,)).start(); time.sleep(60)"], log)
+    host, log, trigger = LocalHost(), str(tmp_path / "broker.log"), tmp_path / "go"
+    group = host.launch(["python3", "-c", "import os, threading, time\n"
+                         "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+                         f"while not os.path.exists({str(trigger)!r}): time.sleep(0.01)\n"
+                         "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+                         "time.sleep(60)"], log)
     try:
-        for _ in range(100):
-            if Path(log + ".pid").exists() and Path(log + ".pid").read_text().strip():
-                break
+        deadline = time.monotonic() + 5
+        while len(found := affinity.threads(host, group)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the launching shell, the process and its first thread
+        first, second = sorted(os.sched_getaffinity(0))[:2]
+        (pid,) = {p for p, _ in found.values()} - {group}
+        (thread,) = set(found) - {group, pid}
+        for tid, cpu in ((pid, second), (thread, first)):  # bound one by one, as a broker may
+            subprocess.run(["taskset", "-p", "-c", str(cpu), str(tid)], check=True,
+                           capture_output=True)
+        had = {tid: cpus for tid, (_, cpus) in affinity.threads(host, group).items()}
+        assert (had[pid], had[thread]) == (str(second), str(first))
+        recorded = []
+        kept = affinity.move(host, group, str(first), keep=recorded.append)
+        assert recorded == [kept] and kept == had
+        assert {cpus for _, cpus in affinity.threads(host, group).values()} == {str(first)}
+        trigger.touch()  # a thread started while it is moved: it inherits the moved CPUs
+        while len(affinity.threads(host, group)) < 4 and time.monotonic() < deadline + 5:
             time.sleep(0.05)
-        state = {"pid": int(Path(log + ".pid").read_text()), "group_pid": group}
-        first, everywhere = str(min(os.sched_getaffinity(0))), as_list(os.sched_getaffinity(0))
-        assert ours(host, state) and keep_on(host, state, first) == first
-        assert threads_on(host, state["pid"]) == {first}  # both threads
-        assert keep_on(host, state, everywhere) == everywhere
-        other = {**state, "group_pid": os.getpgrp()}  # the pid, but not in that group
-        assert not ours(host, other)
-        with pytest.raises(BrokerError, match=f"the broker \\(pid {state['pid']} on "
-                                              f"localhost\\) is gone; not moved onto {first}"):
-            keep_on(host, other, first)
-        assert threads_on(host, state["pid"]) == {everywhere}  # left as it was
+        affinity.give_back(host, group, kept)
+        now = {tid: cpus for tid, (_, cpus) in affinity.threads(host, group).items()}
+        (new,) = set(now) - set(had)
+        assert now == {**had, new: str(second)}  # each its own; the new one its process's
+        # a stages step that stopped inside a search: its next attempt gives them back
+        ctx = RunContext.load(load_settings(), plan_run(load_settings(), suite="tiny"))
+        state = {"host": "localhost", "group_pid": group, "cpus": str(first),
+                 "cpus_for": "capacity"}
+        with pytest.raises(RuntimeError, match="the search failed"):
+            with kept_for_search(ctx, state):
+                assert (ctx.run_dir / rundir.BROKER_MOVED).exists()
+                moved = {cpus for _, cpus in affinity.threads(host, group).values()}
+                raise RuntimeError("the search failed")  # and the step with it
+        assert moved == {str(first)} and not (ctx.run_dir / rundir.BROKER_MOVED).exists()
+        affinity.move(host, group, str(first), keep=lambda kept: ctx.write_json(
+            rundir.BROKER_MOVED, {"threads": kept}))  # as an attempt killed in a search
+        let_go(ctx, state)
+        assert {tid: cpus for tid, (_, cpus) in affinity.threads(host, group).items()} == now
+        assert not (ctx.run_dir / rundir.BROKER_MOVED).exists()
+        let_go(ctx, state)  # nothing moved: nothing to do
     finally:
         host.kill_group(group, "KILL")
+    deadline = time.monotonic() + 5
+    while affinity.threads(host, group) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert affinity.threads(host, group) == {}
+    with pytest.raises(BrokerError, match=f"the broker's processes \\(group {group} on "
+                                          f"localhost\\) are gone; not moved onto {first}"):
+        affinity.move(host, group, str(first))
+    affinity.give_back(host, group, had)  # nothing to give back: no error

@@ -11,7 +11,9 @@ its core up on 11 of 12 valid nights unpinned (151.9K-189.3K) and on all 12 pinn
 (165.4K-190.0K, 1.5-1.6% night to night in two runs), the drivers at 56-76% of their CPU
 (bench/README.md, bench_capacity.py). `broker.cpus` keeps a broker perfpipe starts on the
 CPUs it names and perfpipe's own processes on its host (drivers, the sampler) on the
-others, through `taskset`; the broker step reads the broker's back from /proc.
+others, through `taskset`; the broker step reads the broker's back from /proc, or, for
+the searches only (`cpus_for: capacity`), the stages step moves it there and back
+(`tasks.brokers.affinity`).
 """
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ class BrokerConfig(BaseModel):
     cpus: str | None = Field(
         None, pattern=CPU_LIST, description="a broker perfpipe starts runs on these CPUs of "
         "its host ('0', '0-1,3', as taskset takes them) and perfpipe's processes there "
-        "(drivers, the sampler) on the others (tasks.catalog.cpus); unset: anywhere")
+        "(drivers, the sampler) on the others, for the stages cpus_for names "
+        "(tasks.catalog.cpus); unset: anywhere")
     cpus_for: Literal[CPUS_FOR] = Field(  # type: ignore[valid-type]
         "all", description="the stages broker.cpus keeps the broker there for: 'all', or "
         "'capacity' (a max-rate search's probes and holds; every other stage runs the broker "

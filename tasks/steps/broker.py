@@ -17,18 +17,19 @@ back from every thread's /proc status after it; broker.json records both (``cpus
 ``host_cpus``: the stages step runs perfpipe's processes there on the rest) and
 ``cpus_for``, and the run's fingerprint the first and the last. With ``cpus_for:
 capacity`` the broker starts anywhere, and the stages step keeps it on ``cpus`` for each
-max-rate search only (`keep_on`).
+max-rate search only (`kept_for_search`, `tasks.brokers.affinity`).
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .. import rundir
-from ..brokers import ADAPTERS, BrokerError
+from ..brokers import ADAPTERS, BrokerError, affinity
 from ..brokers.tls import GENERATED_CA
 from ..catalog import cpus as cpu_lists
 from ..hosts import Host
@@ -79,80 +80,40 @@ def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
     return cpu_lists.as_list(usable)
 
 
-def threads_on(host: Host, pid: int) -> set[str]:
-    """The CPU lists the threads of process `pid` may run on, read from /proc (empty when
-    unreadable)."""
-    status = host.run(["sh", "-c", f"cat /proc/{int(pid)}/task/*/status"], check=False)
-    try:
-        return {cpu_lists.as_list(t) for t in cpu_lists.allowed(status.stdout)}
-    except ValueError:
-        return set()
-
-
-def not_on(host: Host, pid: int, cpus: str) -> str | None:
-    """What is wrong when the threads of `pid` may not run on exactly `cpus` (read back
-    from /proc), naming `broker.cpus`; None when they are there."""
-    found, asked = threads_on(host, pid), cpu_lists.as_list(cpu_lists.parse(cpus))
-    if found == {asked}:
-        return None
-    return (f"broker.cpus: asked for {cpus}, but the broker's threads may run on "
-            f"{', '.join(sorted(found)) or '(unreadable)'}: a cpuset or cgroup of "
-            f"{host.name} narrows them, or the broker sets its own")
-
-
-def ours(host: Host, state: dict) -> bool:
-    """Whether the broker perfpipe started (broker.json's `state`) still runs: its pid
-    alive in the process group it was started in (a pid the kernel has since given to
-    another process is not perfpipe's to move)."""
-    stat = host.run(["cat", f"/proc/{int(state['pid'])}/stat"], check=False)
-    fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
-    return stat.ok and len(fields) > 2 and fields[0] != "Z" \
-        and fields[2] == str(state.get("group_pid"))
-
-
-def keep_on(host: Host, state: dict, cpus: str) -> str:
-    """Move every thread of the running broker (broker.json's `state`) onto `cpus`
-    (`taskset -a -p`) and read them back: `cpus` as a list, or BrokerError naming
-    `broker.cpus` (or saying the broker is gone). A thread the broker starts later
-    inherits its parent's CPUs."""
-    pid = int(state["pid"])
-    if not ours(host, state):
-        raise BrokerError(f"broker.cpus: the broker (pid {pid} on {host.name}) is gone; "
-                          f"not moved onto {cpus}")
-    moved = host.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=False)
-    problem = not_on(host, pid, cpus)
-    if problem:
-        said = (moved.stderr or moved.stdout).strip()
-        raise BrokerError(f"{problem}{'; taskset: ' + said if not moved.ok and said else ''}")
-    return cpu_lists.as_list(cpu_lists.parse(cpus))
-
-
 def searches_only(state: dict) -> bool:
-    """Whether the stages step keeps the broker (broker.json's `state`) on its CPUs for
-    max-rate searches only (`broker.cpus_for: capacity`): a managed broker that runs."""
-    return bool(state.get("cpus") and state.get("cpus_for", "all") != "all" and state.get("pid"))
+    """Whether the broker (broker.json's `state`) runs on its CPUs for max-rate searches
+    only and anywhere otherwise (`broker.cpus_for: capacity`; `tasks.catalog.cpus.kept_on`)."""
+    cpus, cpus_for = state.get("cpus"), state.get("cpus_for", "all")
+    return cpu_lists.kept_on(cpus, cpus_for, False) != cpu_lists.kept_on(cpus, cpus_for, True)
 
 
 def let_go(ctx: RunContext, state: dict) -> None:
-    """A broker kept on its CPUs for searches only, moved back onto every CPU perfpipe may
-    use on its host, as it started (a stages step retried after a search failed must not
-    run its rated stages pinned); nothing when the broker is gone, or `searches_only` not."""
-    if searches_only(state):
-        host = ctx.host(state["host"])
-        if ours(host, state):
-            keep_on(host, state, state["host_cpus"])
+    """Where an attempt of the stages step stopped inside a search: every broker thread
+    given back the CPUs it had before the search (`rundir.BROKER_MOVED`, written before
+    the move), so a retried step's rated stages do not run with the broker kept there."""
+    path = ctx.run_dir / rundir.BROKER_MOVED
+    if path.exists():
+        kept = {int(tid): cpus for tid, cpus in json.loads(path.read_text())["threads"].items()}
+        affinity.give_back(ctx.host(state["host"]), state["group_pid"], kept)
+        path.unlink()
 
 
 @contextmanager
-def kept_for_search(ctx: RunContext, state: dict) -> Iterator[str | None]:
+def kept_for_search(ctx: RunContext, state: dict) -> Iterator[None]:
     """Around a max-rate search: the broker kept on `broker.cpus` where it runs there for
-    searches only, and let go after; yields the CPUs it runs on (None: anywhere)."""
-    if not searches_only(state):
-        yield state.get("cpus")
+    searches only (what each thread had recorded first, `rundir.BROKER_MOVED`), and each
+    thread given back its own CPUs after. A broker already gone is left to the stages
+    step's own check, which says so."""
+    if not searches_only(state) or not affinity.threads(ctx.host(state["host"]),
+                                                        state["group_pid"]):
+        yield
         return
-    kept = keep_on(ctx.host(state["host"]), state, state["cpus"])
+    host = ctx.host(state["host"])
+    affinity.move(host, state["group_pid"], state["cpus"],
+                  keep=lambda kept: ctx.write_json(rundir.BROKER_MOVED, {
+                      "threads": kept, "onto": state["cpus"]}))
     try:
-        yield kept
+        yield
     finally:
         let_go(ctx, state)
 
@@ -160,9 +121,18 @@ def kept_for_search(ctx: RunContext, state: dict) -> Iterator[str | None]:
 def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
     """The CPUs the started broker's threads may run on, read back from /proc: `cpus` as
     a list, or BrokerError (and the broker stopped) when any thread's are not those."""
-    problem = not_on(host, state["pid"], cpus)
-    if problem is None:
-        return cpu_lists.as_list(cpu_lists.parse(cpus))
+    status = host.run(["sh", "-c", f"cat /proc/{int(state['pid'])}/task/*/status"],
+                      check=False)
+    try:
+        found = {cpu_lists.as_list(t) for t in cpu_lists.allowed(status.stdout)}
+    except ValueError:
+        found = set()
+    asked = cpu_lists.as_list(cpu_lists.parse(cpus))
+    if found == {asked}:
+        return asked
+    problem = (f"broker.cpus: asked for {cpus}, but the broker's threads may run on "
+               f"{', '.join(sorted(found)) or '(unreadable)'}: a cpuset or cgroup of "
+               f"{host.name} narrows them, or the broker sets its own")
     try:
         adapter.stop(state["group_pid"])
     except BrokerError as exc:
@@ -200,7 +170,8 @@ def run(ctx: RunContext, call: Call) -> dict:
         state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
                                                  **options))
         if config.cpus:  # kept there from the start, or by the stages step for searches
-            asked = (placed_on(host, adapter, state, config.cpus) if config.cpus_for == "all"
+            kept = inventory.broker_kept_on(search=False)
+            asked = (placed_on(host, adapter, state, kept) if kept
                      else cpu_lists.as_list(cpu_lists.parse(config.cpus)))
             state.update(cpus=asked, cpus_for=config.cpus_for, host_cpus=usable)
         if tls:
