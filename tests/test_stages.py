@@ -418,10 +418,12 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
     the next attempt of a stages step that stopped inside one (what each had is recorded
     before the move). A group gone is said, and nothing is moved."""
     import subprocess
+    import sys
     import time
 
     from tasks import rundir
     from tasks.brokers import BrokerError, affinity
+    from tasks.catalog.cpus import as_list
     from tasks.hosts import LocalHost
     from tasks.run_context import RunContext
     from tasks.settings import load_settings
@@ -429,7 +431,7 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
     from tasks.steps.plan import plan_run
 
     host, log, trigger = LocalHost(), str(tmp_path / "broker.log"), tmp_path / "go"
-    group = host.launch(["python3", "-c", "import os, threading, time\n"
+    group = host.launch([sys.executable, "-c", "import os, threading, time\n"
                          "threading.Thread(target=time.sleep, args=(60,)).start()\n"
                          f"while not os.path.exists({str(trigger)!r}): time.sleep(0.01)\n"
                          "threading.Thread(target=time.sleep, args=(60,)).start()\n"
@@ -453,14 +455,14 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
         trigger.touch()  # a thread started while it is moved: it inherits the moved CPUs
         while len(affinity.threads(host, group)) < 4 and time.monotonic() < deadline + 5:
             time.sleep(0.05)
-        affinity.give_back(host, group, kept)
+        affinity.give_back(host, group, kept, fallback=None)
         now = {tid: cpus for tid, (_, cpus) in affinity.threads(host, group).items()}
         (new,) = set(now) - set(had)
         assert now == {**had, new: str(second)}  # each its own; the new one its process's
         # a stages step that stopped inside a search: its next attempt gives them back
         ctx = RunContext.load(load_settings(), plan_run(load_settings(), suite="tiny"))
-        state = {"host": "localhost", "group_pid": group, "cpus": str(first),
-                 "cpus_for": "capacity"}
+        state = {"host": "localhost", "pid": pid, "group_pid": group, "cpus": str(first),
+                 "cpus_for": "capacity", "host_cpus": as_list(os.sched_getaffinity(0))}
         with pytest.raises(RuntimeError, match="the search failed"):
             with kept_for_search(ctx, state):
                 assert (ctx.run_dir / rundir.BROKER_MOVED).exists()
@@ -468,7 +470,7 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
                 raise RuntimeError("the search failed")  # and the step with it
         assert moved == {str(first)} and not (ctx.run_dir / rundir.BROKER_MOVED).exists()
         affinity.move(host, group, str(first), keep=lambda kept: ctx.write_json(
-            rundir.BROKER_MOVED, {"threads": kept}))  # as an attempt killed in a search
+            rundir.BROKER_MOVED, {"group_pid": group, "threads": kept}))  # killed in a search
         let_go(ctx, state)
         assert {tid: cpus for tid, (_, cpus) in affinity.threads(host, group).items()} == now
         assert not (ctx.run_dir / rundir.BROKER_MOVED).exists()
@@ -482,4 +484,5 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
     with pytest.raises(BrokerError, match=f"the broker's processes \\(group {group} on "
                                           f"localhost\\) are gone; not moved onto {first}"):
         affinity.move(host, group, str(first))
-    affinity.give_back(host, group, had)  # nothing to give back: no error
+    affinity.give_back(host, group, had, fallback=None)  # nothing to give back: no error
+    assert not affinity.ours(host, pid, group)

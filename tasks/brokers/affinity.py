@@ -2,11 +2,13 @@
 
 `broker.cpus_for: capacity` keeps a broker perfpipe started on `broker.cpus` for the
 max-rate searches only, so it is moved while it runs: every thread of every process in
-the process group perfpipe started it in (a pid the kernel has since given to another
-process is in no such group), each read back from /proc. A broker may set its threads'
-CPUs itself (RabbitMQ binds each Erlang scheduler thread to a CPU of its own), so what
-each thread had is kept (`move`), and given back to it afterwards (`give_back`), not
-replaced by one list for all.
+the process group perfpipe started it in, each read back from /proc. Only while the
+broker's own pid still runs in that group (`ours`): a group id, like a pid, can be given
+to another process once the broker is gone. A broker may set its threads' CPUs itself
+(RabbitMQ binds each Erlang scheduler thread to a CPU of its own), so what each thread
+had is kept (`move`) and given back to it afterwards (`give_back`), not replaced by one
+list for all. A broker that starts threads while it is moved is read again until none is
+left behind (`ROUNDS`).
 """
 
 from __future__ import annotations
@@ -22,16 +24,32 @@ from .errors import BrokerError
 _THREADS = ('for p in $(pgrep -g {group}); do for t in /proc/$p/task/[0-9]*; do '
             'printf "%s %s " "$p" "${{t##*/}}"; awk \'/^State:/ {{s = $2}} '
             '/^Cpus_allowed_list:/ {{c = $2}} END {{print s, c}}\' "$t/status" 2>/dev/null '
-            '|| echo; done; done')
+            '|| echo; done; done; pgrep -g {group} >/dev/null; [ $? -le 1 ]')
+ROUNDS = 5  # reads and moves, each catching the threads started since the one before
+BATCH = 500  # threads moved by one command (a single argument is at most 128 KiB)
+
+
+def ours(host: Host, pid: int, group_pid: int) -> bool:
+    """Whether the broker perfpipe started (`pid`, in process group `group_pid`) still
+    runs: a pid alive in that group, not exited."""
+    stat = host.run(["cat", f"/proc/{int(pid)}/stat"], check=False)
+    fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
+    return stat.ok and len(fields) > 2 and fields[0] not in ("Z", "X") \
+        and fields[2] == str(int(group_pid))
 
 
 def threads(host: Host, group_pid: int) -> dict[int, tuple[int, str]]:
     """tid -> (pid, CPU list) of every live thread of every process in process group
     `group_pid` on `host` ({} when the group is gone; an exited one, not yet reaped, is
-    no thread to move)."""
-    out = host.run(["sh", "-c", _THREADS.format(group=int(group_pid))], check=False).stdout
+    no thread to move); BrokerError when the host cannot list a group (no pgrep)."""
+    if int(group_pid) <= 1:
+        raise BrokerError(f"broker.cpus: {group_pid} is no broker's process group")
+    listed = host.run(["sh", "-c", _THREADS.format(group=int(group_pid))], check=False)
+    if not listed.ok:
+        raise BrokerError(f"broker.cpus_for: needs pgrep (procps) on {host.name} to find the "
+                          f"broker's processes; install it or leave cpus_for out")
     found = {}
-    for line in out.splitlines():
+    for line in listed.stdout.splitlines():
         fields = line.split()
         if len(fields) == 4 and fields[0].isdigit() and fields[1].isdigit() \
                 and fields[2] not in ("Z", "X"):
@@ -39,12 +57,33 @@ def threads(host: Host, group_pid: int) -> dict[int, tuple[int, str]]:
     return found
 
 
-def _set(host: Host, targets: Mapping[int, str]) -> None:
-    """Each thread (tid) onto its CPU list, in one command; a thread gone meanwhile is
-    no error (the read back says what each one has)."""
-    lines = [f"taskset -p -c {shlex.quote(cpus)} {int(tid)} >/dev/null 2>&1"
-             for tid, cpus in targets.items()]
-    host.run(["sh", "-c", "; ".join(lines) + "; true"], check=False)
+def _set(host: Host, targets: Mapping[int, str]) -> str:
+    """Each thread (tid) onto its CPU list, BATCH to a command; what taskset said of a
+    thread that did not just exit (the read back says what each one has)."""
+    said = []
+    items = list(targets.items())
+    for start in range(0, len(items), BATCH):
+        lines = [f"taskset -p -c {shlex.quote(cpus)} {int(tid)} >/dev/null"
+                 for tid, cpus in items[start:start + BATCH]]
+        err = host.run(["sh", "-c", "; ".join(lines) + "; true"], check=False).stderr
+        said += [line for line in err.splitlines() if line and "No such process" not in line]
+    return "; ".join(said[:3])
+
+
+def _settle(host: Host, group_pid: int, target: Callable[[int, int], str | None]
+            ) -> tuple[dict[int, tuple[int, str]], str]:
+    """Every thread of the group onto `target(tid, pid)` (None: left as it is), read and
+    moved again while threads started meanwhile are not there: the threads as last read,
+    and what taskset said."""
+    said = ""
+    for _ in range(ROUNDS):
+        now = threads(host, group_pid)
+        wrong = {tid: want for tid, (pid, cpus) in now.items()
+                 if (want := target(tid, pid)) and cpus != want}
+        if not wrong:
+            return now, said
+        said = _set(host, wrong) or said
+    return threads(host, group_pid), said
 
 
 def move(host: Host, group_pid: int, cpus: str,
@@ -60,26 +99,32 @@ def move(host: Host, group_pid: int, cpus: str,
     kept = {tid: had for tid, (_, had) in before.items()}
     keep(kept)
     asked = cpu_lists.as_list(cpu_lists.parse(cpus))
-    _set(host, {tid: asked for tid in before})
-    off = sorted({c for _, c in threads(host, group_pid).values()} - {asked})
+    after, said = _settle(host, group_pid, lambda tid, pid: asked)
+    off = sorted({c for _, c in after.values()} - {asked})
     if off:
-        give_back(host, group_pid, kept)
-        raise BrokerError(f"broker.cpus: asked for {cpus}, but threads of the broker on "
-                          f"{host.name} may still run on {', '.join(off)}: a cpuset or cgroup "
-                          f"narrows them, or the broker sets its own")
+        problem = (f"broker.cpus: asked for {cpus}, but threads of the broker on {host.name} "
+                   f"may still run on {', '.join(off)}: a cpuset or cgroup narrows them, or "
+                   f"the broker sets its own{'; taskset: ' + said if said else ''}")
+        try:
+            give_back(host, group_pid, kept, fallback=None)
+        except BrokerError as exc:
+            problem += f"; giving them back: {exc}"
+        raise BrokerError(problem)
     return kept
 
 
-def give_back(host: Host, group_pid: int, kept: Mapping[int, str]) -> None:
+def give_back(host: Host, group_pid: int, kept: Mapping[int, str], fallback: str | None
+              ) -> None:
     """Each thread of the broker's process group back onto the CPUs it had (`kept`, as
-    `move` returned it); a thread started since then, onto those its process had. Read
-    back: BrokerError when one is not; nothing when the group is gone."""
-    now = threads(host, group_pid)
-    targets = {tid: kept.get(tid) or kept.get(pid) for tid, (pid, _) in now.items()}
-    targets = {tid: cpus for tid, cpus in targets.items() if cpus}
-    _set(host, targets)
-    wrong = [tid for tid, (_, cpus) in threads(host, group_pid).items()
-             if tid in targets and cpus != targets[tid]]
+    `move` returned it); a thread started since, onto those its process had, else onto
+    `fallback` (the CPUs the broker started with). Read back: BrokerError when one is not
+    there; nothing when the group is gone."""
+    def target(tid: int, pid: int) -> str | None:
+        return kept.get(tid) or kept.get(pid) or fallback
+
+    after, said = _settle(host, group_pid, target)
+    wrong = [tid for tid, (pid, cpus) in after.items() if target(tid, pid) not in (None, cpus)]
     if wrong:
         raise BrokerError(f"broker.cpus: {len(wrong)} threads of the broker on {host.name} "
-                          f"(tid {wrong[0]}, ...) could not be given back the CPUs they had")
+                          f"(tid {wrong[0]}, ...) could not be given back the CPUs they had"
+                          f"{'; taskset: ' + said if said else ''}")

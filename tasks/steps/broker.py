@@ -67,10 +67,14 @@ def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
 def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
     """The CPUs perfpipe's processes may use on the broker's host, as a list; BrokerError
     naming `broker.cpus` when it names others, leaves none for drivers there, or the host
-    has no taskset."""
+    has no taskset (or no pgrep, to move the broker for searches only)."""
     if not host.run(["sh", "-c", "command -v taskset"], check=False).ok:
         raise BrokerError(f"broker.cpus: needs taskset (util-linux) on {host.name}; install it "
                           f"or leave broker.cpus out")
+    if ctx.inventory.broker.cpus_for != "all" and not host.run(
+            ["sh", "-c", "command -v pgrep"], check=False).ok:
+        raise BrokerError(f"broker.cpus_for: needs pgrep (procps) on {host.name} to move the "
+                          f"broker's processes; install it or leave cpus_for out")
     (usable,) = cpu_lists.allowed(host.run(["cat", "/proc/self/status"]).stdout)
     drivers_there = "driver" in ctx.inventory.host(host.name).roles
     try:
@@ -90,12 +94,18 @@ def searches_only(state: dict) -> bool:
 def let_go(ctx: RunContext, state: dict) -> None:
     """Where an attempt of the stages step stopped inside a search: every broker thread
     given back the CPUs it had before the search (`rundir.BROKER_MOVED`, written before
-    the move), so a retried step's rated stages do not run with the broker kept there."""
+    the move), so a retried step's rated stages do not run with the broker kept there;
+    nothing to give back once that broker is gone."""
     path = ctx.run_dir / rundir.BROKER_MOVED
-    if path.exists():
-        kept = {int(tid): cpus for tid, cpus in json.loads(path.read_text())["threads"].items()}
-        affinity.give_back(ctx.host(state["host"]), state["group_pid"], kept)
-        path.unlink()
+    if not path.exists():
+        return
+    moved = json.loads(path.read_text())
+    host = ctx.host(state["host"])
+    if moved.get("group_pid") == state["group_pid"] and affinity.ours(
+            host, state["pid"], state["group_pid"]):
+        kept = {int(tid): cpus for tid, cpus in moved["threads"].items()}
+        affinity.give_back(host, state["group_pid"], kept, fallback=state["host_cpus"])
+    path.unlink()
 
 
 @contextmanager
@@ -104,18 +114,22 @@ def kept_for_search(ctx: RunContext, state: dict) -> Iterator[None]:
     searches only (what each thread had recorded first, `rundir.BROKER_MOVED`), and each
     thread given back its own CPUs after. A broker already gone is left to the stages
     step's own check, which says so."""
-    if not searches_only(state) or not affinity.threads(ctx.host(state["host"]),
-                                                        state["group_pid"]):
+    host = ctx.host(state["host"]) if searches_only(state) else None
+    if host is None or not affinity.ours(host, state["pid"], state["group_pid"]):
         yield
         return
-    host = ctx.host(state["host"])
-    affinity.move(host, state["group_pid"], state["cpus"],
-                  keep=lambda kept: ctx.write_json(rundir.BROKER_MOVED, {
-                      "threads": kept, "onto": state["cpus"]}))
+    affinity.move(host, state["group_pid"], state["cpus"], keep=lambda kept: ctx.write_json(
+        rundir.BROKER_MOVED, {"group_pid": state["group_pid"], "onto": state["cpus"],
+                              "threads": kept}))
     try:
         yield
-    finally:
-        let_go(ctx, state)
+    except BaseException as exc:
+        try:
+            let_go(ctx, state)
+        except BrokerError as late:  # the search's own error is the one to see
+            exc.add_note(f"and the broker's threads were not given back their CPUs: {late}")
+        raise
+    let_go(ctx, state)
 
 
 def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
@@ -158,6 +172,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     if config.managed:
         if (ctx.run_dir / rundir.BROKER).exists():  # a retried task: stop what it started
             stop_broker(ctx)
+            (ctx.run_dir / rundir.BROKER_MOVED).unlink(missing_ok=True)  # of that broker
         port = config.port or host.free_port()
         tls = tls_wanted(ctx)
         options = {"extra_config": config.extra_config} if config.extra_config else {}
