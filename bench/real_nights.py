@@ -142,7 +142,7 @@ def run_nights(state: Path, suite: str, plan: list[tuple[str, bool]], burn_us: i
 def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[str, dict]]:
     """Every stored night judged again in order with `policy`, on a copy of the store
     without its verdicts and alerts: run id -> stage key -> {"metrics", "validity",
-    "verdicts": metric -> row}."""
+    "verdicts": metric -> row}, a search's probes and holds left out."""
     copy = state / REJUDGED
     shutil.copy2(state / "results.db", copy)
     with closing(sqlite3.connect(copy)) as db:  # the verdicts and alerts the runs recorded
@@ -159,7 +159,8 @@ def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[s
             judged[night["run_id"]] = {
                 st["stage_key"]: {"metrics": st["metrics"], "validity": st["validity"],
                                   "verdicts": {c["metric"]: c for c in st["comparisons"]}}
-                for st in store.stages(night["run_id"])}
+                for st in store.stages(night["run_id"])
+                if not (st["params"] or {}).get("probe_of")}  # a search's probes: never judged
     finally:
         store.close()
     return judged
@@ -318,7 +319,7 @@ def noise(nights: list[dict], judged: dict[str, dict[str, dict]]) -> None:
             logs = [math.log(p[key]["metrics"][m]) for p in plain
                     if key in p and p[key]["validity"] == "valid"
                     and (p[key]["metrics"].get(m) or 0) > 0]
-            if not logs and not any(m in p.get(key, {}).get("metrics", {}) for p in plain):
+            if not logs and all(p.get(key, {}).get("metrics", {}).get(m) is None for p in plain):
                 continue  # a figure this stage does not have (max_rate: a search's)
             spread = (f"median {math.exp(statistics.median(logs)):.4g}, robust sigma "
                       f"{100 * noise_sigma(logs):.1f}%") if len(logs) >= 3 else "too few"

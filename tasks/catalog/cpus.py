@@ -74,8 +74,10 @@ def check_fits(cpus: str, host: str, usable: Iterable[int], drivers_there: bool)
 # stage (the broker started there), or a max-rate search's probes and holds only (the
 # broker started anywhere, kept on them for each search and let go after it). On this
 # repository's 2-vCPU machine the fan-in search pinned spread 1.5-1.6% night to night
-# against 2.8-5.3% unpinned, while the rated stages of the smoke suite pinned cost the broker
-# 38-65% more a message and spread 8.5-32% against 5.1-9.3% (bench/README.md).
+# against 2.8-5.3% unpinned, while the rated stages of the smoke suite pinned cost the
+# broker 38-65% more a message and spread 8.5-32% against 5.1-9.3%; but pinned for the
+# searches only, within the nightly suite, the QoS 1 searches' drivers used up the one CPU
+# left them on 3 of 8 search-nights (bench/README.md, real_nights.py --cpus-for capacity).
 CPUS_FOR = ("all", "capacity")
 
 
