@@ -61,9 +61,9 @@ def run_hash(host_hashes: Iterable[str], tuning_hashes: Iterable[str], broker_ki
     measurement version (`MEASUREMENT_VERSION` unless given) and the CPUs the broker was
     kept on (`broker.cpus`, with the stages it was kept there for where not all, as
     `tasks.catalog.cpus.placement` names them; none is in no hash, so the fingerprints of
-    runs that placed nothing are as before). The broker version is deliberately not in it: a new broker
-    build must be compared with the history of the old one, or a regression it brings
-    could never be seen."""
+    runs that placed nothing are as before). The broker version is deliberately not in
+    it: a new broker build must be compared with the history of the old one, or a
+    regression it brings could never be seen."""
     document: list = [list(host_hashes), list(tuning_hashes), broker_kind]
     measurement = MEASUREMENT_VERSION if measurement is None else measurement
     if measurement != 1:

@@ -140,9 +140,8 @@ _DEFS: list[MetricDef] = [
     # work can use (`tasks.analysis.capacity.broker_cores`: 1 for Mosquitto's one event
     # loop, the CPUs `broker.cpus` keeps it on, else those perfpipe may use on its host, for
     # a broker it started, or the host's cores), and its host's CPU as % of all its cores.
-    # Recorded, never judged: under
-    # both lines of `tasks.analysis.capacity`, the verdict on max_rate says the broker fell
-    # behind with CPU to spare.
+    # Recorded, never judged: under both lines of `tasks.analysis.capacity`, the verdict on
+    # max_rate says the broker fell behind with CPU to spare.
     MetricDef("broker_cpu_used_pct", "%", "none"),
     MetricDef("host_cpu_used_pct", "%", "none"),
     # The busiest driver process's CPU over the publish phase (% of one core), and a host's

@@ -3,8 +3,8 @@
 `ADAPTERS` maps each inventory `broker.kind` to its adapter; every adapter implements
 `BrokerAdapter` (`base.py`). Helpers they share have modules of their own: `errors`,
 `health` (MQTT CONNECT), `sys_topics` ($SYS), `tls` (throwaway certificates), `affinity`
-(a running broker's threads moved between CPUs). The IBM MQ
-file formats (`qmini`, `mqxr`) live here too; `tasks.tuning` uses them, never the reverse.
+(a running broker's threads moved between CPUs). The IBM MQ file formats (`qmini`,
+`mqxr`) live here too; `tasks.tuning` uses them, never the reverse.
 """
 
 from .activemq import ActiveMQ
