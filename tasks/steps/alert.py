@@ -126,14 +126,20 @@ def links_for(settings: Settings, run: dict, report_path: str) -> Links:
     return Links(report, airflow)
 
 
-def invalid_to_tell(stages: list[dict], broken: frozenset[str] = frozenset()) -> dict[str, str]:
-    """stage id -> reason of the invalid stages, when more than half the stages with
-    results are invalid or one of them is `broken` (a driver process died in it)."""
+def invalid_to_tell(stages: list[dict], broken: frozenset[str] = frozenset()
+                    ) -> tuple[dict[str, str], int]:
+    """(stage id -> reason of the invalid stages, of how many), when more than half the
+    stages with results are invalid or one of them is `broken` (a driver process died in
+    it); ({}, 0) otherwise. A max-rate search's probes and holds are not counted: one falls
+    behind wherever the search passes the broker's limit, as it is meant to, and the
+    search's own stage says whether it found one (a probe in which a driver died is told)."""
     judged = [s for s in stages if s.get("validity") is not None]
-    invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in judged
+    counted = [s for s in judged
+               if not (s.get("params") or {}).get("probe_of") or s["stage_id"] in broken]
+    invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in counted
                if s["validity"] != "valid"}
-    mostly = judged and 2 * len(invalid) > len(judged)
-    return invalid if mostly or broken & set(invalid) else {}
+    mostly = counted and 2 * len(invalid) > len(counted)
+    return (invalid, len(counted)) if mostly or broken & set(invalid) else ({}, 0)
 
 
 class Courier:
@@ -200,8 +206,8 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
                           blind_spots(stages))
     needs_attention = bool(plan.headline) or run["kind"] == "release"
     courier = Courier(notifier, run_dir)
-    invalid = invalid_to_tell(stages, broken)
-    invalid_message = invalid and invalid_run_message(run, invalid, len(stages), links)
+    invalid, counted = invalid_to_tell(stages, broken)
+    invalid_message = invalid and invalid_run_message(run, invalid, counted, links)
     if invalid_message:  # kept whatever Slack answers, like the run's message
         courier.keep("invalid", invalid_message)
     delivered: list[tuple[int, str | None]] = [(i, None) for i in plan.quiet]
