@@ -62,6 +62,7 @@ from sql import Store  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
 from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.catalog.cpus import CPUS_FOR  # noqa: E402
+from tasks.catalog.stages import is_probe  # noqa: E402
 from tasks.metrics import DRIVER_CPU, METRICS as DEFS  # noqa: E402
 from tasks.steps.compare import compare_stored  # noqa: E402
 from tasks.views.summary import NOTABLE  # noqa: E402
@@ -160,7 +161,7 @@ def rejudge(state: Path, nights: list[dict], policy: Policy) -> dict[str, dict[s
                 st["stage_key"]: {"metrics": st["metrics"], "validity": st["validity"],
                                   "verdicts": {c["metric"]: c for c in st["comparisons"]}}
                 for st in store.stages(night["run_id"])
-                if not (st["params"] or {}).get("probe_of")}  # a search's probes: never judged
+                if not is_probe(st)}
     finally:
         store.close()
     return judged

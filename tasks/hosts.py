@@ -206,12 +206,16 @@ class Host:
         if self.alive(pid):
             self.kill_group(pid, "KILL")
 
-    def alive(self, pid: int) -> bool:
-        """Whether the process runs. A zombie (ended, not yet reaped) does not: a stopped
-        group's shell is one until PID 1 reaps it, which a container's init may do seconds
-        later, or never (`kill -0` would call it alive all that time)."""
-        stat = self.run(["cat", f"/proc/{pid}/stat"], check=False)
-        return stat.ok and stat.stdout.rpartition(")")[2].split()[:1] != ["Z"]
+    def alive(self, pid: int, group: int | None = None) -> bool:
+        """Whether the process runs, and in process group `group` where given (a pid, or a
+        group id, the kernel may have given to another process since). A zombie (ended,
+        not yet reaped) does not: a stopped group's shell is one until PID 1 reaps it,
+        which a container's init may do seconds later, or never (`kill -0` would call it
+        alive all that time)."""
+        stat = self.run(["cat", f"/proc/{int(pid)}/stat"], check=False)
+        fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
+        return stat.ok and fields[:1] not in (["Z"], ["X"], []) and (
+            group is None or fields[2:3] == [str(int(group))])
 
     def kill_group(self, pid: int, signal: str = "TERM") -> None:
         self.run(["kill", f"-{signal}", "--", f"-{pid}"], check=False)

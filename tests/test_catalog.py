@@ -250,3 +250,5 @@ def test_the_broker_is_kept_on_its_cpus_for_every_stage_or_for_searches_only():
     # the fingerprint names both; 'all' as before cpus_for, so pinned histories go on
     assert cpus.placement("0", "all") == "0" and cpus.placement(None, "capacity") is None
     assert cpus.placement("0-1", "capacity") == "0-1 for capacity"
+    assert cpus.searches_only("0", "capacity") and not cpus.searches_only("0", "all")
+    assert not cpus.searches_only(None, "capacity")

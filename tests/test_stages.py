@@ -485,4 +485,4 @@ def test_a_running_brokers_threads_are_moved_and_each_given_back_its_own_cpus(ti
                                           f"localhost\\) are gone; not moved onto {first}"):
         affinity.move(host, group, str(first))
     affinity.give_back(host, group, had, fallback=None)  # nothing to give back: no error
-    assert not affinity.ours(host, pid, group)
+    assert not host.alive(pid, group)

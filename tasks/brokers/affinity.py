@@ -3,8 +3,8 @@
 `broker.cpus_for: capacity` keeps a broker perfpipe started on `broker.cpus` for the
 max-rate searches only, so it is moved while it runs: every thread of every process in
 the process group perfpipe started it in, each read back from /proc. Only while the
-broker's own pid still runs in that group (`ours`): a group id, like a pid, can be given
-to another process once the broker is gone. A broker may set its threads' CPUs itself
+broker's own pid still runs in that group (`Host.alive`): a group id, like a pid, can
+be given to another process once the broker is gone. A broker may set its threads' CPUs itself
 (RabbitMQ binds each Erlang scheduler thread to a CPU of its own), so what each thread
 had is kept (`move`) and given back to it afterwards (`give_back`), not replaced by one
 list for all. A broker that starts threads while it is moved is read again until none is
@@ -27,15 +27,6 @@ _THREADS = ('for p in $(pgrep -g {group}); do for t in /proc/$p/task/[0-9]*; do 
             '|| echo; done; done; pgrep -g {group} >/dev/null; [ $? -le 1 ]')
 ROUNDS = 5  # reads and moves, each catching the threads started since the one before
 BATCH = 500  # threads moved by one command (a single argument is at most 128 KiB)
-
-
-def ours(host: Host, pid: int, group_pid: int) -> bool:
-    """Whether the broker perfpipe started (`pid`, in process group `group_pid`) still
-    runs: a pid alive in that group, not exited."""
-    stat = host.run(["cat", f"/proc/{int(pid)}/stat"], check=False)
-    fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
-    return stat.ok and len(fields) > 2 and fields[0] not in ("Z", "X") \
-        and fields[2] == str(int(group_pid))
 
 
 def threads(host: Host, group_pid: int) -> dict[int, tuple[int, str]]:

@@ -89,6 +89,12 @@ def kept_on(cpus: str | None, cpus_for: str, search: bool) -> str | None:
     return cpus if cpus and (search or cpus_for == "all") else None
 
 
+def searches_only(cpus: str | None, cpus_for: str) -> bool:
+    """Whether the broker is kept on `cpus` for the searches only and runs anywhere
+    otherwise (so it is moved while it runs: `tasks.brokers.affinity`)."""
+    return kept_on(cpus, cpus_for, False) != kept_on(cpus, cpus_for, True)
+
+
 def placement(cpus: str | None, cpus_for: str) -> str | None:
     """How a run placed its broker, as its fingerprint names it: '0' kept there for every
     stage (as before `cpus_for` existed), '0 for capacity' for searches only, None."""

@@ -121,6 +121,13 @@ def expand_all(scenarios: list[Scenario]) -> list[Stage]:
     return [stage for scenario in scenarios for stage in expand(scenario)]
 
 
+def is_probe(row: dict) -> bool:
+    """A stored stage (a `Store.stages` row) that is a max-rate search's probe or hold: its
+    rate depends on the night, so the search's own stage speaks for it (compared, told and
+    exported in its place)."""
+    return bool((row.get("params") or {}).get("probe_of"))
+
+
 def probe_id(template_id: str, number: int, hold: bool = False) -> str:
     """The stage id of probe `number` (from 1) of a search template, or of its hold."""
     return f"{template_id}.{'h' if hold else 'p'}{number}"

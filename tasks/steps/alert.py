@@ -32,6 +32,7 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
+from ..catalog.stages import is_probe
 from ..metrics import CAPACITY_AND_COST, FLAGGED
 from ..notify.messages import (
     Links,
@@ -134,8 +135,7 @@ def invalid_to_tell(stages: list[dict], broken: frozenset[str] = frozenset()
     behind wherever the search passes the broker's limit, as it is meant to, and the
     search's own stage says whether it found one (a probe in which a driver died is told)."""
     judged = [s for s in stages if s.get("validity") is not None]
-    counted = [s for s in judged
-               if not (s.get("params") or {}).get("probe_of") or s["stage_id"] in broken]
+    counted = [s for s in judged if not is_probe(s) or s["stage_id"] in broken]
     invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in counted
                if s["validity"] != "valid"}
     mostly = counted and 2 * len(invalid) > len(counted)

@@ -71,7 +71,8 @@ def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
     if not host.run(["sh", "-c", "command -v taskset"], check=False).ok:
         raise BrokerError(f"broker.cpus: needs taskset (util-linux) on {host.name}; install it "
                           f"or leave broker.cpus out")
-    if ctx.inventory.broker.cpus_for != "all" and not host.run(
+    broker = ctx.inventory.broker
+    if cpu_lists.searches_only(broker.cpus, broker.cpus_for) and not host.run(
             ["sh", "-c", "command -v pgrep"], check=False).ok:
         raise BrokerError(f"broker.cpus_for: needs pgrep (procps) on {host.name} to move the "
                           f"broker's processes; install it or leave cpus_for out")
@@ -84,13 +85,6 @@ def fits_cpus(ctx: RunContext, host: Host, cpus: str) -> str:
     return cpu_lists.as_list(usable)
 
 
-def searches_only(state: dict) -> bool:
-    """Whether the broker (broker.json's `state`) runs on its CPUs for max-rate searches
-    only and anywhere otherwise (`broker.cpus_for: capacity`; `tasks.catalog.cpus.kept_on`)."""
-    cpus, cpus_for = state.get("cpus"), state.get("cpus_for", "all")
-    return cpu_lists.kept_on(cpus, cpus_for, False) != cpu_lists.kept_on(cpus, cpus_for, True)
-
-
 def let_go(ctx: RunContext, state: dict) -> None:
     """Where an attempt of the stages step stopped inside a search: every broker thread
     given back the CPUs it had before the search (`rundir.BROKER_MOVED`, written before
@@ -101,8 +95,8 @@ def let_go(ctx: RunContext, state: dict) -> None:
         return
     moved = json.loads(path.read_text())
     host = ctx.host(state["host"])
-    if moved.get("group_pid") == state["group_pid"] and affinity.ours(
-            host, state["pid"], state["group_pid"]):
+    if moved.get("group_pid") == state["group_pid"] and host.alive(state["pid"],
+                                                                    state["group_pid"]):
         kept = {int(tid): cpus for tid, cpus in moved["threads"].items()}
         affinity.give_back(host, state["group_pid"], kept, fallback=state["host_cpus"])
     path.unlink()
@@ -114,8 +108,9 @@ def kept_for_search(ctx: RunContext, state: dict) -> Iterator[None]:
     searches only (what each thread had recorded first, `rundir.BROKER_MOVED`), and each
     thread given back its own CPUs after. A broker already gone is left to the stages
     step's own check, which says so."""
-    host = ctx.host(state["host"]) if searches_only(state) else None
-    if host is None or not affinity.ours(host, state["pid"], state["group_pid"]):
+    moves = cpu_lists.searches_only(state.get("cpus"), state.get("cpus_for", "all"))
+    host = ctx.host(state["host"]) if moves else None
+    if host is None or not host.alive(state["pid"], state["group_pid"]):
         yield
         return
     affinity.move(host, state["group_pid"], state["cpus"], keep=lambda kept: ctx.write_json(

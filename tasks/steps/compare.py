@@ -29,6 +29,7 @@ from ..analysis.across import judge_stages
 from ..analysis.detector import Verdict, compare_stage
 from ..analysis.noise import pooled_noise
 from ..analysis.policy import Policy
+from ..catalog.stages import is_probe
 from ..fingerprint import same_setup, setup_changes
 from ..run_context import RunContext
 from . import Call
@@ -153,7 +154,7 @@ def compare_stored(store: Store, run_id: str, plan: dict,
     "changed_alerts": alert ids, "release_baseline": (label, run id) or None}."""
     release = release_stages(store, store.run(run_id), plan)
     # a search probe's rate depends on the night: its search is compared, not the probes
-    stages = [s for s in store.stages(run_id) if not (s["params"] or {}).get("probe_of")]
+    stages = [s for s in store.stages(run_id) if not is_probe(s)]
     keys = {s["stage_id"]: s["stage_key"] for s in stages}
     inputs = {s["stage_id"]: stage_inputs(store, run_id, s, policy, release) for s in stages}
     rows = [v.to_dict() for v in judge_run(stages, inputs, policy, run_id)]

@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from ..analysis.policy import Policy, judged_metrics
+from ..catalog.stages import is_probe
 from ..metrics import METRICS
 from .history import noise_band
 
@@ -51,7 +52,7 @@ def exported(stages: Iterable[dict]) -> list[dict]:
     """The stages other tools should track: valid ones, without a max-rate search's probes
     (their rate depends on the night; the search's own stage carries the answer)."""
     return [s for s in stages
-            if s["validity"] == "valid" and not (s.get("params") or {}).get("probe_of")]
+            if s["validity"] == "valid" and not is_probe(s)]
 
 
 def measure_slug(metric: str) -> str:
