@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pendulum
 from airflow.sdk import DAG, Param, task
+from tasks.airflow_glue.dag_runs import NIGHTLY_DAG
 from perfpipe_graph import dag_run_id, on_failure, pipeline, suite_param
 
 with DAG(
-    dag_id="mqtt_perf_nightly",
+    dag_id=NIGHTLY_DAG,
     description="Nightly MQTT broker performance regression run",
     schedule="0 2 * * *",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),

@@ -29,8 +29,9 @@ with DAG(
         "suite": suite_param(),
         "inventory": Param(None, type=["null", "string"],
                            description="inventory YAML; empty: the default"),
-        "baseline": Param("rolling", type="string",
-                          description="compare with 'rolling' history or a pinned release label"),
+        "baseline": Param(None, type=["null", "string"],
+                          description="compare with 'rolling' history or a pinned release "
+                          "label; empty: the release pinned most recently (rolling if none)"),
         "promote": Param(False, type="boolean",
                          description="pin this run as the label's baseline when it finishes ok"),
         "dry_run": Param(False, type="boolean",
@@ -43,7 +44,7 @@ with DAG(
     def plan(params: dict | None = None) -> str:
         from tasks.steps.plan import plan_run
 
-        options = {"baseline": params["baseline"], "promote": params["promote"],
+        options = {"baseline": params["baseline"] or None, "promote": params["promote"],
                    "broker_version": params["broker_version"] or None}
         return plan_run(kind="release", suite=params["suite"],
                         inventory=params["inventory"] or None, dag_run_id=dag_run_id(),
@@ -52,21 +53,15 @@ with DAG(
     @task.short_circuit(doc_md="Dry run: print the stage table and stop here.",
                         ignore_downstream_trigger_rules=True)
     def load_hosts(perf_run: str, params: dict | None = None) -> bool:
-        from tasks.steps.plan import close_dry_run, stage_table
+        from tasks.steps.plan import goes_on
 
-        if params["dry_run"]:
-            print(close_dry_run(perf_run))
-            return False
-        print(stage_table(perf_run))
-        return True
+        return goes_on(perf_run, params["dry_run"])
 
     @task(doc_md="Pin this run as the release baseline of its label (when asked and ok).")
     def promote(perf_run: str, params: dict | None = None) -> str:
         from tasks.manage import promote_release
 
-        if not params["promote"]:
-            return "not asked to promote"
-        return promote_release(perf_run, params["release_label"])
+        return promote_release(perf_run, params["release_label"], params["promote"])
 
     perf_run = plan()
     gate = load_hosts(perf_run)

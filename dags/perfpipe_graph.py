@@ -20,6 +20,7 @@ from datetime import timedelta
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, get_current_context, task
 
+from tasks.airflow_glue.dag_runs import dag_run_key
 from tasks.steps import STEPS, Step
 
 LAB_POOL = "perfpipe_lab"
@@ -125,7 +126,7 @@ def pipeline(perf_run):
 
 def dag_run_id() -> str:
     context = get_current_context()
-    return f"{context['dag'].dag_id}/{context['run_id']}"
+    return dag_run_key(context["dag"].dag_id, context["run_id"])
 
 
 def suite_param() -> Param:
@@ -135,7 +136,7 @@ def suite_param() -> Param:
     names no suite, leaves the Param free text: the plan task then says what is wrong,
     instead of the DAG vanishing or another suite running."""
     from tasks.catalog.scenarios import load_suites
-    from tasks.settings import load_settings
+    from tasks.settings import Settings, load_settings
 
     about = "a suite of the scenarios dir (PERFPIPE_SCENARIOS_DIR), as its suites.yml lists them"
     # any bad setting or file: free text, and the plan task names what is wrong (the DAG
@@ -143,7 +144,7 @@ def suite_param() -> Param:
     try:
         settings = load_settings()
     except Exception:  # noqa: BLE001
-        return Param("smoke", type="string", description=about)
+        return Param(Settings.model_fields["suite"].default, type="string", description=about)
     try:
         names = sorted(load_suites(settings.scenarios_dir).suites)
     except Exception:  # noqa: BLE001

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from tasks.metrics import OPEN_ALERT_STATUSES, flagged_across
+from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, flagged_across
 
 from .common import StoreError, check, finite, row_dict
 from .models import Alert, Comparison, Run, Stage
@@ -36,7 +36,16 @@ def alert_key(stage_key: str, detail: dict | None) -> str:
     """The lifecycle a verdict belongs to: its stage key, or `<stage key> vs release <label>`
     for a comparison with a pinned release baseline (detail "baseline": "release:<label>")."""
     baseline = (detail or {}).get("baseline", "rolling")
-    return f"{stage_key} vs release {baseline[8:]}" if baseline.startswith("release:") else stage_key
+    return f"{stage_key}{_VS}{baseline[8:]}" if baseline.startswith("release:") else stage_key
+
+
+_VS = " vs release "
+
+
+def release_of(key: str) -> str | None:
+    """The release label of an `alert_key` that compares with a pinned release; None for a
+    stage key's own (rolling) lifecycle."""
+    return key.split(_VS, 1)[1] if _VS in key else None
 
 
 def _grown(new: float | None, reported: float | None) -> bool:
@@ -92,7 +101,7 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
     stage had another fingerprint is another history's: tonight's verdict neither closes
     nor updates it (it stays open for a person), and a change tonight opens an alert of its
     own."""
-    if verdict in ("invalid", "no_baseline"):
+    if verdict in NOT_JUDGED:
         return None
     _check_run(s, run_id)
     alert = _open_of_history(s, stage_key, metric, history_after, judged_on)
@@ -173,6 +182,10 @@ def set_status(s: Session, alert_id: int, status: str) -> Alert:
     alert = s.get(Alert, alert_id)
     if alert is None:
         raise StoreError(f"unknown alert {alert_id}")
+    if status in OPEN_ALERT_STATUSES and alert.status not in OPEN_ALERT_STATUSES:
+        # an acked alert absorbs the pipeline's next regression of the stage and metric
+        raise StoreError(f"alert {alert_id} is closed ({alert.status}): it cannot be set "
+                         f"{status}; a regression seen again opens an alert of its own")
     alert.status = status
     return alert
 

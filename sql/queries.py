@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tasks.metrics import FLAGGED
+from tasks.metrics import FLAGGED, NOT_JUDGED
 
 from .common import row_dict
 from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
@@ -20,8 +20,6 @@ from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 # whether its value is held out (the detector holds every flagged value; a row without the
 # key is held when its verdict is flagged).
 RELEASED_ALERTS = ("accepted", "false_positive", "cleared")
-# A verdict that a later night can confirm or clear.
-_NO_LIFECYCLE = ("invalid", "no_baseline")
 
 
 def stages(s: Session, run_id: str) -> list[dict[str, Any]]:
@@ -134,7 +132,7 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                & (Stage.stage_id == Comparison.stage_id))
          .join(Run, Run.run_id == Stage.run_id)
          .where(Stage.stage_key == stage_key, Run.started_at < before,
-                Comparison.verdict.not_in(_NO_LIFECYCLE)))
+                Comparison.verdict.not_in(NOT_JUDGED)))
     if fingerprint_hash is not None:
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
     out: dict[str, dict[str, Any]] = {}

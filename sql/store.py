@@ -457,11 +457,13 @@ class Store:
             return alerts.listing(s, open_only=open_only)
 
     def set_alert_status(self, alert_id: int, status: str) -> None:
-        """Set by a human. 'accepted' (the new normal) also restarts the stage key's history
-        at the alert's first run, unless history already starts later."""
+        """Set by a human (a closed alert is not opened again). 'accepted' (the new normal)
+        also restarts the stage key's history at the alert's first run, unless history
+        already starts later; not for an alert against a pinned release, whose baseline is
+        the release run (promote another to move it)."""
         with self._tx() as s:
             alert = alerts.set_status(s, alert_id, status)
-            if status != "accepted":
+            if status != "accepted" or alerts.release_of(alert.stage_key):
                 return
             current = queries.reset_start(s, alert.stage_key)
             if current is None or current <= self._run(s, alert.first_run_id).started_at:

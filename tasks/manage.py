@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sql import Store
+from sql.alerts import release_of
 
 from . import rundir
 from .metrics import ALERT_ACTIONS
@@ -31,6 +32,8 @@ EFFECT = {
     "false_positive": "a false positive: its nights feed the baseline again",
     "fixed": "fixed: its nights stay out of the baseline",
 }
+EFFECT_VS_RELEASE = ("accepted and closed; release runs are still compared with release "
+                     "{release}'s run (pin another with perfpipe baseline promote)")
 
 
 def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> None:
@@ -73,8 +76,11 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
     for one in [alert_id, *(siblings if together else [])]:
         store.set_alert_status(one, status)
         alert = store.alert(one)
+        release = release_of(alert["stage_key"])
+        effect = EFFECT_VS_RELEASE if status == "accepted" and release else EFFECT[status]
         say(f"alert {one} ({alert['stage_key']} {alert['metric']}): "
-            + EFFECT[status].format(key=alert["stage_key"], run=f"run {alert['first_run_id']}"))
+            + effect.format(key=alert["stage_key"], run=f"run {alert['first_run_id']}",
+                            release=release))
     if siblings and not together:
         say(f"alerts {', '.join(map(str, siblings))} were flagged with it by the same test "
             f"across stages (one change on {len(siblings) + 1} stages), and are left as they "
@@ -82,10 +88,12 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
     return 0
 
 
-def promote_release(run_id: str, label: str) -> str:
-    """The release DAG's `promote` task: pin the run when it ended ok; a run that did not is
-    said, not raised (its failure was told already: the task failing too would post a second
-    alert saying nothing new)."""
+def promote_release(run_id: str, label: str, asked: bool = True) -> str:
+    """The release DAG's `promote` task: pin the run when `asked` (its `promote` Param) and
+    it ended ok; a run that did not is said, not raised (its failure was told already: the
+    task failing too would post a second alert saying nothing new)."""
+    if not asked:
+        return "not asked to promote"
     said: list[str] = []
     store = load_settings().store()  # migrated already: the run's plan stored it
     try:

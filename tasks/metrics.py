@@ -221,6 +221,11 @@ VERDICTS = ("regression", "suspected", "improvement", "unchanged", "learning", "
             "invalid")
 # A bad night: its value stays out of later baselines, and its alert is opened or confirmed.
 FLAGGED = ("suspected", "regression")
+# Nothing was compared: these say nothing of a change, so they neither open, confirm nor
+# clear an alert, and a summary lists them apart.
+NOT_JUDGED = ("no_baseline", "invalid")
+# Made before the noise is known: no spread or band goes with them.
+NOISE_UNKNOWN = ("learning", *NOT_JUDGED)
 
 
 def flagged_across(detail: dict) -> bool:

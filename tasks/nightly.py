@@ -11,12 +11,10 @@ import time
 import traceback
 from pathlib import Path
 
+from .airflow_glue.dag_runs import NIGHTLY_DAG, dag_run_key
 from .airflow_glue.dag_test import TaskEnd, airflow_log_path, test_dag
 from .metrics import exit_code
 from .settings import Settings
-
-NIGHTLY_DAG = "mqtt_perf_nightly"
-
 
 def run_nightly(settings: Settings, suite: str) -> int:
     """Run the nightly DAG once; returns the exit code `perfpipe nightly` documents."""
@@ -66,7 +64,7 @@ def nightly_run_id(airflow_run_id: str) -> str:
     """The perfpipe run id the nightly DAG's plan task gives the Airflow run."""
     from .steps.plan import new_run_id
 
-    return new_run_id("nightly", f"{NIGHTLY_DAG}/{airflow_run_id}")
+    return new_run_id("nightly", dag_run_key(NIGHTLY_DAG, airflow_run_id))
 
 
 class StepLines:

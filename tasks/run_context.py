@@ -31,6 +31,20 @@ def disk_full(path: Path) -> str | None:
     return f"the disk of {path} is full ({free:,} bytes free)"
 
 
+def replace_json(path: Path, document: dict) -> Path:
+    """Write `document` to `path` whole or not at all (a temporary file, then a rename): a
+    reader, or the next run, sees the old file or the new one, never one cut short."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: leave the file as it was, no stub
+        raise
+    tmp.replace(path)
+    return path
+
+
 @dataclass
 class RunContext:
     settings: Settings
@@ -99,16 +113,7 @@ class RunContext:
         return json.loads(path.read_text())
 
     def write_json(self, name: str, document: dict) -> Path:
-        path = self.run_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(document, indent=1, sort_keys=True, default=str))
-        except OSError:
-            tmp.unlink(missing_ok=True)  # a full disk: leave the file as it was, no stub
-            raise
-        tmp.replace(path)
-        return path
+        return replace_json(self.run_dir / name, document)
 
     def disk_full(self) -> str | None:
         return disk_full(self.run_dir)

@@ -61,3 +61,16 @@ def test_alerts_list_ack_false_positive_and_fixed(store: Store, capsys) -> None:
     assert "false_positive" in out and "fixed" in out
     assert main(["alerts", "accept", "999"]) == 2
     assert "unknown alert 999" in capsys.readouterr().err
+    assert main(["alerts", "ack", str(a1)]) == 2  # closed: not opened again by hand
+    assert f"alert {a1} is closed (fixed)" in capsys.readouterr().err
+
+
+def test_accepting_an_alert_against_a_release_says_the_release_stays_the_baseline(
+        store: Store, capsys) -> None:
+    a, _ = store.follow_verdict(stage_key="mosquitto|fanin.q1 vs release 9.4.5",
+                                metric="delivered_rate", run_id="r3", verdict="suspected",
+                                change_pct=-6.0)
+    assert main(["alerts", "accept", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "release runs are still compared with release 9.4.5's run" in out
+    assert "restarts" not in out

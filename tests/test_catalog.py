@@ -241,6 +241,24 @@ def test_the_inventory_takes_broker_cpus_only_for_a_broker_perfpipe_starts():
             Inventory(hosts=[host], broker=broker)
 
 
+def test_every_gateway_is_another_host_and_following_them_ends():
+    """Checked for a broker with no host too (a compose or cloud broker), where the check
+    used to be skipped and a bad gateway failed at provision with a bare StopIteration."""
+    def hosts(**gateways):
+        return [{"name": n, "transport": "ssh", "roles": ["driver"], **(
+            {"gateway": gateways[n]} if n in gateways else {})} for n in ("a", "b", "c")]
+
+    broker = {"managed": False, "address": "mqtt.example", "port": 1883}
+    assert Inventory(hosts=hosts(a="b", b="c"), broker=broker).host("a").gateway == "b"
+    for gateways, error in (({"a": "x"}, r"hosts: a.gateway 'x' must be another host in "
+                                         r"hosts \(\['a', 'b', 'c'\]\)"),
+                            ({"b": "b"}, "hosts: b.gateway 'b' must be another host"),
+                            ({"a": "b", "b": "c", "c": "a"},
+                             r"the gateways loop \(a -> b -> c -> a\)")):
+        with pytest.raises(ValueError, match=error):
+            Inventory(hosts=hosts(**gateways), broker=broker)
+
+
 def test_the_broker_is_kept_on_its_cpus_for_every_stage_or_for_searches_only():
     assert [cpus.kept_on("0", "all", search) for search in (False, True)] == ["0", "0"]
     assert [cpus.kept_on("0", "capacity", search) for search in (False, True)] == [None, "0"]

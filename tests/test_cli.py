@@ -33,6 +33,18 @@ def test_an_inventory_no_run_can_use_is_one_line_too(perfpipe_env: Path, tmp_pat
     assert line.startswith(f"perfpipe: {inventory}") and "broker" in line, line
 
 
+def test_show_and_report_on_a_fresh_state_say_there_is_no_such_run(perfpipe_env: Path,
+                                                                    capsys) -> None:
+    """A store nothing wrote to yet is made first, as for every other store command: an
+    unknown run is named, not a database error about a missing table."""
+    assert main(["show", "nightly-x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("no run 'nightly-x'; recent: []") and "no such table" not in err
+    assert main(["report", "nightly-x"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown run 'nightly-x'" in err and "no such table" not in err, err
+
+
 @pytest.mark.xdist_group("airflow-db")
 @pytest.mark.slow  # a nightly DAG run whose plan task fails: about 15 s
 def test_a_plan_that_fails_under_airflow_is_said_in_one_line(perfpipe_env: Path, monkeypatch,

@@ -18,9 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 # Imported by the pipeline's steps; a DAG file must leave them to task run time.
 HEAVY = ("pyspark", "paho", "fabric", "slack_sdk", "scipy", "sql")
-# What DAG files may read at parse time: the step registry and the vocabulary, which import
-# only the standard library,
-PARSE_TIME = {"tasks", "tasks.steps", "tasks.metrics"}
+# What DAG files may read at parse time: the step registry, the vocabulary and how a
+# perfpipe run names its DAG run, which import only the standard library,
+PARSE_TIME = {"tasks", "tasks.steps", "tasks.metrics", "tasks.airflow_glue",
+              "tasks.airflow_glue.dag_runs"}
 # and the suites file, for the `suite` Param's choices: the settings (where the scenarios dir
 # is) and the catalog's loader (what a valid suites file is), so that the choices are the
 # suites the pipeline itself would accept. They use pydantic and PyYAML, which Airflow imports
@@ -105,7 +106,7 @@ def test_release_params_are_validated_and_documented(dagbag):
         dag.params.get_param("release_label").resolve("9.4.5; rm -rf /")
     assert dag.params.get_param("release_label").resolve("9.4.5") == "9.4.5"
     # what may be left empty is optional in the trigger form (null allowed), not required
-    for name in ("broker_version", "inventory"):
+    for name in ("broker_version", "inventory", "baseline"):  # baseline: the latest pinned
         assert dag.params.get_param(name).resolve(None) is None, name
     assert dagbag.get_dag("mqtt_perf_nightly").params.get_param("inventory").resolve(None) is None
 
@@ -124,7 +125,7 @@ def test_dag_files_do_no_heavy_imports_at_parse_time(path):
 
 
 def test_parse_time_modules_import_only_the_standard_library():
-    code = ("import sys; before = set(sys.modules); import tasks.steps, tasks.metrics; "
+    code = ("import sys; before = set(sys.modules); import tasks.steps, tasks.metrics, tasks.airflow_glue.dag_runs; "
             "print(' '.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)

@@ -35,10 +35,13 @@ def _one_stage_suite(tiny_suite: Path) -> str:
 def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_step(
         tmp_path: Path, tiny_suite: Path, broker, capsys):
     """Fault: the stages step run twice in one run (an Airflow task cleared after it ran,
-    or `perfpipe step stages` typed again), then once more after teardown closed the run."""
+    or `perfpipe step stages` typed again), the first attempt having found the broker gone
+    (its broker_gone.json), then once more after teardown closed the run."""
     from sql import Store
+    from tasks import rundir
     from tasks.cli import main
     from tasks.steps import Call, execute
+    from tasks.steps.load_metrics import stage_failures
     from tasks.steps.plan import load_settings
 
     ctx = unmanaged_run(tmp_path, broker.port, _one_stage_suite(tiny_suite))
@@ -48,11 +51,20 @@ def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_ste
     first_files = _tree(stage_dir)
     first_window = json.loads((stage_dir / "stage.json").read_text())["windows"]
 
+    gone = {"reason": "the broker died (pid 1 on localhost gone)",
+            "stage_id": first["stage_id"], "skipped": []}
+    ctx.write_json(rundir.BROKER_GONE, gone)  # as the first attempt would have written it
+    assert first["stage_id"] in stage_failures(ctx)
+
     said: list[str] = []
     [second] = execute("stages", ctx, Call(say=said.append))
     assert any("starting from clean folders" in line and "discarded/1/" in line
                for line in said), said
     assert _tree(ctx.run_dir / "discarded" / "1" / "raw" / first["stage_id"]) == first_files
+    # the broker the second attempt found is what counts: the first one's death is kept
+    # with what it left, not told again
+    assert json.loads((ctx.run_dir / "discarded" / "1" / rundir.BROKER_GONE).read_text()) == gone
+    assert stage_failures(ctx) == {}
     window = json.loads((stage_dir / "stage.json").read_text())["windows"]
     assert window["start"] > first_window["end"], "the second attempt measured nothing new"
     summary = json.loads((stage_dir / "localhost" / "0" / "summary.json").read_text())

@@ -236,6 +236,30 @@ def test_an_alert_slack_refused_is_kept_and_sent_with_the_next_run(nights: Night
     assert nights.store.alerts()[0]["delivered"] is True
 
 
+def test_a_kept_message_cut_short_is_said_and_fails_no_later_alert_step(
+        nights: Nights, capsys) -> None:
+    """Fault: a run's slack_message.json cut short (a full disk under an older perfpipe,
+    which wrote it in place). Every later run's alert step reads the earlier runs' files to
+    send what Slack did not take: it says which one it cannot read and tells its own; the
+    cut run's own step, retried, sends its summary anew and keeps it whole."""
+    first = nights.run({"fanin.q1.c100": [RATE_DROP]}, kind="release", label="cut")
+    for _ in range(3):  # the first try and both server-error retries
+        nights.slack.fail_next(503)
+    assert nights.alert(first)["error"]
+    kept = nights.settings.run_dir(first) / "slack_message.json"
+    kept.write_text(kept.read_text()[:40])
+    before = len(nights.slack.posts())
+
+    second = nights.run({}, kind="release", label="after")
+    outcome = nights.alert(second)
+    assert outcome["posted"] and outcome["error"] is None
+    assert f"{kept} unreadable" in capsys.readouterr().out
+    assert nights.alert(first)["error"] is None
+    assert [p.body["text"].split(" run ")[0] for p in nights.slack.posts()[before:]] == [
+        "perfpipe release after", "perfpipe release cut"]
+    assert json.loads(kept.read_text())["run"]["ts"]  # written whole
+
+
 def test_release_runs_always_post_a_summary_and_a_retried_step_updates_it(nights: Nights) -> None:
     run_id = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
                         kind="release", label="2.0.12")
@@ -386,7 +410,8 @@ def test_the_token_never_reaches_logs_or_files(nights: Nights, caplog, capsys) -
             assert TOKEN.encode() not in path.read_bytes(), path
 
 
-def test_the_watchdog_alerts_when_no_nightly_ran(nights: Nights, monkeypatch) -> None:
+def test_the_watchdog_alerts_when_no_nightly_ran(nights: Nights, monkeypatch,
+                                                 capsys) -> None:
     monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", TOKEN)
     monkeypatch.setenv("PERFPIPE_SLACK_BASE_URL", nights.slack.base_url)
     settings = load_settings()
@@ -399,6 +424,15 @@ def test_the_watchdog_alerts_when_no_nightly_ran(nights: Nights, monkeypatch) ->
     assert verdict["missing"] and f"the last one, {run_id}" in verdict["text"]
     assert check_nightly(settings, now=now - timedelta(hours=8))["missing"] is False
     assert len(nights.slack.posts()) == 2
+    # from the CLI, with Slack refusing: said in one line, not a traceback, and still exit 1
+    from tasks.cli import main
+
+    nights.slack.refused = "invalid_auth"
+    capsys.readouterr()
+    assert main(["check-nightly"]) == 1  # the one run is 19 days old
+    err = capsys.readouterr().err
+    assert err.startswith("perfpipe: nightly missing; Slack not told: ") and "invalid_auth" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.xdist_group("airflow-db")

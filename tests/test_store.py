@@ -15,6 +15,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Column, Integer, MetaData, create_engine, func, select, text
 
 from sql import Store, StoreError
+from sql.alerts import alert_key
 from sql.models import Base
 from tests.pg import PostgresUnavailable, create_database, start_postgres
 
@@ -207,7 +208,7 @@ def test_record_results_is_atomic(store: Store) -> None:
                            fingerprint_hash=None)
 
 
-def test_history(store: Store) -> None:
+def test_history(store: Store, count) -> None:
     nightly(store, "n1", 1)
     nightly(store, "n2", 2)
     nightly(store, "n3", 3, status="failed")
@@ -255,6 +256,13 @@ def test_history(store: Store) -> None:
                                    status="new", change_pct=None)
     store.set_alert_status(old_id, "accepted")
     assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] == ["n9"]
+    # an alert against a pinned release: its baseline is the release run; no reset is
+    # written (nothing reads one of a `vs release` key)
+    vs_release, _ = store.upsert_alert(stage_key=alert_key("fanin.q1", {"baseline": "release:v1"}),
+                                       metric="lost", run_id="n2", status="new", change_pct=None)
+    resets = count("baselines")
+    store.set_alert_status(vs_release, "accepted")
+    assert count("baselines") == resets and store.alert(vs_release)["status"] == "accepted"
 
 
 def test_release_baseline(store: Store) -> None:
@@ -312,6 +320,12 @@ def test_alerts(store: Store) -> None:
     assert store.upsert_alert(**key, run_id="n5", status="suspected", change_pct=-9.0) == (a2, False)
     assert [a["id"] for a in store.alerts(open_only=True)] == [other]
 
+    # a person's ack does not open a closed alert again (it would absorb the next regression)
+    with pytest.raises(StoreError, match=rf"alert {a2} is closed \(false_positive\): it "
+                                         r"cannot be set acked"):
+        store.set_alert_status(a2, "acked")
+    store.set_alert_status(a1, "fixed")  # one closing status for another: a person's record
+    assert store.alert(a1)["status"] == "fixed"
     with pytest.raises(StoreError, match="unknown alert"):
         store.set_alert_status(9999, "acked")
     with pytest.raises(StoreError, match="no alert"):

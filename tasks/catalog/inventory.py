@@ -193,6 +193,7 @@ class Inventory(BaseModel):
         if self.broker.cpus and not self.broker.managed:
             raise ValueError("broker.cpus: only for a broker perfpipe starts (managed: true); "
                              "place your own broker yourself")
+        self._gateways_lead_out(names)
         if self.broker.host is None:
             if self.broker.managed or not (self.broker.address and self.broker.port):
                 raise ValueError("broker.host: needed unless the broker is unmanaged "
@@ -203,12 +204,25 @@ class Inventory(BaseModel):
             raise ValueError(f"broker.host: {self.broker.host!r} is not a host in hosts ({names})")
         if self.broker.managed and "broker" not in broker_host.roles:
             raise ValueError(f"broker.host: host {broker_host.name!r} lacks the role 'broker'")
-        for host in self.hosts:
-            if host.gateway and (host.gateway not in names or host.gateway == host.name):
-                raise ValueError(f"hosts: {host.name}.gateway {host.gateway!r} must be another host")
         if not self.broker.managed and self.broker.port is None:
             raise ValueError("broker.port: an unmanaged (already running) broker needs its port")
         return self
+
+    def _gateways_lead_out(self, names: list[str]) -> None:
+        """Every gateway is another host of the inventory, and following gateways from any
+        host ends (a loop would connect forever)."""
+        gateways = {h.name: h.gateway for h in self.hosts if h.gateway}
+        for name, gateway in gateways.items():
+            if gateway not in names or gateway == name:
+                raise ValueError(f"hosts: {name}.gateway {gateway!r} must be another host "
+                                 f"in hosts ({names})")
+        for name in gateways:
+            seen = [name]
+            while (hop := gateways.get(seen[-1])) is not None:
+                if hop in seen:
+                    raise ValueError(f"hosts: the gateways loop ({' -> '.join(seen + [hop])}); "
+                                     f"one of them must reach its host without a gateway")
+                seen.append(hop)
 
     def host(self, name: str) -> HostConfig:
         return next(h for h in self.hosts if h.name == name)

@@ -32,6 +32,7 @@ from sql import Store
 from sql.alerts import alert_key
 
 from .. import rundir
+from ..airflow_glue.dag_runs import split_dag_run_key
 from ..catalog.stages import is_probe
 from ..metrics import CAPACITY_AND_COST, FLAGGED
 from ..notify.messages import (
@@ -44,7 +45,7 @@ from ..notify.messages import (
     thread_reply,
 )
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
-from ..run_context import RunContext
+from ..run_context import RunContext, replace_json
 from ..settings import Settings
 from ..views.history import Histories
 from ..views.tables import (
@@ -120,8 +121,9 @@ def links_for(settings: Settings, run: dict, report_path: str) -> Links:
     report = (f"{settings.report_base_url.rstrip('/')}/{quote(run['run_id'])}/{rundir.REPORT}"
               if settings.report_base_url else report_path)
     airflow = None
-    if settings.airflow_base_url and run.get("dag_run_id") and "/" in run["dag_run_id"]:
-        dag_id, airflow_run = run["dag_run_id"].split("/", 1)
+    made_by = split_dag_run_key(run.get("dag_run_id"))
+    if settings.airflow_base_url and made_by:
+        dag_id, airflow_run = made_by
         airflow = (f"{settings.airflow_base_url.rstrip('/')}/dags/{quote(dag_id)}"
                    f"/runs/{quote(airflow_run, safe='')}")
     return Links(report, airflow)
@@ -149,7 +151,7 @@ class Courier:
     def __init__(self, notifier: SlackNotifier, run_dir: Path) -> None:
         self.notifier = notifier
         self.path = run_dir / rundir.SLACK_MESSAGE
-        self.sent: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.sent: dict = kept_messages(self.path) or {}  # unreadable: sent anew
         self.record: dict = {"channel": notifier.channel, "replies": []}
 
     def send(self, slot: str, message: dict) -> str | None:
@@ -177,8 +179,7 @@ class Courier:
 
     def save(self, **extra) -> str:
         run_message_doc = self.record.get("run") or {}
-        self.path.write_text(json.dumps({**run_message_doc, **self.record, **extra}, indent=1))
-        return str(self.path)
+        return str(replace_json(self.path, {**run_message_doc, **self.record, **extra}))
 
 
 def _rows_to_tell(run: dict, plan: Delivery, tonight: Evidence) -> list[Row]:
@@ -261,13 +262,26 @@ def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -
         path = runs_dir / earlier["run_id"] / rundir.SLACK_MESSAGE
         if earlier["run_id"] == run_id or not path.exists():
             continue
-        doc = json.loads(path.read_text())
-        for slot in untaken(doc, earlier["kind"]):
+        doc = kept_messages(path)
+        for slot in untaken(doc or {}, earlier["kind"]):
             doc[slot] = {**doc[slot], "ts": notifier.post(sent_late(doc[slot], earlier["run_id"])),
                          "sent_late_by": run_id}
-            path.write_text(json.dumps(doc, indent=1))
+            replace_json(path, doc)
             sent += 1
     return sent
+
+
+def kept_messages(path: Path) -> dict | None:
+    """A run's slack_message.json, or None, said, when it cannot be read (one cut short by
+    a full disk before it was written whole): what it kept is lost, and neither this run's
+    alert step nor a later one's resend may fail for it."""
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"alert: {path} unreadable, its messages not sent again ({exc})")
+        return None
 
 
 def run(ctx: RunContext, call: Call) -> dict:

@@ -109,3 +109,13 @@ def close_dry_run(run_id: str) -> str:
     RunContext.load(load_settings(), run_id).store().finish_run(
         run_id, "invalid", excluded=True, reason="dry run: planned, no load")
     return stage_table(run_id)
+
+
+def goes_on(run_id: str, dry_run: bool) -> bool:
+    """The release DAG's gate after planning: prints the stage table, and for a dry run
+    closes it (`close_dry_run`) and says the pipeline stops here."""
+    if dry_run:
+        print(close_dry_run(run_id))
+        return False
+    print(stage_table(run_id))
+    return True

@@ -60,14 +60,12 @@ def run(ctx: RunContext, call: Call) -> str:
     return write_report(ctx)
 
 
-def rerender(run_id: str, out: Path | None = None) -> str:
+def rerender(store: Store, run_id: str, out: Path | None = None) -> str:
     """`perfpipe report RUN_ID`: the report of a stored run, from the results store, written
     to `out` (default: the run folder's report.html); returns its path."""
-    settings = load_settings()
-    run_dir = settings.run_dir(run_id)
+    run_dir = load_settings().run_dir(run_id)
     path = out or run_dir / rundir.REPORT
-    html = render_stored(settings.store(), run_id,
-                         run_dir if run_dir.exists() else None)
+    html = render_stored(store, run_id, run_dir if run_dir.exists() else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(html)
     return str(path)

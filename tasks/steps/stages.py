@@ -356,11 +356,12 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
 def start_clean(ctx: RunContext) -> str | None:
     """Start the stages step from clean folders when an earlier attempt ran in this run (an
     Airflow task cleared or retried, `perfpipe step stages` again): that attempt's drivers
-    are stopped, its raw files, process list and searches moved to discarded/<n>/ here and
-    on every host (kept, never read again), and the marks of the steps after it removed, so
-    those steps run again on the new data. Returns what was done, or None."""
+    are stopped, its raw files, process list, searches and any broker_gone.json (the new
+    attempt finds the broker afresh) moved to discarded/<n>/ here and on every host (kept,
+    never read again), and the marks of the steps after it removed, so those steps run
+    again on the new data. Returns what was done, or None."""
     local = [name for name in (rundir.RAW_DIR, rundir.PROCESSES_DIR, rundir.SEARCH,
-                               rundir.METRICS_DIR, rundir.VERDICTS)
+                               rundir.BROKER_GONE, rundir.METRICS_DIR, rundir.VERDICTS)
              if (ctx.run_dir / name).exists()]
     remote = [(host, f"{ctx.remote_run_dir(host)}/{rundir.RAW_DIR}")
               for host in (ctx.host(h.name) for h in ctx.inventory.hosts)

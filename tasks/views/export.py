@@ -33,7 +33,7 @@ from typing import Any
 
 from ..analysis.policy import Policy, judged_metrics
 from ..catalog.stages import is_probe
-from ..metrics import METRICS
+from ..metrics import METRICS, NOISE_UNKNOWN
 from .history import noise_band
 
 # perfpipe metric -> (Bencher's built-in measure, factor from perfpipe's unit to Bencher's)
@@ -41,8 +41,6 @@ BENCHER_BUILTINS: dict[str, tuple[str, float]] = {
     "delivered_rate": ("throughput", 1.0),  # msg/s -> operations/s
     "e2e_latency_p50": ("latency", 1000.0),  # us -> ns
 }
-# Verdicts made before the noise is known: no spread is given then.
-_NOISE_UNKNOWN = ("learning", "no_baseline", "invalid")
 OTAVA_TIME = "time"
 OTAVA_ATTRIBUTES = ("run_id", "kind", "broker_version")
 OTAVA_DIRECTION = {"higher": 1, "lower": -1}
@@ -64,7 +62,7 @@ def measure_slug(metric: str) -> str:
 def noise_spread(value: float, comparison: dict | None) -> tuple[float, float] | None:
     """(low, high): `value` times exp(-/+ sigma), sigma the metric's night-to-night noise
     as the comparison measured it; None while the noise is not known."""
-    if comparison is None or comparison["verdict"] in _NOISE_UNKNOWN:
+    if comparison is None or comparison["verdict"] in NOISE_UNKNOWN:
         return None
     return noise_band(value, comparison.get("detail") or {})
 

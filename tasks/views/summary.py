@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics import VERDICTS
+from ..metrics import NOT_JUDGED, VERDICTS
 from .tables import OFF_PACE, in_run_order, metrics_rows, table, verdict_counts, verdict_rows
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
-NOT_JUDGED = ("no_baseline", "invalid")
 COUNTED = VERDICTS + (OFF_PACE,)  # the short summary's counts, in this order
 NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
                "compared (the next run compares against this one)")
