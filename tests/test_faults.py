@@ -170,6 +170,49 @@ def test_children_see_no_secret_they_do_not_need_and_the_broker_binds_one_addres
     assert json.loads(summary.read_text())["totals"]["connects_ok"] == 5
 
 
+def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
+        tmp_path: Path, tiny_suite: Path) -> None:
+    """Fault: the managed broker comes up, then the broker step fails (the run's CA cannot
+    be installed on a driver host: its folder is a file there). Its state never reached
+    broker.json, so teardown would not know of it: the step stops it itself, and says
+    the step's own error."""
+    from tasks.hosts import HostError
+    from tasks.ports import free_port
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps import Call, execute
+    from tasks.steps.broker import stop_broker
+    from tasks.steps.plan import plan_run
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    scenarios = tiny_suite.parent / "scenarios"
+    (scenarios / "catalog" / "tiny_tls.yml").write_text(
+        (scenarios / "catalog" / "tiny_fanin.yml").read_text().replace(
+            "name: tiny_fanin", "name: tiny_tls") + "connection: {tls: {port: "
+        f"{free_port()}, ca_file: {blocked}/perfpipe-ca.pem}}}}\n")
+    (scenarios / "suites.yml").write_text("suites: {tls: [tiny_tls]}\n")
+    port = free_port()
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
+                         f"procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, address: "
+                         f"127.0.0.1, port: {port}}}\n")
+    settings = load_settings()
+    ctx = RunContext.load(settings, plan_run(settings, suite="tls", inventory=inventory))
+    execute("provision", ctx, Call(host="localhost"))
+    with pytest.raises(HostError, match="not-a-folder"):
+        execute("broker", ctx)
+    pid = int((ctx.run_dir / "broker" / "mosquitto.log.pid").read_text())  # it had come up
+    deadline = time.monotonic() + 10
+    while _environ(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _environ(pid) is not None:
+        os.kill(pid, signal.SIGKILL)  # not left behind by this test either
+        pytest.fail("the broker a failed start launched is still running")
+    assert _listening(port) == set()
+    assert stop_broker(ctx) == "no broker was started"  # nothing left for teardown
+
+
 def test_the_secret_filter_keeps_what_is_asked_and_nothing_else():
     from tasks.child_env import child_env
 

@@ -39,10 +39,13 @@ class BrokerAdapter:
     def __init__(self, host: Host | None = None, cpus: str | None = None) -> None:
         self.host = host
         self.cpus = cpus  # the CPUs of its host it runs on when perfpipe starts it, or None
+        self.launched: int | None = None  # the process group `launch` started, if it did
 
     def launch(self, argv: list[str], log_path: str) -> int:
-        """`Host.launch` of the broker's command, on `cpus` when given (`start` uses it)."""
-        return self.host.launch(pinned(argv, self.cpus), log_path)
+        """`Host.launch` of the broker's command, on `cpus` when given (`start` uses it);
+        the group is kept in `launched`, so a caller whose start fails later can stop it."""
+        self.launched = self.host.launch(pinned(argv, self.cpus), log_path)
+        return self.launched
 
     def version(self) -> str:
         """The installed version as the broker host tells it, or "unknown"."""

@@ -149,6 +149,36 @@ def placed_on(host: Host, adapter, state: dict, cpus: str) -> str:
     raise BrokerError(problem)
 
 
+def start_managed(ctx: RunContext, adapter, state: dict, port: int, options: dict,
+                  usable: str | None, tls: dict | None) -> None:
+    """Start the broker perfpipe manages, place it and give the driver hosts its CA, adding
+    what it is to `state` (broker.json)."""
+    config, host = ctx.inventory.broker, adapter.host
+    state.update(port=port, **adapter.start(ctx.remote_run_dir(host), state["address"], port,
+                                             **options))
+    if config.cpus:  # kept there from the start, or by the stages step for searches
+        kept = ctx.inventory.broker_kept_on(search=False)
+        asked = (placed_on(host, adapter, state, kept) if kept
+                 else cpu_lists.as_list(cpu_lists.parse(config.cpus)))
+        state.update(cpus=asked, cpus_for=config.cpus_for, host_cpus=usable)
+    if tls:
+        install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
+        state["tls"]["installed_ca_files"] = tls["ca_files"]
+
+
+def stop_launched(adapter, failure: BaseException) -> None:
+    """Stop the broker a failed start launched (its state never reached broker.json, so
+    teardown would not know of it: it would hold its port on somebody's host); a failure to
+    stop it is added to the start's own error."""
+    group = adapter.launched
+    if group is None or not adapter.host.alive(group):
+        return
+    try:
+        adapter.stop(group)
+    except Exception as exc:  # noqa: BLE001 - the start's error is the one to raise
+        failure.add_note(f"stopping the broker it launched (group {group}): {exc}")
+
+
 def run(ctx: RunContext, call: Call) -> dict:
     inventory = ctx.inventory
     config = inventory.broker
@@ -177,16 +207,11 @@ def run(ctx: RunContext, call: Call) -> dict:
                                   f"the TLS scenarios out of the suite")
             options.update(tls_port=tls["port"], local_dir=ctx.run_dir / rundir.TLS_DIR,
                            tls_names=[address, config.host, "localhost", "127.0.0.1"])
-        state.update(port=port, **adapter.start(ctx.remote_run_dir(host), address, port,
-                                                 **options))
-        if config.cpus:  # kept there from the start, or by the stages step for searches
-            kept = inventory.broker_kept_on(search=False)
-            asked = (placed_on(host, adapter, state, kept) if kept
-                     else cpu_lists.as_list(cpu_lists.parse(config.cpus)))
-            state.update(cpus=asked, cpus_for=config.cpus_for, host_cpus=usable)
-        if tls:
-            install_ca(ctx, state["tls"]["local_ca_file"], tls["ca_files"])
-            state["tls"]["installed_ca_files"] = tls["ca_files"]
+        try:
+            start_managed(ctx, adapter, state, port, options, usable, tls)
+        except BaseException as exc:
+            stop_launched(adapter, exc)
+            raise
     else:
         state.update(port=config.port, pid=None)
         state["connect_s"] = adapter.health(address, config.port)
