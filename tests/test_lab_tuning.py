@@ -129,6 +129,56 @@ def test_an_apply_killed_midway_leaves_every_before_value_it_changed(lab, perfpi
     assert {h.name: host_state(h) for h in lab_hosts()} == before
 
 
+def test_teardown_restores_a_partly_tuned_host_and_names_one_it_cannot_reach(
+        lab, tiny_suite, tmp_path, capsys):
+    """Fault: a run's tune step changed driver1 and failed before it recorded the run's
+    tuning (here: the changes made by `tune --apply --host driver1`, no tuning/ file in the
+    run), and host ghost, which has an undo record, cannot be reached at teardown. Teardown
+    restores driver1 from its undo record, names ghost and keeps its record."""
+    import json
+
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps.plan import plan_run
+    from tasks.steps.tune import restore_run_tuning
+    from tasks.tuning.runner import snapshot_path
+
+    client_key = STATE / "client_key"
+    common = ("transport: ssh, roles: [driver], python: /usr/bin/python3, "
+              "tuning_allow: ['net.*']")
+    inventory = tmp_path / "partly.yml"
+    inventory.write_text(f"""
+hosts:
+  - {{name: driver1, address: 10.250.77.12, user: root, key_file: {client_key}, {common}}}
+  - {{name: ghost, address: 10.250.77.99, user: root, key_file: {client_key}, {common}}}
+broker: {{host: driver1, managed: false, port: 1883}}
+tuning_profile: lab-net
+tuning_mode: apply
+tuning_restore: true
+""")
+    driver1 = next(h for h in lab_hosts() if h.name == "driver1")
+    before = host_state(driver1)
+    assert perfpipe(["tune", "--inventory", str(inventory), "--apply", "--host", "driver1"]) == 0
+    assert host_state(driver1) != before
+    settings = load_settings()
+    ghost = snapshot_path(settings.state_dir, "ghost")
+    ghost.write_text(json.dumps({"profile": "lab-net", "records": [
+        {"kind": "sysctl", "key": "net.core.somaxconn", "before": "4096"}]}))
+    ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
+    assert not (ctx.run_dir / "tuning").exists()  # the run's tune step recorded nothing
+
+    problems: list[str] = []
+    restored = restore_run_tuning(ctx, problems)
+    assert restored["driver1"] > 0 and "ghost" not in restored
+    assert host_state(driver1) == before
+    assert not snapshot_path(settings.state_dir, "driver1").exists()
+    (line,) = problems
+    assert line.startswith("tuning not restored on ghost (its record is kept for "
+                           "`perfpipe tune --restore`): "), line
+    assert ghost.exists()
+    capsys.readouterr()
+
+
 def test_unreachable_wrong_key_and_no_sudo_each_get_one_line(lab, perfpipe_env, tmp_path, capsys):
     key = tmp_path / "not_authorized"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)

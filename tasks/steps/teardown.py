@@ -86,7 +86,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     problems: list[str] = []
     stopped = stop_drivers(ctx, problems)
     broker = _guarded(problems, "broker not stopped", lambda: stop_broker(ctx))
-    restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx))
+    restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx, problems))
     for line in problems:
         call.say(f"teardown: {line}")
     warning = slack_warning(ctx)

@@ -9,14 +9,12 @@ comparison history.
 
 from __future__ import annotations
 
-import json
-
 from .. import rundir
 from ..fingerprint import tuning_hash
 from ..hosts import Host
 from ..run_context import RunContext
 from ..tuning.profile import load_profile
-from ..tuning.runner import restore, tune
+from ..tuning.runner import restore, snapshot_path, tune
 from . import Call
 
 
@@ -43,17 +41,26 @@ def run(ctx: RunContext, call: Call) -> dict:
             "applied": sum(e["action"] == "applied" for e in entries)}
 
 
-def restore_run_tuning(ctx: RunContext) -> dict[str, int]:
-    """At teardown: undo what this run's tune step applied, where the inventory asks to."""
+def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
+    """At teardown: undo what perfpipe applied on the inventory's hosts, where it asks to:
+    every host with an undo record (`tasks.tuning.runner.snapshot_path`, written before
+    each change), so a tune step that failed partway is undone too. A host that cannot be
+    reached is said in `problems`, naming it, and the others are still restored; returns
+    host -> values restored."""
     inventory = ctx.inventory
     if inventory.tuning_mode != "apply" or not inventory.tuning_restore:
         return {}
     restored = {}
-    for path in sorted((ctx.run_dir / rundir.TUNING_DIR).glob("*.json")):
-        name = json.loads(path.read_text())["host"]
-        host: Host = ctx.host(name)
+    for config in inventory.hosts:
+        if not snapshot_path(ctx.settings.state_dir, config.name).exists():
+            continue
         try:
-            restored[name] = len(restore(host, state_dir=ctx.settings.state_dir))
-        finally:
-            host.close()
+            host: Host = ctx.host(config.name)
+            try:
+                restored[config.name] = len(restore(host, state_dir=ctx.settings.state_dir))
+            finally:
+                host.close()
+        except Exception as exc:  # noqa: BLE001 - said; the other hosts are still restored
+            problems.append(f"tuning not restored on {config.name} (its record is kept for "
+                            f"`perfpipe tune --restore`): {type(exc).__name__}: {exc}")
     return restored
