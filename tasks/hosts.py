@@ -206,16 +206,28 @@ class Host:
         if self.alive(pid):
             self.kill_group(pid, "KILL")
 
-    def alive(self, pid: int, group: int | None = None) -> bool:
-        """Whether the process runs, and in process group `group` where given (a pid, or a
-        group id, the kernel may have given to another process since). A zombie (ended,
-        not yet reaped) does not: a stopped group's shell is one until PID 1 reaps it,
-        which a container's init may do seconds later, or never (`kill -0` would call it
-        alive all that time)."""
+    def alive(self, pid: int, group: int | None = None, started: int | None = None) -> bool:
+        """Whether the process runs, and in process group `group` and since `started` (as
+        `started` read it) where given: a pid, or a group id, the kernel may have given to
+        another process since. A zombie (ended, not yet reaped) does not: a stopped group's
+        shell is one until PID 1 reaps it, which a container's init may do seconds later,
+        or never (`kill -0` would call it alive all that time)."""
+        fields = self._stat(pid)
+        return fields[:1] not in (["Z"], ["X"], []) and (
+            group is None or fields[2:3] == [str(int(group))]) and (
+            started is None or fields[19:20] == [str(int(started))])
+
+    def started(self, pid: int) -> int | None:
+        """When the process started, in clock ticks after boot (/proc/PID/stat's 22nd
+        field): with its pid, what tells it from a later process given the same pid."""
+        fields = self._stat(pid)
+        return int(fields[19]) if len(fields) > 19 else None
+
+    def _stat(self, pid: int) -> list[str]:
+        """/proc/PID/stat's fields after the command name (state, ppid, pgrp, ...); [] for a
+        process that is gone."""
         stat = self.run(["cat", f"/proc/{int(pid)}/stat"], check=False)
-        fields = stat.stdout.rpartition(")")[2].split()  # state, ppid, pgrp, ...
-        return stat.ok and fields[:1] not in (["Z"], ["X"], []) and (
-            group is None or fields[2:3] == [str(int(group))])
+        return stat.stdout.rpartition(")")[2].split() if stat.ok else []
 
     def kill_group(self, pid: int, signal: str = "TERM") -> None:
         self.run(["kill", f"-{signal}", "--", f"-{pid}"], check=False)

@@ -213,6 +213,42 @@ def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
     assert stop_broker(ctx) == "no broker was started"  # nothing left for teardown
 
 
+def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
+                                                                tiny_suite: Path) -> None:
+    """Fault: teardown run again days later (`perfpipe step teardown RUN` once the
+    database is back), when a driver group's id names another process group: that group
+    is left alone, the run's own is stopped."""
+    import subprocess
+
+    from tasks.hosts import LocalHost
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps.plan import plan_run
+    from tasks.steps.teardown import stop_drivers
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                         "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                         "port: 1883}\n")
+    settings = load_settings()
+    ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
+    ours, other = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    try:
+        here = LocalHost()
+        ctx.write_json("processes/tiny.json", {"processes": [
+            {"host": "localhost", "group_pid": ours.pid, "started": here.started(ours.pid)},
+            # as if the run's driver had ended and the kernel had given its id to `other`
+            {"host": "localhost", "group_pid": other.pid,
+             "started": here.started(other.pid) - 1}]})
+        assert stop_drivers(ctx) == 1
+        assert ours.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None, "teardown signalled a process group the run never had"
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_secret_filter_keeps_what_is_asked_and_nothing_else():
     from tasks.child_env import child_env
 

@@ -219,8 +219,9 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     inventory = ctx.inventory
     plans = place(stage, stage_slots(stage, inventory, usable_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
-    ctx.write_json(rundir.processes_file(stage.stage_id),
-                   {"processes": [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]})
+    ctx.write_json(rundir.processes_file(stage.stage_id), {"processes": [
+        {"host": p.plan.host, "group_pid": p.group_pid, "started": p.host.started(p.group_pid)}
+        for p in launched]})
     try:
         _wait_ready(launched, READY_TIMEOUT_S)
     except StageError:

@@ -30,8 +30,10 @@ T = TypeVar("T")
 
 
 def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
-    """Stop every driver process group of the run still alive; a host that cannot be
-    reached is noted in `problems` (once) and the others are still stopped."""
+    """Stop every driver process group of the run still alive (its leader the process
+    launched: a group id the kernel gave another process since, when teardown runs again
+    days later, is left alone); a host that cannot be reached is noted in `problems`
+    (once) and the others are still stopped."""
     stopped, unreachable = 0, set()
     for path in sorted((ctx.run_dir / rundir.PROCESSES_DIR).glob("*.json")):
         for proc in json.loads(path.read_text())["processes"]:
@@ -39,7 +41,7 @@ def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
                 continue
             host = ctx.host(proc["host"])
             try:
-                if host.alive(proc["group_pid"]):
+                if host.alive(proc["group_pid"], started=proc.get("started")):
                     host.kill_group(proc["group_pid"])
                     stopped += 1
             except HostError as exc:
