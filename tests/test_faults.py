@@ -31,6 +31,18 @@ def _one_stage_suite(tiny_suite: Path) -> str:
     return "tiny0"
 
 
+def _planned(tmp_path: Path, inventory_yaml: str, suite: str):
+    """A run planned (its RunContext) on an inventory written from `inventory_yaml`."""
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps.plan import plan_run
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(inventory_yaml)
+    settings = load_settings()
+    return RunContext.load(settings, plan_run(settings, suite=suite, inventory=inventory))
+
+
 @pytest.mark.slow  # about 16 s
 def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_step(
         tmp_path: Path, tiny_suite: Path, broker, capsys):
@@ -122,10 +134,7 @@ def test_children_see_no_secret_they_do_not_need_and_the_broker_binds_one_addres
     """Fault (security): perfpipe runs with the Slack token, the DB's URL and an Airflow
     connection in its environment; the scenario's drivers need an MQTT password from one;
     the inventory names the broker's address by host name."""
-    from tasks.run_context import RunContext
-    from tasks.settings import load_settings
     from tasks.steps import Call, execute
-    from tasks.steps.plan import plan_run
 
     secrets = {"PERFPIPE_SLACK_TOKEN": "xoxb-not-for-children",
                "PERFPIPE_DB_URL": f"sqlite:///{tiny_suite}/results.db",
@@ -135,12 +144,9 @@ def test_children_see_no_secret_they_do_not_need_and_the_broker_binds_one_addres
     scenarios = tiny_suite.parent / "scenarios"
     (scenarios / "catalog" / "tiny_login.yml").write_text(SECRET_SCENARIO)
     (scenarios / "suites.yml").write_text("suites: {login: [tiny_login]}\n")
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
-                         "procs: 1}]\nbroker: {kind: mosquitto, host: localhost, address: "
-                         "localhost}\n")
-    settings = load_settings()
-    ctx = RunContext.load(settings, plan_run(settings, suite="login", inventory=inventory))
+    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
+                   "driver], procs: 1}]\nbroker: {kind: mosquitto, host: localhost, address: "
+                   "localhost}\n", "login")
     seen: dict[str, dict[str, str]] = {}
     try:
         execute("provision", ctx, Call(host="localhost"))
@@ -178,11 +184,8 @@ def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
     the step's own error."""
     from tasks.hosts import HostError
     from tasks.ports import free_port
-    from tasks.run_context import RunContext
-    from tasks.settings import load_settings
     from tasks.steps import Call, execute
     from tasks.steps.broker import stop_broker
-    from tasks.steps.plan import plan_run
 
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
@@ -193,12 +196,9 @@ def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
         f"{free_port()}, ca_file: {blocked}/perfpipe-ca.pem}}}}\n")
     (scenarios / "suites.yml").write_text("suites: {tls: [tiny_tls]}\n")
     port = free_port()
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
-                         f"procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, address: "
-                         f"127.0.0.1, port: {port}}}\n")
-    settings = load_settings()
-    ctx = RunContext.load(settings, plan_run(settings, suite="tls", inventory=inventory))
+    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
+                   f"driver], procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, "
+                   f"address: 127.0.0.1, port: {port}}}\n", "tls")
     execute("provision", ctx, Call(host="localhost"))
     with pytest.raises(HostError, match="not-a-folder"):
         execute("broker", ctx)
@@ -221,17 +221,11 @@ def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
     import subprocess
 
     from tasks.hosts import LocalHost
-    from tasks.run_context import RunContext
-    from tasks.settings import load_settings
-    from tasks.steps.plan import plan_run
     from tasks.steps.teardown import stop_drivers
 
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
-                         "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
-                         "port: 1883}\n")
-    settings = load_settings()
-    ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
+    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                   "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                   "port: 1883}\n", "tiny")
     ours, other = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
     try:
         here = LocalHost()
