@@ -4,9 +4,11 @@ rows (one row a second from one host: `read_samples`), and whether every CSV the
 scan is there and whole.
 
 A listed process without summary.json, a missing/empty/truncated CSV or a driver that
-reported an error makes the stage "incomplete"; a clock offset over
-`CLOCK_OFFSET_LIMIT_S` or broker samples that are missing is a problem line. Every reason
-is a "problems" line of the stage. Plain Python: no Spark here.
+reported an error makes the stage "incomplete"; a stage on several hosts one of whose
+clocks provisioning did not trust (`clock_trusted` in hosts/<host>.json: its latency from
+one host's publishers to another's subscribers carries the clocks' difference) or broker
+samples that are missing is a problem line. Every reason is a "problems" line of the
+stage. Plain Python: no Spark here.
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ from tasks.driver.output import (
     SUMMARY_FILE,
 )
 from tasks.manifest import changed_since
-from tasks.rundir import MANIFEST, RAW_DIR
+from tasks.rundir import HOSTS_DIR, MANIFEST, RAW_DIR
 from tasks.rundir import SAMPLER as SAMPLER_DIR
 
-CLOCK_OFFSET_LIMIT_S = 0.01
 _BAD_DRIVER_STATUS = ("error", "no_start")
 
 
@@ -117,9 +118,6 @@ def _check_summary(stage: StageFiles, summary: dict, label: str) -> None:
     if status != "ok":
         stage.problem(f"process {label} reported status {status!r}",
                       incomplete=status in _BAD_DRIVER_STATUS)
-    offset = (summary.get("clock") or {}).get("offset_s")
-    if isinstance(offset, (int, float)) and abs(offset) > CLOCK_OFFSET_LIMIT_S:
-        stage.problem(f"clock offset of {label} is {offset:+.3f} s")
     if stage.window and _window_of(summary) not in (None, stage.window):
         stage.problem(f"measure window of {label} {_window_of(summary)} differs from "
                       f"{STAGE_FILE} {stage.window}")
@@ -233,9 +231,38 @@ def _check_manifest(stage: StageFiles, run_dir: Path, files: dict[str, dict]) ->
         stage.problem(line, incomplete=True)
 
 
+def _check_clocks(stage: StageFiles, clocks: dict[str, dict]) -> None:
+    """A stage whose processes ran on several hosts, one of whose clocks provisioning did
+    not trust against the orchestrator's (`clocks`: host -> its hosts/<host>.json), says
+    so: a message's latency from one host to another is the receiver's clock less the
+    sender's stamp."""
+    hosts = sorted({str(s.get("host")) for s in stage.summaries if s.get("host")})
+    untrusted = [h for h in hosts if (clocks.get(h) or {}).get("clock_trusted") is False]
+    if len(hosts) > 1 and untrusted:
+        offsets = ", ".join(f"{h} {1000 * clocks[h]['clock_offset_s']:+.3f} ms "
+                            f"(+-{1000 * clocks[h]['clock_uncertainty_s']:.3f} ms)"
+                            for h in untrusted)
+        stage.problem(f"clocks not trusted for latency across hosts: {offsets} off the "
+                      f"orchestrator's; synchronise them (chrony, NTP) or keep each stage's "
+                      f"clients on one host")
+
+
+def _recorded_clocks(run_dir: Path) -> dict[str, dict]:
+    """host -> its fingerprint as provisioning recorded it (hosts/<host>.json), where the
+    run folder has one (a raw folder aggregated by hand may not)."""
+    clocks = {}
+    for path in sorted((run_dir / HOSTS_DIR).glob("*.json")):
+        try:
+            clocks[path.stem] = _read_json(path)
+        except (OSError, ValueError):
+            continue  # provisioning's own record: a cut one tells nothing of its clock
+    return clocks
+
+
 def discover(run_dir: Path, wanted: list[str] | None) -> list[StageFiles]:
     """Every stage's files (or the `wanted` ones'), checked against the manifest when the
-    run was collected (a raw folder aggregated by hand may have none)."""
+    run was collected (a raw folder aggregated by hand may have none), and against the
+    clocks provisioning recorded."""
     raw_dir = run_dir / RAW_DIR
     found = sorted(p.name for p in raw_dir.iterdir() if p.is_dir()) if raw_dir.is_dir() else []
     manifest = run_dir / MANIFEST
@@ -243,4 +270,7 @@ def discover(run_dir: Path, wanted: list[str] | None) -> list[StageFiles]:
     stages = [load_stage(raw_dir, stage_id) for stage_id in sorted(set(wanted or found))]
     for stage in stages if files is not None else []:
         _check_manifest(stage, run_dir, files)
+    clocks = _recorded_clocks(run_dir)
+    for stage in stages:
+        _check_clocks(stage, clocks)
     return stages

@@ -69,8 +69,9 @@ HUGE_US = 60_000_000  # latencies outside the window
 HOSTS, PROCS = ("h1", "h2"), (0, 1)
 RECEIVERS = 2  # subscribers that get each message
 SHUFFLED = ("h2", 1)  # this process's counters.csv rows are written out of order
-OFFSET = ("h1", 1)  # this process reports a clock offset
-OFFSET_S = 0.05
+# provisioning's record of each host's clock: h1's is 50 ms off, beyond what it trusts
+CLOCKS = {"h1": {"clock_offset_s": 0.05, "clock_uncertainty_s": 0.0001, "clock_trusted": False},
+          "h2": {"clock_offset_s": 0.0002, "clock_uncertainty_s": 0.0001, "clock_trusted": True}}
 CONNECTED = 10  # per process, in connect_phase (2 x 5 CONNACKs in the counters)
 # connect_phase times per (host, proc), after CONNECT_SECONDS[0]: exact binary fractions.
 # The stage's connect phase runs from the earliest first CONNECT (h1/0) to the latest last
@@ -180,10 +181,9 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
     unique = expected - int(rng.integers(0, 20))
     proc.expect.last_seq_total += sum(last_seq.values())
     proc.expect.unique += unique
-    offset = OFFSET_S if (proc.host, proc.proc) == OFFSET else None
     return {"run_id": RUN_ID, "stage_id": stage_id, "host": proc.host, "proc": proc.proc,
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
-            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": offset},
+            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": None},
             "connect_phase": connect_phase(proc),
             "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)])),
             "cpus": CPUS[(proc.host, proc.proc)]}
@@ -303,6 +303,9 @@ def run(tmp_path_factory) -> Run:
         "s5_no_phase": build_stage(raw, "s5_no_phase", 5, no_phase=NO_PHASE),
         "s6_broker_host": build_stage(raw, "s6_broker_host", 6, hosts=("h1",)),
     }
+    for host, clock in CLOCKS.items():
+        (run_dir / "hosts").mkdir(exist_ok=True)
+        (run_dir / "hosts" / f"{host}.json").write_text(json.dumps({"host": host, **clock}))
     # cut the last row (a drain second) of one file mid-way: two columns and the newline
     truncate(raw / "s4_truncated" / "h1" / "0" / COUNTERS_FILE, 5)
     # two bad lines in a histogram file: a field that is no number, a row one field short
@@ -595,9 +598,13 @@ def test_per_second_p99_broker_cpu_and_buckets_are_series_for_the_report(run: Ru
         assert percentile(dict(zip(index, counts)), 99) == stage["metrics"][f"{kind}_latency_p99"]
 
 
-def test_clock_offset_is_reported(run: Run):
-    problems = run.stages["s1_ok"]["problems"]
-    assert any("clock offset" in p and "h1/1" in p for p in problems), problems
+def test_a_stage_across_hosts_whose_clocks_are_not_trusted_says_so(run: Run):
+    (line,) = [p for p in run.stages["s1_ok"]["problems"] if "clock" in p]
+    assert line.startswith("clocks not trusted for latency across hosts: h1 +50.000 ms "
+                           "(+-0.100 ms) off the orchestrator's"), line
+    assert "h2" not in line.split(";")[0]
+    # on one host, the clocks of its publishers and subscribers are the same clock
+    assert not [p for p in run.stages["s6_broker_host"]["problems"] if "clock" in p]
 
 
 def test_missing_process_makes_stage_incomplete(run: Run):
