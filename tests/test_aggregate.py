@@ -183,7 +183,7 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
     proc.expect.unique += unique
     return {"run_id": RUN_ID, "stage_id": stage_id, "host": proc.host, "proc": proc.proc,
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
-            "last_seq": last_seq, "clock": {"source": "time.time_ns", "offset_s": None},
+            "last_seq": last_seq, "clock": {"source": "time.time_ns"},
             "connect_phase": connect_phase(proc),
             "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)])),
             "cpus": CPUS[(proc.host, proc.proc)]}
