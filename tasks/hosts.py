@@ -159,13 +159,20 @@ class Host:
         return result.stdout if result.ok else None
 
     def write_root_file(self, path: str, content: str, mode: str = "0644") -> None:
-        """Write a file owned by root, atomically (a temp file, then install)."""
+        """Write a file as root, atomically (a temp file, then install). A file that exists
+        keeps its owner, group and mode (IBM MQ's qm.ini is mqm's, and its queue manager
+        must still write it); a new one is root's, with `mode`."""
         with tempfile.NamedTemporaryFile("w", delete=False, suffix=".perfpipe") as handle:
             handle.write(content)
         remote_tmp = f"/tmp/perfpipe-{secrets.token_hex(6)}"
+        owner: list[str] = []
+        now = self.as_root(["stat", "-c", "%u %g %a", "--", path], check=False)
+        if now.ok and len(now.stdout.split()) == 3:
+            uid, gid, mode = now.stdout.split()
+            owner = ["-o", uid, "-g", gid]
         try:
             self.put(Path(handle.name), remote_tmp)
-            self.as_root(["install", "-D", "-m", mode, remote_tmp, path])
+            self.as_root(["install", "-D", *owner, "-m", mode, remote_tmp, path])
         finally:
             Path(handle.name).unlink()
             self.run(["rm", "-f", remote_tmp], check=False)

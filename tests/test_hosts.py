@@ -108,3 +108,21 @@ def test_a_host_tuned_for_many_clients_still_gets_a_server_port(tmp_path: Path):
         assert port >= lowest
         with socket.socket() as server:
             server.bind(("", port))
+
+
+def test_a_file_written_as_root_keeps_its_owner_and_mode_and_a_new_one_is_roots(tmp_path: Path):
+    """Tuning edits files other users own (IBM MQ's qm.ini is mqm's, mode 0660): writing
+    and restoring them must not hand them to root."""
+    owned = tmp_path / "qm.ini"
+    owned.write_text("before\n")
+    os.chown(owned, 65534, 65534)
+    owned.chmod(0o660)
+    host = LocalHost()
+    host.write_root_file(str(owned), "after\n")
+    stat = owned.stat()
+    assert owned.read_text() == "after\n"
+    assert (stat.st_uid, stat.st_gid, oct(stat.st_mode & 0o7777)) == (65534, 65534, "0o660")
+    new = tmp_path / "sub" / "90-perfpipe.conf"
+    host.write_root_file(str(new), "x = 1\n")
+    stat = new.stat()
+    assert (stat.st_uid, oct(stat.st_mode & 0o7777)) == (0, "0o644")
