@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tasks.cli import main, parser
-from tasks.views.summary import short_summary
+from tasks.views.summary import run_summary, short_summary
 from tasks.views.tables import verdict_rows
 
 
@@ -38,8 +38,8 @@ def test_show_and_report_on_a_fresh_state_say_there_is_no_such_run(perfpipe_env:
     """A store nothing wrote to yet is made first, as for every other store command: an
     unknown run is named, not a database error about a missing table."""
     assert main(["show", "nightly-x"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("no run 'nightly-x'; recent: []") and "no such table" not in err
+    err = capsys.readouterr().err  # (beside Alembic's log lines, which tests may see)
+    assert "no run 'nightly-x'; recent: []" in err.splitlines() and "no such table" not in err
     assert main(["report", "nightly-x"]) == 2
     err = capsys.readouterr().err
     assert "unknown run 'nightly-x'" in err and "no such table" not in err, err
@@ -125,6 +125,13 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
                                        "detail": {"new_history": why}}]}
     assert f"verdicts: none, {why}\n" in short_summary(run, [fresh], files)
     assert verdict_rows([fresh])[0]["note"] == why
+    # nothing compared because no stage was valid: not "no baseline", and no promise that
+    # the next run compares against this one
+    broken = {**stage, "validity": "invalid",
+              "comparisons": [verdict("delivered_rate", "invalid")]}
+    for text in (short_summary(run, [broken], files), run_summary(run, [broken], files)):
+        assert ("nothing was compared; an invalid stage feeds no baseline (its reasons: "
+                "perfpipe show nightly-x)") in text and "next run compares" not in text
 
 
 def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,

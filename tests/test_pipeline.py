@@ -102,7 +102,7 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
         assert metrics["broker_cpu_avg"] / (procs * busiest) * (1 - 1e-9) <= ratio
         assert ratio <= metrics["broker_cpu_avg"] / busiest * (1 + 1e-9)
     output = "\n".join(lines)
-    assert "no baseline yet" in output and outcome.report in output
+    assert "nothing compared: no earlier valid run" in output and outcome.report in output
     report = Path(outcome.report).read_text()
     assert "broker CPU / 10K msgs (CPU-s)" in report and "RSS / 1K conns (MiB)" in report
     assert "broker CPU / driver CPU" in report

@@ -15,6 +15,8 @@ NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
 COUNTED = VERDICTS + (OFF_PACE,)  # the short summary's counts, in this order
 NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
                "compared (the next run compares against this one)")
+NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage feeds no "
+              "baseline (its reasons: perfpipe show {run_id})")
 
 
 def _header(run: dict) -> list[str]:
@@ -29,8 +31,12 @@ def _files(files: dict[str, Path]) -> list[str]:
 
 
 def _no_baseline(run: dict, stages: list[dict]) -> str:
-    """Why nothing was compared: no earlier run, or (named) a history that starts anew."""
-    details = [c.get("detail") or {} for s in stages for c in s.get("comparisons", [])]
+    """Why nothing was compared: no stage valid, no earlier run, or (named) a history that
+    starts anew."""
+    comparisons = [c for s in stages for c in s.get("comparisons", [])]
+    if comparisons and all(c["verdict"] == "invalid" for c in comparisons):
+        return NONE_VALID.format(run_id=run["run_id"])
+    details = [c.get("detail") or {} for c in comparisons]
     why = sorted({d.get("new_history") or d.get("note") or "" for d in details} - {""})
     if not why:
         return NO_BASELINE
@@ -48,7 +54,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
         lines.append("\nverdicts against earlier runs of the same stage, fingerprint and setup:\n"
                      + table(verdicts))
     else:
-        lines.append(f"\nno baseline yet: {_no_baseline(run, stages)}")
+        lines.append(f"\nnothing compared: {_no_baseline(run, stages)}")
     return "\n".join(lines + _files(files))
 
 
