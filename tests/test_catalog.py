@@ -241,6 +241,19 @@ def test_the_inventory_takes_broker_cpus_only_for_a_broker_perfpipe_starts():
             Inventory(hosts=[host], broker=broker)
 
 
+def test_an_inventory_number_is_a_number_not_yaml_true():
+    """YAML's `true` is Python's 1: `procs: true` ran one driver process, `port: true` a
+    broker on port 1, each failing later without naming the field."""
+    host = {"name": "h", "transport": "local", "roles": ["broker", "driver"]}
+    for hosts, broker, field in (([{**host, "procs": True}], {"host": "h"}, "procs"),
+                                 ([{**host, "search_procs": True}], {"host": "h"}, "search_procs"),
+                                 ([{**host, "port": True}], {"host": "h"}, "port"),
+                                 ([host], {"host": "h", "port": True}, "broker.port")):
+        with pytest.raises(ValueError, match=rf"{field}.*\n.*Input should be a valid integer"):
+            Inventory(hosts=hosts, broker=broker)
+    assert Inventory(hosts=[{**host, "procs": 2}], broker={"host": "h", "port": 1883}).hosts[0].procs == 2
+
+
 def test_every_gateway_is_another_host_and_following_them_ends():
     """Checked for a broker with no host too (a compose or cloud broker), where the check
     used to be skipped and a bad gateway failed at provision with a bare StopIteration."""

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ..brokers import ADAPTERS
 from ..config_files import load_model
@@ -24,16 +24,16 @@ class HostConfig(BaseModel):
     name: str = Field(pattern=NAME, description="short host name used in paths and reports")
     address: str = "localhost"
     transport: Literal["local", "ssh"] = "local"
-    port: int = Field(22, ge=1, le=65535)
+    port: StrictInt = Field(22, ge=1, le=65535)
     user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     key_file: Path | None = None
     roles: list[Literal["broker", "driver"]] = Field(min_length=1)
-    procs: int | Literal["auto"] = Field(
+    procs: StrictInt | Literal["auto"] = Field(
         "auto", description="driver processes on this host; auto: one per CPU perfpipe's "
         "processes may use there (its affinity), less the CPUs broker.cpus keeps for the "
         "broker on its host (resolved at plan time for local hosts, from the provisioned "
         "fingerprint's usable_cpus for SSH hosts)")
-    search_procs: int | Literal["auto"] | None = Field(
+    search_procs: StrictInt | Literal["auto"] | None = Field(
         None, description="driver processes on this host for a max-rate search's probes "
         "and holds (capacity stages), instead of `procs`; default: procs")
     python: str | None = Field(None, description="interpreter for the driver; default: "
@@ -123,7 +123,8 @@ class BrokerConfig(BaseModel):
     host: str | None = Field(None, description="inventory host that runs the broker; may be "
                              "left out for an unmanaged broker perfpipe only connects to")
     managed: bool = Field(True, description="false: the broker already runs; never start or stop it")
-    port: int | None = Field(None, ge=1, le=65535, description="empty: a free port is chosen")
+    port: StrictInt | None = Field(None, ge=1, le=65535,
+                                   description="empty: a free port is chosen")
     address: str | None = Field(None, description="address clients connect to; default the host's")
     processes: BrokerProcesses | None = Field(
         None, description="an unmanaged broker: how to find its processes on broker.host "

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -38,10 +39,21 @@ from pydantic import (
 
 from ..config_files import ConfigError, load_model, read_yaml, validate
 from ..driver import limits
+from ..driver.wire import HEADER_BYTES
 
 GROUP = r"^[a-z][a-z0-9_]{0,30}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 QosRate = Union[StrictFloat, dict[Literal[0, 1, 2], StrictFloat]]
+
+
+def _not_a_boolean(value: Any) -> Any:
+    """YAML's true is Python's 1, and Literal[0, 1, 2] would take it as QoS 1."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be 0, 1 or 2, got {value}")
+    return value
+
+
+QoS = Annotated[Literal[0, 1, 2], BeforeValidator(_not_a_boolean)]
 
 PLACEHOLDER = re.compile(r"\{([a-z]+)(?:(%|//)(\d+))?\}")
 PLACEHOLDERS = ("scenario", "group", "i", "n", "client")
@@ -126,8 +138,8 @@ class PublisherGroup(BaseModel):
     aggregate_rate: QosRate | None = Field(
         None, description="messages/s of the whole group at 100% rate, split evenly over "
                           "its publishers; or one per QoS")
-    payload_bytes: StrictInt = Field(256, ge=32, le=268_435_455,
-                               description=">= 32: the driver's latency header")
+    payload_bytes: Annotated[StrictInt, _within(limits.PAYLOAD_BYTES)] = Field(
+        256, ge=HEADER_BYTES, description=f">= {HEADER_BYTES}: the driver's latency header")
     scale_with_clients: bool = Field(True, description="false: count stays fixed at every "
                                      "clients_pct step (e.g. fan-out's one publisher)")
     topic_count: Annotated[StrictInt, _within(limits.TOPIC_COUNT)] | None = Field(
@@ -336,7 +348,7 @@ class Scenario(BaseModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
     description: str = ""
     source: str = Field("", description="the report and test this scenario reproduces")
-    qos: list[Literal[0, 1, 2]] = Field([0], min_length=1)
+    qos: list[QoS] = Field([0], min_length=1)
     publishers: list[PublisherGroup] = Field(min_length=1)
     subscribers: list[SubscriberGroup] = Field(default_factory=list)
     stages: StagePlan = Field(default_factory=StagePlan)
@@ -424,7 +436,7 @@ class SuiteEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scenario: str
-    qos: list[Literal[0, 1, 2]] | None = Field(None, min_length=1)
+    qos: list[QoS] | None = Field(None, min_length=1)
     stages: dict[str, Any] | None = Field(None, description="StagePlan fields to override")
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import limits
+from .wire import HEADER_BYTES
 
 
 class SpecError(ValueError):
@@ -106,8 +107,6 @@ class ProcessSpec:
         return doc
 
 
-HEADER_BYTES = 32  # see tasks.driver.wire.HEADER
-MAX_PAYLOAD_BYTES = 256 * 1024 * 1024 - 65536 - 2  # MQTT's packet limit, less topic and id
 
 
 def _require(cond: bool, where: str, message: str) -> None:
@@ -144,8 +143,7 @@ def _publisher(doc: dict, where: str) -> PublisherSpec:
     size = _get(doc, "payload_bytes", where, int, 256)
     _require(size >= HEADER_BYTES, f"{where}payload_bytes",
              f"must be >= {HEADER_BYTES} (the latency header), got {size}")
-    _require(size <= MAX_PAYLOAD_BYTES, f"{where}payload_bytes",
-             f"must be <= {MAX_PAYLOAD_BYTES} (MQTT's packet size limit), got {size}")
+    _require_ok(limits.PAYLOAD_BYTES.problem(size), f"{where}payload_bytes")
     cycle = _get(doc, "topic_cycle", where, list, [])
     _require_ok(limits.TOPIC_COUNT.problem(len(cycle)), f"{where}topic_cycle")
     for i, name in enumerate(cycle):
