@@ -323,6 +323,7 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
     """The stage's entry of stage_metrics.json: status, problems, every metric, series."""
     metrics: dict = dict.fromkeys(METRICS)
     metrics["target_rate"] = stage.doc.get("target_publish_rate")
+    metrics["expected_delivery_rate"] = stage.doc.get("expected_delivery_rate")
     series: dict = {"seconds": [], "delivered_per_s": [], "published_per_s": []}
     status = "incomplete" if stage.incomplete else "ok"
     traffic = {}

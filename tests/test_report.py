@@ -38,6 +38,7 @@ def stage(index: int, qos: int, publishers: int, delivered: float, validity: str
         "params": {"index": index, "scenario": "fanin", "qos": qos, "warmup_s": 2, "measure_s": 10,
                    "groups": [{"role": "pub", "count": publishers}, {"role": "sub", "count": 1}]},
         "metrics": {"delivered_rate": delivered, "target_rate": publishers * 10.0,
+                    "expected_delivery_rate": publishers * 10.0,  # one subscriber
                     "e2e_latency_p50": 800.0 + qos * 100, "e2e_latency_p99": 3000.0,
                     "e2e_latency_avg": 900.0, "e2e_latency_stddev": 400.0, "errors": 0.0,
                     "broker_cpu_avg": 7.5, "broker_rss_max": 9.0e6},
@@ -83,6 +84,8 @@ def test_report_renders_in_chromium_with_charts_and_score_card(report, tmp_path)
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = dom.stdout
     assert '<svg id="rate-fanin"' in page and page.count("<polyline") >= 2 + 7
+    rate_chart = page[page.index('<svg id="rate-fanin"'):]
+    assert "expected (every intended delivery)" in rate_chart[:rate_chart.index("</svg>")]
     assert 'id="score-card"' in page and page.count("<tr>") > 7
     assert page.count('class="series"') == 7 and page.count('class="window"') == 7
     assert "net::ERR" not in dom.stderr and "Failed to load" not in dom.stderr
@@ -197,6 +200,25 @@ def _pixels(png: bytes, box: list[float]) -> list[tuple[int, int, int]]:
     image = Image.open(io.BytesIO(png)).convert("RGB")
     left, top, width, height = (round(v) for v in box)
     return list(image.crop((left, top, left + width, top + height)).get_flattened_data())
+
+
+def test_a_night_judged_before_its_noise_is_known_has_no_band_in_the_report():
+    """The report draws the band the export and the Grafana view give: none for a night
+    judged while learning, whose sigma rests on a few nights."""
+    from tasks.views.history import nights_of
+
+    def comparison(verdict: str) -> dict:
+        return {"metric": "delivered_rate", "verdict": verdict, "baseline_value": 100.0,
+                "detail": {"noise_pct": 3.0}}
+
+    earlier = [{"run_id": "n1", "metrics": {"delivered_rate": 99.0},
+                "verdicts": {"delivered_rate": comparison("learning")}}]
+    stage = {"run_id": "n2", "metrics": {"delivered_rate": 101.0},
+             "comparisons": [comparison("unchanged")]}
+    nights, _ = nights_of("delivered_rate", earlier, stage)
+    assert nights[0].band is None and nights[1].band is not None
+    low, high = nights[1].band
+    assert low < 100.0 < high
 
 
 def test_a_known_regression_is_boxed_at_the_top_and_drawn_in_its_history(regressed, tmp_path):

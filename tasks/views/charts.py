@@ -164,7 +164,7 @@ def line_chart(lines: dict[str, Sequence[Point]], *, target: Sequence[Point] = (
         legend.append((label, color))
     if target:  # drawn last: a line that follows the target stays visible under the dashes
         body.append(frame.polyline(sorted(target), "#555", dashed=True))
-        legend.append(("target (theoretical maximum)", "#666"))
+        legend.append(("expected (every intended delivery)", "#666"))
     return frame.svg([*body, _legend(frame, legend)], title, chart_id=chart_id)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..analysis.policy import Policy, judged_metrics
 from ..catalog.stages import is_probe
-from ..metrics import METRICS, NOISE_UNKNOWN
+from ..metrics import METRICS
 from .history import noise_band
 
 # perfpipe metric -> (Bencher's built-in measure, factor from perfpipe's unit to Bencher's)
@@ -62,9 +62,7 @@ def measure_slug(metric: str) -> str:
 def noise_spread(value: float, comparison: dict | None) -> tuple[float, float] | None:
     """(low, high): `value` times exp(-/+ sigma), sigma the metric's night-to-night noise
     as the comparison measured it; None while the noise is not known."""
-    if comparison is None or comparison["verdict"] in NOISE_UNKNOWN:
-        return None
-    return noise_band(value, comparison.get("detail") or {})
+    return noise_band(value, comparison)
 
 
 def bencher_bmf(stages: Iterable[dict]) -> dict[str, dict[str, dict[str, float]]]:

@@ -8,7 +8,7 @@ import math
 from datetime import datetime
 from html import escape
 
-from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS, flagged_across
+from ..metrics import CAPACITY_AND_COST, FLAGGED, NOISE_UNKNOWN, VERDICTS, flagged_across
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
 from .tables import flagged_together, mde_text, verdict_note
 from .units import readable, show, unit_of
@@ -26,21 +26,23 @@ def _label(when: datetime | None, dated: bool) -> str:
     return when.strftime("%m-%d" if dated else "%m-%d %H:%M")
 
 
-def noise_band(centre: float | None, detail: dict,
+def noise_band(centre: float | None, comparison: dict | None,
                sigmas: float = 1.0) -> tuple[float, float] | None:
     """(low, high): `centre` times exp(-/+ sigmas x sigma), sigma the night-to-night noise
     (log scale) a comparison measured (its detail's `noise_pct`); None when it measured
-    none."""
-    if centre is None or detail.get("noise_pct") is None:
+    none or its verdict was made before the noise was known (`NOISE_UNKNOWN`: a learning
+    night's few nights give a sigma no band should be drawn from)."""
+    c = comparison or {}
+    noise = (c.get("detail") or {}).get("noise_pct")
+    if centre is None or noise is None or c.get("verdict") in NOISE_UNKNOWN:
         return None
-    sigma = detail["noise_pct"] / 100
-    return centre * math.exp(-sigmas * sigma), centre * math.exp(sigmas * sigma)
+    return centre * math.exp(-sigmas * noise / 100), centre * math.exp(sigmas * noise / 100)
 
 
 def _night(label: str, value: float, comparison: dict | None) -> Night:
     c = comparison or {}
     return Night(label, value, c.get("verdict"), c.get("baseline_value"),
-                 noise_band(c.get("baseline_value"), c.get("detail") or {}, BAND_SIGMAS))
+                 noise_band(c.get("baseline_value"), comparison, BAND_SIGMAS))
 
 
 def nights_of(metric: str, earlier: list[dict], stage: dict) -> tuple[list[Night], int | None]:

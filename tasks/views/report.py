@@ -25,7 +25,8 @@ from .history import Histories, attention, history_section
 from .tables import in_run_order, verdict_note
 from .units import show, unit_of
 
-SCORE_CARD = (("delivered_rate", "delivered"), ("target_rate", "target"),
+SCORE_CARD = (("delivered_rate", "delivered"), ("expected_delivery_rate", "expected"),
+              ("target_rate", "publish target"),
               ("e2e_latency_avg", "e2e avg"), ("e2e_latency_p50", "p50"),
               ("e2e_latency_p95", "p95"), ("e2e_latency_p99", "p99"),
               ("e2e_latency_p99_no_stall", "p99 without stall seconds"),
@@ -73,7 +74,8 @@ def _publishers(stage: dict) -> int:
 
 
 def rate_charts(stages: list[dict]) -> str:
-    """Per scenario: delivered rate against publishers, one line per QoS, target dashed."""
+    """Per scenario: delivered rate against publishers, one line per QoS, the deliveries
+    the stages intend dashed (their publish rate times the subscribers a message reaches)."""
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for stage in stages:
         by_scenario[stage["params"].get("scenario", "?")].append(stage)
@@ -85,8 +87,8 @@ def rate_charts(stages: list[dict]) -> str:
             clients, delivered = _publishers(stage), stage["metrics"].get("delivered_rate")
             if delivered is not None:
                 lines[f"QoS {stage['params'].get('qos')}"].append((clients, delivered))
-            if stage["metrics"].get("target_rate") is not None:
-                target[clients] = stage["metrics"]["target_rate"]
+            if stage["metrics"].get("expected_delivery_rate") is not None:
+                target[clients] = stage["metrics"]["expected_delivery_rate"]
         chart = line_chart(lines, target=sorted(target.items()), x_label="publishers",
                            y_label="delivered msg/s", chart_id=f"rate-{scenario}",
                            title=f"{scenario}: delivered rate against publishers")

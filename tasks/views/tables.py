@@ -44,7 +44,7 @@ def in_run_order(stages: list[dict]) -> list[dict]:
 def metrics_rows(stages: list[dict]) -> list[dict]:
     return [{
         "stage": s["stage_id"], "validity": s["validity"],
-        "target msg/s": s["metrics"].get("target_rate"),
+        "expected msg/s": s["metrics"].get("expected_delivery_rate"),
         "delivered msg/s": s["metrics"].get("delivered_rate"),
         "e2e p50 us": s["metrics"].get("e2e_latency_p50"),
         "e2e p99 us": s["metrics"].get("e2e_latency_p99"),
