@@ -26,8 +26,10 @@ PARSE_TIME = {"tasks", "tasks.steps", "tasks.metrics", "tasks.airflow_glue",
 # is) and the catalog's loader (what a valid suites file is), so that the choices are the
 # suites the pipeline itself would accept. They use pydantic and PyYAML, which Airflow imports
 # itself before any DAG file runs, and pydantic-settings (about 50 ms more).
+# (the catalog's bounds are the driver's: its limits and its wire header, standard library)
 SUITES_READER = {"tasks.settings", "tasks.config_files", "tasks.catalog",
-                 "tasks.catalog.scenarios", "tasks.driver", "tasks.driver.limits"}
+                 "tasks.catalog.scenarios", "tasks.driver", "tasks.driver.limits",
+                 "tasks.driver.wire"}
 SUITES_READER_DEPS = {"pydantic_settings", "dotenv"}  # beyond what `import airflow.sdk` has
 
 
