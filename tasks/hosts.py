@@ -165,12 +165,12 @@ class Host:
         with tempfile.NamedTemporaryFile("w", delete=False, suffix=".perfpipe") as handle:
             handle.write(content)
         remote_tmp = f"/tmp/perfpipe-{secrets.token_hex(6)}"
-        owner: list[str] = []
-        now = self.as_root(["stat", "-c", "%u %g %a", "--", path], check=False)
-        if now.ok and len(now.stdout.split()) == 3:
-            uid, gid, mode = now.stdout.split()
-            owner = ["-o", uid, "-g", gid]
         try:
+            owner: list[str] = []  # the file's, or a symlink's target's (stat -L)
+            now = self.as_root(["stat", "-L", "-c", "%u %g %a", "--", path], check=False)
+            if now.ok and len(now.stdout.split()) == 3:
+                uid, gid, mode = now.stdout.split()
+                owner = ["-o", uid, "-g", gid]
             self.put(Path(handle.name), remote_tmp)
             self.as_root(["install", "-D", *owner, "-m", mode, remote_tmp, path])
         finally:

@@ -226,19 +226,23 @@ def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
     ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
                    "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
                    "port: 1883}\n", "tiny")
-    ours, other = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+    ours, other, later = (subprocess.Popen(["sleep", "60"], start_new_session=True)
+                          for _ in range(3))
     try:
         here = LocalHost()
         ctx.write_json("processes/tiny.json", {"processes": [
             {"host": "localhost", "group_pid": ours.pid, "started": here.started(ours.pid)},
             # as if the run's driver had ended and the kernel had given its id to `other`
             {"host": "localhost", "group_pid": other.pid,
-             "started": here.started(other.pid) - 1}]})
+             "started": here.started(other.pid) - 1},
+            # a driver already gone when the stages step recorded it, its id given since
+            {"host": "localhost", "group_pid": later.pid, "started": None}]})
         assert stop_drivers(ctx) == 1
         assert ours.wait(timeout=10) == -signal.SIGTERM
         assert other.poll() is None, "teardown signalled a process group the run never had"
+        assert later.poll() is None, "teardown signalled a process group the run never had"
     finally:
-        for proc in (ours, other):
+        for proc in (ours, other, later):
             proc.kill()
             proc.wait()
 

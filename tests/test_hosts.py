@@ -122,6 +122,11 @@ def test_a_file_written_as_root_keeps_its_owner_and_mode_and_a_new_one_is_roots(
     stat = owned.stat()
     assert owned.read_text() == "after\n"
     assert (stat.st_uid, stat.st_gid, oct(stat.st_mode & 0o7777)) == (65534, 65534, "0o660")
+    linked = tmp_path / "qm-link.ini"  # a link's own mode is 0777: its target's are taken
+    linked.symlink_to(owned)
+    host.write_root_file(str(linked), "linked\n")
+    stat = linked.stat()
+    assert (stat.st_uid, oct(stat.st_mode & 0o7777)) == (65534, "0o660")
     new = tmp_path / "sub" / "90-perfpipe.conf"
     host.write_root_file(str(new), "x = 1\n")
     stat = new.stat()

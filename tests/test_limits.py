@@ -64,8 +64,8 @@ def changed(path: str, value: object, document: dict = SCENARIO) -> dict:
     # the driver's own bound, refused at plan time (it was MQTT's remaining length, which
     # passed sizes the driver then refused on its host mid-run)
     ("publishers.0.payload_bytes", 268_400_000, r"publishers.0.payload_bytes: must be at most "
-                                                r"268,369,918 bytes \(MQTT's packet size limit"),
-    ("publishers.0.payload_bytes", 268_369_918, None),
+                                                r"268,369,916 bytes \(MQTT's largest remaining length"),
+    ("publishers.0.payload_bytes", 268_369_916, None),
     ("qos", [True], r"qos.0: .*got True"),
 ])
 def test_the_catalog_refuses_what_no_run_can_do_and_says_why(path, value, message):
@@ -106,7 +106,7 @@ SPEC = {"run_id": "r", "stage_id": "s", "host": "h", "proc": 0,
     ("start_timeout_s", math.inf, r"start_timeout_s: must be at most 3,600 s"),
     ("connect_rate", 1e12, r"connect_rate: must be at most 100,000 connections/s"),
     ("publishers.0.payload_bytes", 268_400_000, r"publishers\[0\].payload_bytes: must be at "
-                                                r"most 268,369,918 bytes"),
+                                                r"most 268,369,916 bytes"),
 ])
 def test_the_driver_refuses_the_same_on_its_host(path, value, message):
     with pytest.raises(SpecError, match=f"^{message}"):

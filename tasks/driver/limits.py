@@ -51,8 +51,8 @@ READ_HOLD_US = Bound(20_000, "us", "a longer pause between reads would stall kee
 TICK_US = Bound(1_000_000, "us", "a send held back longer than a second is no longer the "
                 "schedule's message but the next one's")
 TOPIC_BYTES = 65_535  # MQTT's limit on a topic's UTF-8 length
-PAYLOAD_BYTES = Bound(256 * 1024 * 1024 - TOPIC_BYTES - 3, "bytes", "MQTT's packet size "
-                      "limit, 256 MiB, less the longest topic and the packet id")
+PAYLOAD_BYTES = Bound(268_435_455 - (2 + TOPIC_BYTES) - 2, "bytes", "MQTT's largest "
+                      "remaining length less the longest topic and the packet id")
 
 
 def rate_problem(rate: object) -> str | None:

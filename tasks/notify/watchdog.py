@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from ..settings import Settings, load_settings
 from .failure import write_message
 from .messages import missing_nightly_message
-from .slack import notifier_for
+from .slack import SlackError, notifier_for
 
 WATCHDOG_DIR = "watchdog"
 
@@ -37,5 +37,10 @@ def check_nightly(settings: Settings | None = None, *, airflow: bool = False,
     write_message(settings.state_dir / WATCHDOG_DIR, "nightly", message)
     notifier = notifier_for(settings, airflow=airflow)
     if notifier.enabled:
-        notifier.post(message)
+        try:
+            notifier.post(message)
+        except SlackError as exc:
+            if airflow:  # the watchdog task fails: its DAG run is not green
+                raise
+            return {"missing": True, "text": message["text"], "slack_error": str(exc)}
     return {"missing": True, "text": message["text"]}

@@ -171,10 +171,11 @@ def stop_launched(adapter, failure: BaseException) -> None:
     teardown would not know of it: it would hold its port on somebody's host); a failure to
     stop it is added to the start's own error."""
     group = adapter.launched
-    if group is None or not adapter.host.alive(group):
+    if group is None:
         return
     try:
-        adapter.stop(group)
+        if adapter.host.alive(group):
+            adapter.stop(group)
     except Exception as exc:  # noqa: BLE001 - the start's error is the one to raise
         failure.add_note(f"stopping the broker it launched (group {group}): {exc}")
 
@@ -209,13 +210,14 @@ def run(ctx: RunContext, call: Call) -> dict:
                            tls_names=[address, config.host, "localhost", "127.0.0.1"])
         try:
             start_managed(ctx, adapter, state, port, options, usable, tls)
+            ctx.write_json(rundir.BROKER, state)  # from here teardown knows of it
         except BaseException as exc:
             stop_launched(adapter, exc)
             raise
     else:
         state.update(port=config.port, pid=None)
         state["connect_s"] = adapter.health(address, config.port)
-    ctx.write_json(rundir.BROKER, state)
+        ctx.write_json(rundir.BROKER, state)
     store = ctx.store()
     store.set_broker_version(ctx.run_id, state["version"])
     return {"address": address, "port": state["port"], "version": state["version"]}

@@ -41,7 +41,7 @@ from ..driver.output import (
     SUMMARY_FILE,
 )
 from ..fingerprint import same_setup
-from ..hosts import Host, died
+from ..hosts import Host, HostError, died
 from ..run_context import RunContext
 from . import STEPS, Call
 from .broker import kept_for_search, let_go
@@ -215,13 +215,27 @@ def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until:
                 f"{out_dir}/sampler.log")
 
 
+def record_launched(ctx: RunContext, stage_id: str, launched: list[Launched]) -> None:
+    """processes/<stage>.json, for teardown: each process group, written before anything
+    else is asked of a host, then again with when each started (`Host.started`: None for
+    one already gone, nothing for a host that did not answer), so a group whose id the
+    kernel gave another process since is left alone."""
+    path = rundir.processes_file(stage_id)
+    groups = [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]
+    ctx.write_json(path, {"processes": groups})
+    for group, proc in zip(groups, launched):
+        try:
+            group["started"] = proc.host.started(proc.group_pid)
+        except HostError:
+            continue
+    ctx.write_json(path, {"processes": groups})
+
+
 def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
     inventory = ctx.inventory
     plans = place(stage, stage_slots(stage, inventory, usable_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
-    ctx.write_json(rundir.processes_file(stage.stage_id), {"processes": [
-        {"host": p.plan.host, "group_pid": p.group_pid, "started": p.host.started(p.group_pid)}
-        for p in launched]})
+    record_launched(ctx, stage.stage_id, launched)
     try:
         _wait_ready(launched, READY_TIMEOUT_S)
     except StageError:

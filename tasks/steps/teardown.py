@@ -40,6 +40,8 @@ def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
             if proc["host"] in unreachable:
                 continue
             host = ctx.host(proc["host"])
+            if "started" in proc and proc["started"] is None:
+                continue  # gone already when it was recorded: no group of ours to stop
             try:
                 if host.alive(proc["group_pid"], started=proc.get("started")):
                     host.kill_group(proc["group_pid"])

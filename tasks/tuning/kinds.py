@@ -70,7 +70,8 @@ def remember_file(host: Host, undo: Undo, path: str) -> None:
 
 
 def write_file(host: Host, undo: Undo, path: str, content: str) -> bool:
-    """Write a root-owned file if its content differs; True when it was written."""
+    """Write a file as root if its content differs (one that exists keeps its owner and
+    mode: `Host.write_root_file`); True when it was written."""
     if host.read_file(path) == content:
         return False
     remember_file(host, undo, path)

@@ -59,12 +59,6 @@ def measure_slug(metric: str) -> str:
     return builtin[0] if builtin else metric.replace("_", "-")
 
 
-def noise_spread(value: float, comparison: dict | None) -> tuple[float, float] | None:
-    """(low, high): `value` times exp(-/+ sigma), sigma the metric's night-to-night noise
-    as the comparison measured it; None while the noise is not known."""
-    return noise_band(value, comparison)
-
-
 def bencher_bmf(stages: Iterable[dict]) -> dict[str, dict[str, dict[str, float]]]:
     """BMF JSON of a run's stages (as `Store.stages` gives them): see the module docstring."""
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -76,7 +70,7 @@ def bencher_bmf(stages: Iterable[dict]) -> dict[str, dict[str, dict[str, float]]
                 continue
             factor = BENCHER_BUILTINS.get(name, ("", 1.0))[1]
             metric = {"value": value * factor}
-            spread = noise_spread(value, comparisons.get(name))
+            spread = noise_band(value, comparisons.get(name))
             if spread is not None:
                 metric["lower_value"], metric["upper_value"] = (v * factor for v in spread)
             measures[measure_slug(name)] = metric
