@@ -55,20 +55,26 @@ class Broker:
         self.log.close()
 
 
-def unmanaged_run(tmp_path: Path, port: int, suite: str):
-    """A planned run (its RunContext) on this machine as one driver host, against a broker
-    already listening on `port` (managed: false), provisioned and past the broker step."""
+def planned_run(tmp_path: Path, inventory_yaml: str, suite: str):
+    """A run planned (its RunContext) on an inventory written from `inventory_yaml`."""
     from tasks.run_context import RunContext
     from tasks.settings import load_settings
-    from tasks.steps import Call, execute
     from tasks.steps.plan import plan_run
 
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
-        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {port}}}\n")
+    inventory.write_text(inventory_yaml)
     settings = load_settings()
-    ctx = RunContext.load(settings, plan_run(settings, suite=suite, inventory=inventory))
+    return RunContext.load(settings, plan_run(settings, suite=suite, inventory=inventory))
+
+
+def unmanaged_run(tmp_path: Path, port: int, suite: str):
+    """A planned run (its RunContext) on this machine as one driver host, against a broker
+    already listening on `port` (managed: false), provisioned and past the broker step."""
+    from tasks.steps import Call, execute
+
+    ctx = planned_run(
+        tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+        f"broker: {{kind: mosquitto, managed: false, address: 127.0.0.1, port: {port}}}\n", suite)
     execute("provision", ctx, Call(host="localhost"))
     execute("broker", ctx)
     return ctx

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import unmanaged_run
+from tests.conftest import planned_run, unmanaged_run
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -29,18 +29,6 @@ def _one_stage_suite(tiny_suite: Path) -> str:
     (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
         "suites: {tiny0: [{scenario: tiny_fanin, qos: [0]}]}\n")
     return "tiny0"
-
-
-def _planned(tmp_path: Path, inventory_yaml: str, suite: str):
-    """A run planned (its RunContext) on an inventory written from `inventory_yaml`."""
-    from tasks.run_context import RunContext
-    from tasks.settings import load_settings
-    from tasks.steps.plan import plan_run
-
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(inventory_yaml)
-    settings = load_settings()
-    return RunContext.load(settings, plan_run(settings, suite=suite, inventory=inventory))
 
 
 @pytest.mark.slow  # about 16 s
@@ -144,7 +132,7 @@ def test_children_see_no_secret_they_do_not_need_and_the_broker_binds_one_addres
     scenarios = tiny_suite.parent / "scenarios"
     (scenarios / "catalog" / "tiny_login.yml").write_text(SECRET_SCENARIO)
     (scenarios / "suites.yml").write_text("suites: {login: [tiny_login]}\n")
-    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
                    "driver], procs: 1}]\nbroker: {kind: mosquitto, host: localhost, address: "
                    "localhost}\n", "login")
     seen: dict[str, dict[str, str]] = {}
@@ -196,7 +184,7 @@ def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
         f"{free_port()}, ca_file: {blocked}/perfpipe-ca.pem}}}}\n")
     (scenarios / "suites.yml").write_text("suites: {tls: [tiny_tls]}\n")
     port = free_port()
-    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
                    f"driver], procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, "
                    f"address: 127.0.0.1, port: {port}}}\n", "tls")
     execute("provision", ctx, Call(host="localhost"))
@@ -223,7 +211,7 @@ def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
     from tasks.hosts import LocalHost
     from tasks.steps.teardown import stop_drivers
 
-    ctx = _planned(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
                    "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
                    "port: 1883}\n", "tiny")
     ours, other, later = (subprocess.Popen(["sleep", "60"], start_new_session=True)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from .. import rundir
 from ..fingerprint import tuning_hash
-from ..hosts import Host
 from ..run_context import RunContext
 from ..tuning.profile import load_profile
-from ..tuning.runner import restore, snapshot_path, tune
+from ..tuning.runner import restore, run_on_hosts, snapshot_path, tune
 from . import Call
 
 
@@ -50,17 +49,14 @@ def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
     inventory = ctx.inventory
     if inventory.tuning_mode != "apply" or not inventory.tuning_restore:
         return {}
+    recorded = [ctx.host(h.name) for h in inventory.hosts
+                if snapshot_path(ctx.settings.state_dir, h.name).exists()]
     restored = {}
-    for config in inventory.hosts:
-        if not snapshot_path(ctx.settings.state_dir, config.name).exists():
-            continue
-        try:
-            host: Host = ctx.host(config.name)
-            try:
-                restored[config.name] = len(restore(host, state_dir=ctx.settings.state_dir))
-            finally:
-                host.close()
-        except Exception as exc:  # noqa: BLE001 - said; the other hosts are still restored
-            problems.append(f"tuning not restored on {config.name} (its record is kept for "
-                            f"`perfpipe tune --restore`): {type(exc).__name__}: {exc}")
+    for result in run_on_hosts(recorded, lambda host: restore(
+            host, state_dir=ctx.settings.state_dir)):
+        if result.error is None:
+            restored[result.host] = len(result.entries)
+        else:
+            problems.append(f"tuning not restored on {result.host} (its record is kept for "
+                            f"`perfpipe tune --restore`): {result.error}")
     return restored
