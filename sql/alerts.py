@@ -1,6 +1,6 @@
-"""Alert lifecycle rows: one open alert per (stage_key, metric) and history (an alert of an
-older setup or another host fingerprint stays open for a person beside the current one's;
-`follow_verdict`), never re-posted for the same change. Functions take the caller's session
+"""Alert lifecycle rows: one open alert per (stage_key, metric) and history (an alert of
+another setup or host fingerprint stays open beside tonight's, for its own history's nights
+or a person; `follow_verdict`), never re-posted for the same change. Functions take the caller's session
 so each store call is one transaction.
 
 Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
@@ -16,12 +16,12 @@ night of the same evidence only moves last_run_id.
 from __future__ import annotations
 
 import math
-from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from tasks.fingerprint import measured_alike
 from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, flagged_across
 
 from .common import StoreError, check, finite, row_dict
@@ -30,6 +30,15 @@ from .models import Alert, Comparison, Run, Stage
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
 GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again
 VERDICT_STATUS = {"suspected": "suspected", "regression": "confirmed"}
+
+
+class JudgedOn(NamedTuple):
+    """Tonight's history of a stage: its key, host fingerprint and recorded params (the
+    setup, `tasks.fingerprint.measured_alike`). An alert is of it when the night that
+    opened it ran this stage key on that fingerprint and setup."""
+    stage_key: str
+    fingerprint_hash: str | None
+    params: dict
 
 
 def alert_key(stage_key: str, detail: dict | None) -> str:
@@ -88,23 +97,21 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
 
 
 def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                   change_pct: float | None, history_after: datetime | None = None,
-                   judged_on: tuple[str, str | None] | None = None
+                   change_pct: float | None, judged_on: JudgedOn | None = None
                    ) -> tuple[int, bool] | None:
     """Keep the open alert of tonight's history in step with tonight's verdict; (id,
     changed), or None when there is none and none is needed. suspected / regression open or
     update it; any other judged verdict closes it: `cleared` if it was only suspected, else
     `recovered`. invalid and no_baseline say nothing about the change: no-op.
 
-    An alert opened at or before `history_after` (the start of the newest night of another
-    setup) or, given `judged_on` (tonight's stage key and host fingerprint), on a night whose
-    stage had another fingerprint is another history's: tonight's verdict neither closes
-    nor updates it (it stays open for a person), and a change tonight opens an alert of its
-    own."""
+    Given `judged_on`, an alert opened on a night whose stage had another host fingerprint
+    or measured another setup is another history's: tonight's verdict neither closes nor
+    updates it (it stays open, for that history's next night or a person), and a change
+    tonight opens an alert of its own."""
     if verdict in NOT_JUDGED:
         return None
     _check_run(s, run_id)
-    alert = _open_of_history(s, stage_key, metric, history_after, judged_on)
+    alert = _open_of_history(s, stage_key, metric, judged_on)
     if verdict in VERDICT_STATUS:
         if alert is None:
             return _open(s, stage_key, metric, run_id, VERDICT_STATUS[verdict], change_pct)
@@ -149,25 +156,26 @@ def _update(alert: Alert, run_id: str, status: str,
     return alert.id, changed
 
 
-def _open_of_history(s: Session, stage_key: str, metric: str, history_after: datetime | None,
-                     judged_on: tuple[str, str | None] | None) -> Alert | None:
-    """The newest open alert of stage_key+metric that tonight's history opened: after
-    `history_after` and on tonight's host fingerprint (see `follow_verdict`)."""
+def _open_of_history(s: Session, stage_key: str, metric: str,
+                     judged_on: JudgedOn | None) -> Alert | None:
+    """The newest open alert of stage_key+metric that tonight's history opened (see
+    `follow_verdict`)."""
     for alert in s.scalars(_newest_first(stage_key, metric, open_only=True)):
-        if history_after is not None and \
-                s.get(Run, alert.first_run_id).started_at <= history_after:
-            continue
-        if judged_on is not None and \
-                _fingerprint(s, alert.first_run_id, judged_on[0]) != judged_on[1]:
-            continue
-        return alert
+        if judged_on is None or _of_history(s, alert.first_run_id, judged_on):
+            return alert
     return None
 
 
-def _fingerprint(s: Session, run_id: str, stage_key: str) -> str | None:
-    """The host fingerprint of a run's stage of this key (None: none recorded)."""
-    return s.scalars(select(Stage.fingerprint_hash).where(
-        Stage.run_id == run_id, Stage.stage_key == stage_key).limit(1)).first()
+def _of_history(s: Session, run_id: str, judged_on: JudgedOn) -> bool:
+    """Whether the run's stage of tonight's key ran on tonight's fingerprint (any, when
+    tonight has none recorded) and setup."""
+    opened = s.scalars(select(Stage).where(Stage.run_id == run_id,
+                                           Stage.stage_key == judged_on.stage_key)
+                       .limit(1)).first()
+    if opened is None:
+        return judged_on.fingerprint_hash is None
+    return judged_on.fingerprint_hash in (None, opened.fingerprint_hash) and \
+        measured_alike(opened.params, judged_on.params)
 
 
 def get(s: Session, alert_id: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tasks.fingerprint import measured_alike
 from tasks.metrics import FLAGGED, NOT_JUDGED
 
 from .common import row_dict
@@ -80,15 +81,19 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
 
 
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
-            limit: int) -> list[dict[str, Any]]:
-    """One entry per comparable run (a run is assumed to have one stage per stage key):
-    its metrics, the metrics held out of baselines, its verdicts by metric and the stage's
-    params (what it measured: the compare step keeps the nights of tonight's setup)."""
+            limit: int, setup: dict | None = None) -> list[dict[str, Any]]:
+    """One entry per comparable run (a run is assumed to have one stage per stage key),
+    the newest `limit` of them that measured `setup` when given (`measured_alike`): its
+    metrics, the metrics held out of baselines, its verdicts by metric and the stage's params."""
     q = _comparable(stage_key, fingerprint_hash, before)
     start = reset_start(s, stage_key)
     if start is not None:
         q = q.where(Run.started_at >= start)
-    rows = s.execute(q.order_by(Run.started_at.desc(), Run.run_id.desc()).limit(limit)).all()
+    q = q.order_by(Run.started_at.desc(), Run.run_id.desc())
+    if setup is None:
+        rows = s.execute(q.limit(limit)).all()
+    else:  # the setup is Python's rule: read every night's params (one small row each)
+        rows = [r for r in s.execute(q) if measured_alike(r.params, setup)][:limit]
     held = _held_out(s, stage_key, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "metrics": {}, "verdicts": {},
@@ -122,11 +127,14 @@ def last_fingerprint(s: Session, stage_key: str, *, before: datetime) -> str | N
 
 
 def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, *,
-                      before: datetime, baseline: str, runs: int = 5) -> dict[str, dict[str, Any]]:
-    """metric -> the newest earlier verdict of this stage key (and fingerprint) that a night
-    can confirm or clear, made against the same baseline ("rolling", "release:<label>"),
-    looking back at most `runs` runs that have verdicts; with that run's start and the
-    stage's params that night."""
+                      before: datetime, baseline: str, setup: dict | None = None,
+                      runs: int = 5) -> dict[str, dict[str, Any]]:
+    """metric -> the newest earlier verdict of this stage key (and fingerprint, and setup:
+    `measured_alike`) that a night can confirm or clear, made against the same baseline
+    ("rolling", "release:<label>"), looking back at most `runs` such runs that have
+    verdicts; with that run's start and the stage's params that night. Against the rolling
+    history, not a release run's: it feeds no rolling history, though its trigger may have
+    compared it with one."""
     q = (select(Comparison, Run.run_id, Run.started_at, Stage.params)
          .join(Stage, (Stage.run_id == Comparison.run_id)
                & (Stage.stage_id == Comparison.stage_id))
@@ -135,10 +143,14 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                 Comparison.verdict.not_in(NOT_JUDGED)))
     if fingerprint_hash is not None:
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
+    if baseline == "rolling":
+        q = q.where(Run.kind != "release")
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
     for comp, run_id, started_at, params in s.execute(q.order_by(Run.started_at.desc(),
                                                                  Comparison.id)):
+        if setup is not None and not measured_alike(params, setup):
+            continue
         if run_id not in seen_runs:
             if len(seen_runs) == runs:
                 break

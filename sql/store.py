@@ -358,7 +358,7 @@ class Store:
 
     # -- history and baselines --------------------------------------------------------
     def history(self, stage_key: str, fingerprint_hash: str | None, *, before_run: str,
-                limit: int = 30) -> list[dict[str, Any]]:
+                limit: int = 30, setup: dict | None = None) -> list[dict[str, Any]]:
         """Comparable earlier results for one stage key, newest first.
 
         Runs that finished ok, are not excluded, are not release runs, started before
@@ -367,12 +367,14 @@ class Store:
         Each entry's `held_out` names the metrics whose values must not feed a baseline: its
         own night flagged them (suspected or regression) and no human accepted them or
         called them a false positive, nor did the next night clear the suspicion. Its
-        `params` are the stage's as recorded that night: which nights measured tonight's
-        setup is the caller's rule (`tasks.fingerprint.same_setup`).
+        `params` are the stage's as recorded that night. Given `setup` (tonight's params),
+        only the nights that measured it count, the newest `limit` of them
+        (`tasks.fingerprint.measured_alike`): nights of another setup are another history.
         """
         with self._tx() as s:
             before = self._run(s, before_run).started_at
-            return queries.history(s, stage_key, fingerprint_hash, before=before, limit=limit)
+            return queries.history(s, stage_key, fingerprint_hash, before=before, limit=limit,
+                                   setup=setup)
 
     def full_history(self, stage_key: str, fingerprint_hash: str | None, *,
                      before_run: str) -> list[dict[str, Any]]:
@@ -390,14 +392,16 @@ class Store:
             return queries.last_fingerprint(s, stage_key, before=before)
 
     def previous_verdicts(self, stage_key: str, fingerprint_hash: str | None, *,
-                          before_run: str, baseline: str = "rolling") -> dict[str, dict[str, Any]]:
+                          before_run: str, baseline: str = "rolling",
+                          setup: dict | None = None) -> dict[str, dict[str, Any]]:
         """metric -> the newest earlier verdict of this stage key that a night can confirm
-        or clear (not invalid, not no_baseline), made against the same baseline, with its
-        run's start and the stage's params that night."""
+        or clear (not invalid, not no_baseline), made against the same baseline (and on a
+        night that measured `setup`, when given), with its run's start and the stage's
+        params that night (`queries.previous_verdicts`)."""
         with self._tx() as s:
             before = self._run(s, before_run).started_at
             return queries.previous_verdicts(s, stage_key, fingerprint_hash, before=before,
-                                             baseline=baseline)
+                                             baseline=baseline, setup=setup)
 
     def reset_history(self, stage_key: str, run_id: str) -> None:
         """History for `stage_key` starts at `run_id` (inclusive) from now on."""
@@ -438,15 +442,14 @@ class Store:
                                        status=status, change_pct=change_pct)
 
     def follow_verdict(self, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                       change_pct: float | None, history_after: datetime | None = None,
-                       judged_on: tuple[str, str | None] | None = None
+                       change_pct: float | None, judged_on: alerts.JudgedOn | None = None
                        ) -> tuple[int, bool] | None:
         """Open, update or close the alert of stage_key+metric in tonight's history (see
         `sql.alerts.follow_verdict`); (alert id, changed) or None."""
         with self._tx() as s:
             return alerts.follow_verdict(s, stage_key=stage_key, metric=metric, run_id=run_id,
                                          verdict=verdict, change_pct=change_pct,
-                                         history_after=history_after, judged_on=judged_on)
+                                         judged_on=judged_on)
 
     def alert(self, alert_id: int) -> dict[str, Any]:
         with self._tx() as s:

@@ -19,7 +19,7 @@ import yaml
 
 from sql import Store
 
-from .fingerprint import same_setup
+from .fingerprint import measured_alike
 from .views import export as views
 
 FORMATS = ("bencher", "otava")
@@ -67,7 +67,7 @@ def write_otava(store: Store, run: dict, stages: list[dict], out: Path,
             continue
         key, fp = stage["stage_key"], stage["fingerprint_hash"]
         every = store.full_history(key, fp, before_run=run["run_id"])
-        kept = same_setup(stage["params"] or {}, every[::-1])[0][::-1]
+        kept = [night for night in every if measured_alike(night["params"], stage["params"] or {})]
         other = len(every) - len(kept)  # earlier runs that measured another setup
         history = [*kept, {"run_id": run["run_id"], "started_at": run["started_at"],
                            "kind": run["kind"], "broker_version": run["broker_version"],

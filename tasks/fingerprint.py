@@ -6,8 +6,8 @@ paho), not its clock offset or the time of day. The tuning read back on a host i
 of its own. A run's fingerprint combines every host's hash, every tuning hash, the
 broker kind and perfpipe's measurement version; comparisons key on it, and the report
 shows the host hashes it is made of.
-Within a fingerprint, two nights of a stage are comparable while its setup (what its
-recorded params say it measured) is the same (`setup_changes`).
+Within a fingerprint, two nights of a stage are comparable when its setup (what its
+recorded params say it measured) is the same (`setup_changes`, `measured_alike`).
 """
 
 from __future__ import annotations
@@ -104,16 +104,12 @@ def setup_changes(before: dict, after: dict) -> list[str]:
     return changes
 
 
-def same_setup(params: dict, nights: list[dict]) -> tuple[list[dict], list[str], dict | None]:
-    """`nights` (newest first, each with the `params` recorded with it) back to the newest
-    one whose setup differs from `params`, what differed there ([] when none did) and that
-    night (None when none did): what came before it is another history, even where the
-    setup was tonight's again."""
-    for i, night in enumerate(nights):
-        changes = setup_changes(night.get("params") or {}, params)
-        if changes:
-            return nights[:i], changes, night
-    return nights, [], None
+def measured_alike(recorded: dict | None, params: dict) -> bool:
+    """Whether a night whose stage recorded `recorded` measured the setup of `params`
+    (`setup_changes` finds nothing). Each setup's nights are a history of their own, kept
+    beside the others as histories of host fingerprints are: a night of another setup in
+    between (a manual run of another suite) neither joins tonight's history nor ends it."""
+    return not setup_changes(recorded or {}, params)
 
 
 def _complete(name: str, value: Any) -> Any:

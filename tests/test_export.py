@@ -181,7 +181,7 @@ def read_like_otava(test: dict) -> tuple[list[datetime], dict[str, list[float]],
 
 
 def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_store, tmp_path):
-    night(sqlite_store, 0.25, "before-that")  # tonight's setup, but before a change
+    night(sqlite_store, 0.25, "before-that")  # tonight's setup, before a night of another
     night(sqlite_store, 0.5, "other-setup", params={"qos": 0})  # measured something else
     run_id = history(sqlite_store)
     said: list[str] = []
@@ -205,10 +205,9 @@ def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_s
 
     times, metrics, attributes = read_like_otava(test)
     assert times == sorted(times) and len(set(times)) == len(times)
-    # comparable nights on fp1, oldest first: one run failed, one is on fp2; before night 1
-    # the setup changed (and one night before that is another history, though its setup
-    # was tonight's)
-    expected = [f"n{d:02d}" for d in range(1, NIGHTS + 1)]
+    # comparable nights on fp1, oldest first: one run failed, one is on fp2, and the night
+    # of another setup is another history (the one before it is tonight's setup's)
+    expected = ["before-that", *(f"n{d:02d}" for d in range(1, NIGHTS + 1))]
     assert attributes["run_id"] == expected
     assert set(attributes["kind"]) == {"nightly"}
     stored = {r: last_stage(sqlite_store, r)["metrics"] for r in expected}
@@ -218,9 +217,9 @@ def test_otava_export_is_one_series_per_stage_with_perfpipes_directions(sqlite_s
     assert cost_attributes["run_id"] == [r for r in expected if r != "n03"]
     assert costs["broker_cpu_s_per_10k"] == [stored[r]["broker_cpu_s_per_10k"]
                                              for r in expected if r != "n03"]
-    assert any(f"{name}.csv: 14 runs, 2 metrics (2 earlier runs left out: another setup)"
+    assert any(f"{name}.csv: 15 runs, 2 metrics (1 earlier runs left out: another setup)"
                in line for line in said), said
-    assert any("__broker_cpu_s_per_10k.csv: 13 runs, 1 metrics (1 runs without it) (2 earlier "
+    assert any("__broker_cpu_s_per_10k.csv: 14 runs, 1 metrics (1 runs without it) (1 earlier "
                "runs left out: another setup)" in line for line in said), said
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 from sql import Store
-from sql.alerts import alert_key
+from sql.alerts import JudgedOn, alert_key
 
 from .. import rundir
 from ..analysis.across import judge_stages
@@ -30,7 +30,7 @@ from ..analysis.detector import Verdict, compare_stage
 from ..analysis.noise import pooled_noise
 from ..analysis.policy import Policy
 from ..catalog.stages import is_probe
-from ..fingerprint import same_setup, setup_changes
+from ..fingerprint import setup_changes
 from ..run_context import RunContext
 from . import Call
 
@@ -52,15 +52,19 @@ def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None
 
 
 def setup_history(store: Store, run_id: str, stage: dict, nights: int
-                  ) -> tuple[list[dict], list[str], dict | None]:
-    """A stage's comparable earlier nights, newest first (same stage key and fingerprint,
-    since the last accepted change), back to the newest one that measured another setup
-    (`setup_changes`: clients, rates, payloads, topics, QoS, windows, connection and
-    search settings, driver processes); what differed there and that night
-    (`tasks.fingerprint.same_setup`)."""
-    return same_setup(stage.get("params") or {},
-                      store.history(stage["stage_key"], stage["fingerprint_hash"],
-                                    before_run=run_id, limit=nights))
+                  ) -> tuple[list[dict], list[str]]:
+    """A stage's comparable earlier nights, newest first: the same stage key and
+    fingerprint, since the last accepted change, that measured tonight's setup
+    (`tasks.fingerprint.measured_alike`: clients, rates, payloads, topics, QoS, windows,
+    connection and search settings, driver processes), up to `nights` of them; nights of
+    another setup are a history of their own beside it. When there is none, what differs
+    from the newest night of another setup ([] when there is none either)."""
+    key, fp, params = stage["stage_key"], stage["fingerprint_hash"], stage.get("params") or {}
+    history = store.history(key, fp, before_run=run_id, limit=nights, setup=params)
+    if history:
+        return history, []
+    newest = store.history(key, fp, before_run=run_id, limit=1)
+    return [], setup_changes(newest[0]["params"] or {}, params) if newest else []
 
 
 def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
@@ -68,7 +72,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
     """What the detector needs of one stage besides its own metrics: its comparable
     history, the previous verdicts, the pinned release stage and why a history is empty."""
     key, fp, params = stage["stage_key"], stage["fingerprint_hash"], stage.get("params") or {}
-    history, changes, other = setup_history(store, run_id, stage, policy.history_nights)
+    history, changes = setup_history(store, run_id, stage, policy.history_nights)
     new_history = None
     if not history and changes:
         new_history = f"setup changed ({'; '.join(changes)}): a new history starts here"
@@ -89,11 +93,9 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             pinned = {"label": label, "run_id": base_run, "metrics": base["metrics"],
                       "fingerprint_matches": base["fingerprint_hash"] == fp}
     baseline = f"release:{release[0]}" if release else "rolling"
-    previous = {m: p for m, p in store.previous_verdicts(key, fp, before_run=run_id,
-                                                         baseline=baseline).items()
-                # a verdict of another setup's history is not tonight's to confirm
-                if not setup_changes(p.get("params") or {}, params)
-                and (other is None or p["started_at"] > other["started_at"])}
+    # a verdict of another setup's history is not tonight's to confirm
+    previous = store.previous_verdicts(key, fp, before_run=run_id, baseline=baseline,
+                                       setup=params)
     noise_history = history
     if release is not None and pinned is None:
         history, new_history = [], release_problem or (
@@ -101,7 +103,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
             "new_history": new_history, "noise_history": noise_history,
-            "history_after": other and other["started_at"], "fingerprint_hash": fp}
+            "judged_on": JudgedOn(key, fp, params)}
 
 
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,
@@ -131,18 +133,17 @@ def record_verdicts(store: Store, run_id: str, rows: list[dict[str, Any]],
                     ) -> list[int]:
     """Record a run's verdicts and keep the alert of each stage key and metric in this
     history in step with them (an alert of another setup's or host fingerprint's history is
-    left for a person; a change tonight opens one of its own);
+    left for its own nights or a person; a change tonight opens one of its own);
     returns the ids of the alerts that are new or changed (undelivered again)."""
     store.record_comparisons(run_id, rows)
     changed = []
     for v in rows:
         key, given = stage_keys[v["stage_id"]], (inputs or {}).get(v["stage_id"])
-        fp = given and given["fingerprint_hash"]  # none recorded: the history is not cut
         followed = store.follow_verdict(stage_key=alert_key(key, v["detail"]),
                                         metric=v["metric"], run_id=run_id, verdict=v["verdict"],
                                         change_pct=v["change_pct"],
-                                        history_after=given and given["history_after"],
-                                        judged_on=(key, fp) if fp else None)
+                                        # none given: every open alert is tonight's
+                                        judged_on=given and given["judged_on"])
         if followed is not None and followed[1]:
             changed.append(followed[0])
     return changed

@@ -40,7 +40,6 @@ from ..driver.output import (
     START_FILE,
     SUMMARY_FILE,
 )
-from ..fingerprint import same_setup
 from ..hosts import Host, HostError, died
 from ..run_context import RunContext
 from . import STEPS, Call
@@ -322,11 +321,11 @@ def last_capacity(ctx: RunContext, template: Stage) -> float | None:
     """The capacity this search stage last measured on this run's fingerprint and setup
     (its newest comparable night's max_rate): where a warm start begins, and below which a
     probe that falls behind is run again. Only the same setup's: after a change of setup,
-    such as more driver processes, the last capacity may be the old setup's limit."""
+    such as more driver processes, the last capacity may be the old setup's limit (and a
+    night of another setup in between is another history's)."""
     key = stage_key(ctx.inventory.broker.kind, template.stage_id)
-    nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1)
-    nights = same_setup(recorded_params(template, ctx.inventory, usable_cpus(ctx)),
-                        nights)[0]
+    nights = ctx.store().history(key, run_fingerprint(ctx), before_run=ctx.run_id, limit=1,
+                                 setup=recorded_params(template, ctx.inventory, usable_cpus(ctx)))
     return nights[0]["metrics"].get("max_rate") if nights else None
 
 
