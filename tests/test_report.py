@@ -202,6 +202,38 @@ def _pixels(png: bytes, box: list[float]) -> list[tuple[int, int, int]]:
     return list(image.crop((left, top, left + width, top + height)).get_flattened_data())
 
 
+def test_each_scenarios_rate_chart_runs_along_what_its_stages_step() -> None:
+    """Fan-in steps its publishers, fan-out its subscribers, a partitioned fan-in its rate:
+    each chart's x is that, so its stages are not drawn at one x (fan-out's were, all at
+    its one publisher)."""
+    from tasks.views.report import rate_charts
+
+    def scenario(name: str, pubs: int, subs: int, rate: float) -> dict:
+        return {"params": {"scenario": name, "qos": 0,
+                           "groups": [{"role": "pub", "count": pubs},
+                                      {"role": "sub", "count": subs}]},
+                "metrics": {"delivered_rate": rate * subs, "target_rate": rate,
+                            "expected_delivery_rate": rate * subs}}
+
+    stages = [scenario("fanin", n, 1, n * 10.0) for n in (50, 100)]
+    stages += [scenario("fanout", 1, n, 10.0) for n in (250, 500, 1000)]
+    stages += [scenario("partitions", 100, 1, r) for r in (500.0, 1000.0)]
+    stages.append(scenario("burst", 1000, 0, 0.0))
+    page = rate_charts(stages)
+
+    def chart(name: str) -> str:
+        start = page.index(f'<svg id="rate-{name}"')
+        return page[start:page.index("</svg>", start)]
+
+    assert ">fanin: delivered rate against publishers<" in chart("fanin")
+    assert ">fanout: delivered rate against subscribers<" in chart("fanout")
+    line = re.search(r'<polyline[^>]*points="([^"]*)"', chart("fanout")).group(1)
+    assert len({point.split(",")[0] for point in line.split()}) == 3  # three x, not one
+    assert all(f">{tick}<" in chart("fanout") for tick in ("250", "500", "1k"))
+    assert ">partitions: delivered rate against offered msg/s<" in chart("partitions")
+    assert ">burst: delivered rate against publishers<" in chart("burst")  # one step
+
+
 def test_a_night_judged_before_its_noise_is_known_has_no_band_in_the_report():
     """The report draws the band the export and the Grafana view give: none for a night
     judged while learning, whose sigma rests on a few nights."""

@@ -5,8 +5,9 @@ report step (`tasks.steps.report`) reads the store and writes the file, and tear
 it again once the run's status is final. History first, as the morning needs it: what needs
 a human (regressions and suspicions, with baseline -> tonight, nights of evidence, where the
 shift began and a trend), then every judged metric night by night with its baseline and
-noise band (`tasks.views.history`). Then tonight: delivered rate against clients per QoS
-with the target line (IBM's figures), a MessageSight-style score card, capacity and broker
+noise band (`tasks.views.history`). Then tonight: delivered rate per QoS against what each
+scenario steps (publishers, subscribers or the offered rate), with the deliveries intended
+(IBM's figures), a MessageSight-style score card, capacity and broker
 cost, every verdict with the smallest step it can show, invalid stages, each stage's
 latency percentile curve on a log-percentile axis (from the summed buckets stored with the
 run), its delivered rate, p99 and broker CPU per second, and every host's fingerprint and
@@ -16,6 +17,7 @@ tuning. Latency is shown in ms, memory in MiB, ratios in % (`tasks.views.units`)
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from html import escape
 
 from ..driver.histogram import percentile
@@ -69,29 +71,49 @@ def _head(name: str, label: str) -> str:
     return f"<th>{escape(label)}" + (f" ({escape(unit)})" if unit else "") + "</th>"
 
 
-def _publishers(stage: dict) -> int:
-    return sum(g["count"] for g in stage["params"].get("groups", []) if g["role"] == "pub")
+def _clients(role: str) -> Callable[[dict], float | None]:
+    return lambda stage: sum(g["count"] for g in stage["params"].get("groups", [])
+                             if g["role"] == role)
+
+
+# What a scenario's rate chart plots its stages along: the first of these that differs
+# between them (fan-in steps its publishers, fan-out and broadcast their subscribers, a
+# partitioned fan-in its rate); publishers when none does.
+RATE_AXES: tuple[tuple[str, Callable[[dict], float | None]], ...] = (
+    ("publishers", _clients("pub")), ("subscribers", _clients("sub")),
+    ("offered msg/s", lambda stage: stage["metrics"].get("target_rate")))
+
+
+def stepped_axis(stages: list[dict]) -> tuple[str, Callable[[dict], float | None]]:
+    """(label, x of a stage) for a scenario's stages (`RATE_AXES`)."""
+    for label, x in RATE_AXES:
+        values = [x(stage) for stage in stages]
+        if None not in values and len(set(values)) > 1:
+            return label, x
+    return RATE_AXES[0]
 
 
 def rate_charts(stages: list[dict]) -> str:
-    """Per scenario: delivered rate against publishers, one line per QoS, the deliveries
-    the stages intend dashed (their publish rate times the subscribers a message reaches)."""
+    """Per scenario: delivered rate against what its stages step (`stepped_axis`), one line
+    per QoS, the deliveries the stages intend dashed (their publish rate times the
+    subscribers a message reaches)."""
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for stage in stages:
         by_scenario[stage["params"].get("scenario", "?")].append(stage)
     figures = []
     for scenario, members in sorted(by_scenario.items()):
+        label, x_of = stepped_axis(members)
         lines: dict[str, list] = defaultdict(list)
         target = {}
         for stage in members:
-            clients, delivered = _publishers(stage), stage["metrics"].get("delivered_rate")
+            x, delivered = x_of(stage), stage["metrics"].get("delivered_rate")
             if delivered is not None:
-                lines[f"QoS {stage['params'].get('qos')}"].append((clients, delivered))
+                lines[f"QoS {stage['params'].get('qos')}"].append((x, delivered))
             if stage["metrics"].get("expected_delivery_rate") is not None:
-                target[clients] = stage["metrics"]["expected_delivery_rate"]
-        chart = line_chart(lines, target=sorted(target.items()), x_label="publishers",
+                target[x] = stage["metrics"]["expected_delivery_rate"]
+        chart = line_chart(lines, target=sorted(target.items()), x_label=label,
                            y_label="delivered msg/s", chart_id=f"rate-{scenario}",
-                           title=f"{scenario}: delivered rate against publishers")
+                           title=f"{scenario}: delivered rate against {label}")
         figures.append(f"<figure>{chart}<figcaption>{escape(scenario)}</figcaption></figure>")
     return f'<div class="charts">{"".join(figures)}</div>'
 
@@ -295,7 +317,7 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
             + f"</p><p>verdicts: {escape(summary)}</p>"
             + attention(stages, histories, run["status"])
             + f"<h2>History</h2>{history_section(stages, histories)}"
-            f"<h2>Delivered rate against clients</h2>{rate_charts(stages)}"
+            f"<h2>Delivered rate against what each scenario steps</h2>{rate_charts(stages)}"
             f"<h2>Score card</h2>{score_card(stages)}"
             f"<h2>Capacity and broker cost</h2>{cost_table(stages)}"
             f"<h2>Verdicts</h2>{verdicts(stages)}"
