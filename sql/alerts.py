@@ -16,29 +16,20 @@ night of the same evidence only moves last_run_id.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from tasks.fingerprint import measured_alike
 from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, flagged_across
 
 from .common import StoreError, check, finite, row_dict
+from .histories import History, holds
 from .models import Alert, Comparison, Run, Stage
 
 _PIPELINE_OPEN = ("new", "suspected", "confirmed")
 GROWTH = 1.5  # a regression that grows to 1.5x its reported size is news again
 VERDICT_STATUS = {"suspected": "suspected", "regression": "confirmed"}
-
-
-class JudgedOn(NamedTuple):
-    """Tonight's history of a stage: its key, host fingerprint and recorded params (the
-    setup, `tasks.fingerprint.measured_alike`). An alert is of it when the night that
-    opened it ran this stage key on that fingerprint and setup."""
-    stage_key: str
-    fingerprint_hash: str | None
-    params: dict
 
 
 def alert_key(stage_key: str, detail: dict | None) -> str:
@@ -97,17 +88,18 @@ def upsert_alert(s: Session, *, stage_key: str, metric: str, run_id: str, status
 
 
 def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                   change_pct: float | None, judged_on: JudgedOn | None = None
+                   change_pct: float | None, judged_on: History | None = None
                    ) -> tuple[int, bool] | None:
     """Keep the open alert of tonight's history in step with tonight's verdict; (id,
     changed), or None when there is none and none is needed. suspected / regression open or
     update it; any other judged verdict closes it: `cleared` if it was only suspected, else
     `recovered`. invalid and no_baseline say nothing about the change: no-op.
 
-    Given `judged_on`, an alert opened on a night whose stage had another host fingerprint
-    or measured another setup is another history's: tonight's verdict neither closes nor
-    updates it (it stays open, for that history's next night or a person), and a change
-    tonight opens an alert of its own."""
+    Given `judged_on` (tonight's history), an alert opened on a night of another history
+    (another host fingerprint or setup; a release run's, for a nightly judged against the
+    rolling history, and the other way round) is left as it is: tonight's verdict neither
+    closes nor updates it (it stays open, for its own history's next night or a person),
+    and a change tonight opens an alert of its own."""
     if verdict in NOT_JUDGED:
         return None
     _check_run(s, run_id)
@@ -157,25 +149,13 @@ def _update(alert: Alert, run_id: str, status: str,
 
 
 def _open_of_history(s: Session, stage_key: str, metric: str,
-                     judged_on: JudgedOn | None) -> Alert | None:
+                     judged_on: History | None) -> Alert | None:
     """The newest open alert of stage_key+metric that tonight's history opened (see
     `follow_verdict`)."""
     for alert in s.scalars(_newest_first(stage_key, metric, open_only=True)):
-        if judged_on is None or _of_history(s, alert.first_run_id, judged_on):
+        if judged_on is None or holds(s, alert.first_run_id, judged_on):
             return alert
     return None
-
-
-def _of_history(s: Session, run_id: str, judged_on: JudgedOn) -> bool:
-    """Whether the run's stage of tonight's key ran on tonight's fingerprint (any, when
-    tonight has none recorded) and setup."""
-    opened = s.scalars(select(Stage).where(Stage.run_id == run_id,
-                                           Stage.stage_key == judged_on.stage_key)
-                       .limit(1)).first()
-    if opened is None:
-        return judged_on.fingerprint_hash is None
-    return judged_on.fingerprint_hash in (None, opened.fingerprint_hash) and \
-        measured_alike(opened.params, judged_on.params)
 
 
 def get(s: Session, alert_id: int) -> dict[str, Any]:

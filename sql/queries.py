@@ -13,6 +13,7 @@ from tasks.fingerprint import measured_alike
 from tasks.metrics import FLAGGED, NOT_JUDGED
 
 from .common import row_dict
+from .histories import History, holds, reset_label
 from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 
 # A value flagged by its own night's comparison stays out of baselines (a regression never
@@ -38,10 +39,17 @@ def stages(s: Session, run_id: str) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def reset_start(s: Session, stage_key: str) -> datetime | None:
-    """When the stage key's history starts (its reset marker run's start), if it has one."""
-    return s.scalar(select(Run.started_at).join(Baseline, Baseline.run_id == Run.run_id)
-                    .where(Baseline.kind == "reset", Baseline.label == stage_key))
+def reset_start(s: Session, history: History) -> datetime | None:
+    """When the history starts: its newest reset marker's run's start (an accepted
+    change, `histories.reset_label`), if it has one."""
+    markers = s.execute(select(Baseline.label, Baseline.run_id, Run.started_at)
+                        .join(Run, Run.run_id == Baseline.run_id)
+                        .where(Baseline.kind == "reset",
+                               Baseline.label.startswith(history.stage_key, autoescape=True)))
+    return max((m.started_at for m in markers
+                if m.label == history.stage_key
+                or (m.label == reset_label(history.stage_key, m.run_id)
+                    and holds(s, m.run_id, history))), default=None)
 
 
 def _comparable(stage_key: str, fingerprint_hash: str | None, before: datetime) -> Any:
@@ -57,8 +65,9 @@ def _comparable(stage_key: str, fingerprint_hash: str | None, before: datetime) 
     return q
 
 
-def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, str], set[str]]:
-    """(run_id, stage_id) -> metrics whose values stay out of the baseline."""
+def _held_out(s: Session, history: History, rows: list[Any]) -> dict[tuple[str, str], set[str]]:
+    """(run_id, stage_id) -> metrics whose values stay out of the baseline: flagged, and
+    not released by an alert of this history (`histories.holds`)."""
     flagged = [(c.run_id, c.stage_id, c.metric) for c in s.scalars(
         select(Comparison).where(Comparison.run_id.in_([r.run_id for r in rows]),
                                  Comparison.verdict.in_(FLAGGED)))
@@ -67,9 +76,9 @@ def _held_out(s: Session, stage_key: str, rows: list[Any]) -> dict[tuple[str, st
         return {}
     started = {r.run_id: r.started_at for r in rows}
     spans: dict[str, list[tuple[datetime, datetime]]] = {}
-    released = s.scalars(select(Alert).where(Alert.stage_key == stage_key,
+    released = s.scalars(select(Alert).where(Alert.stage_key == history.stage_key,
                                              Alert.status.in_(RELEASED_ALERTS)))
-    for alert in released:
+    for alert in (a for a in released if holds(s, a.first_run_id, history)):
         first, last = (s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id))
         spans.setdefault(alert.metric, []).append((first.started_at, last.started_at))
     out: dict[tuple[str, str], set[str]] = {}
@@ -86,7 +95,8 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
     the newest `limit` of them that measured `setup` when given (`measured_alike`): its
     metrics, the metrics held out of baselines, its verdicts by metric and the stage's params."""
     q = _comparable(stage_key, fingerprint_hash, before)
-    start = reset_start(s, stage_key)
+    of = History(stage_key, fingerprint_hash, setup)
+    start = reset_start(s, of)
     if start is not None:
         q = q.where(Run.started_at >= start)
     q = q.order_by(Run.started_at.desc(), Run.run_id.desc())
@@ -94,7 +104,7 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
         rows = s.execute(q.limit(limit)).all()
     else:  # the setup is Python's rule: read every night's params (one small row each)
         rows = [r for r in s.execute(q) if measured_alike(r.params, setup)][:limit]
-    held = _held_out(s, stage_key, rows)
+    held = _held_out(s, of, rows)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "metrics": {}, "verdicts": {},
                                       "held_out": sorted(held.get((r.run_id, r.stage_id), ())),

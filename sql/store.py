@@ -39,6 +39,7 @@ from .common import (
     upsert,
     upsert_baseline,
 )
+from .histories import History, reset_label
 from .models import (
     Baseline,
     Comparison,
@@ -296,6 +297,20 @@ class Store:
                               "stage_key": stage_key, "params": params,
                               "fingerprint_hash": fingerprint_hash}, ("run_id", "stage_id"))
 
+    def keep_stages(self, run_id: str, stage_ids: set[str]) -> list[str]:
+        """The run's stages are `stage_ids` from now on: drop any other stage of the run,
+        with its metrics, series and comparisons (what an earlier attempt of the stages
+        step loaded that this one did not run: a probe of another search path, a stage it
+        skipped); returns the stage ids dropped."""
+        with self._tx() as s:
+            self._run(s, run_id)
+            gone = sorted(set(s.scalars(select(Stage.stage_id).where(Stage.run_id == run_id)))
+                          - stage_ids)
+            for model in (Comparison, Metric, Series, Stage):
+                s.execute(delete(model).where(model.run_id == run_id,
+                                              model.stage_id.in_(gone)))
+            return gone
+
     def record_results(self, run_id: str, stage_id: str, *, metrics: dict[str, float | None],
                        series: dict[str, list[float]], validity: str,
                        reason: str | None) -> None:
@@ -363,7 +378,7 @@ class Store:
 
         Runs that finished ok, are not excluded, are not release runs, started before
         `before_run` and have a valid stage with this key (and this fingerprint hash when
-        given). History starts at the stage key's reset marker (an accepted change), if any.
+        given). History starts at its newest accepted change, if any (`queries.reset_start`).
         Each entry's `held_out` names the metrics whose values must not feed a baseline: its
         own night flagged them (suspected or regression) and no human accepted them or
         called them a false positive, nor did the next night clear the suspicion. Its
@@ -404,10 +419,11 @@ class Store:
                                              baseline=baseline, setup=setup)
 
     def reset_history(self, stage_key: str, run_id: str) -> None:
-        """History for `stage_key` starts at `run_id` (inclusive) from now on."""
+        """The history of `stage_key` that `run_id` is a night of (its fingerprint and
+        setup) starts at `run_id` (inclusive) from now on, unless it starts later."""
         with self._tx() as s:
             self._run(s, run_id)
-            upsert_baseline(s, "reset", stage_key, run_id)
+            upsert_baseline(s, "reset", reset_label(stage_key, run_id), run_id)
 
     def pin_release_baseline(self, label: str, run_id: str) -> None:
         with self._tx() as s:
@@ -442,7 +458,7 @@ class Store:
                                        status=status, change_pct=change_pct)
 
     def follow_verdict(self, *, stage_key: str, metric: str, run_id: str, verdict: str,
-                       change_pct: float | None, judged_on: alerts.JudgedOn | None = None
+                       change_pct: float | None, judged_on: History | None = None
                        ) -> tuple[int, bool] | None:
         """Open, update or close the alert of stage_key+metric in tonight's history (see
         `sql.alerts.follow_verdict`); (alert id, changed) or None."""
@@ -461,16 +477,15 @@ class Store:
 
     def set_alert_status(self, alert_id: int, status: str) -> None:
         """Set by a human (a closed alert is not opened again). 'accepted' (the new normal)
-        also restarts the stage key's history at the alert's first run, unless history
-        already starts later; not for an alert against a pinned release, whose baseline is
-        the release run (promote another to move it)."""
+        also restarts the history the alert's first run is a night of there (its fingerprint
+        and setup; the others of the stage key go on), unless it already starts later; not
+        for an alert against a pinned release, whose baseline is the release run (promote
+        another to move it)."""
         with self._tx() as s:
             alert = alerts.set_status(s, alert_id, status)
-            if status != "accepted" or alerts.release_of(alert.stage_key):
-                return
-            current = queries.reset_start(s, alert.stage_key)
-            if current is None or current <= self._run(s, alert.first_run_id).started_at:
-                upsert_baseline(s, "reset", alert.stage_key, alert.first_run_id)
+            if status == "accepted" and not alerts.release_of(alert.stage_key):
+                upsert_baseline(s, "reset", reset_label(alert.stage_key, alert.first_run_id),
+                                alert.first_run_id)
 
     def alerts_flagged_with(self, alert_id: int) -> list[int]:
         """The open alerts the run's stages flagged with this one (`alerts.flagged_with`)."""

@@ -28,7 +28,8 @@ from .views.tables import table
 
 EFFECT = {
     "acked": "acknowledged: the same regression is not posted again",
-    "accepted": "accepted as the new normal: the rolling history of {key} restarts at {run}",
+    "accepted": ("accepted as the new normal: the rolling history of {key} restarts at {run} "
+                 "(its history on that run's fingerprint and setup; any other goes on)"),
     "false_positive": "a false positive: its nights feed the baseline again",
     "fixed": "fixed: its nights stay out of the baseline",
 }

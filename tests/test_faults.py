@@ -86,6 +86,40 @@ def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_ste
     assert Store(load_settings().database_url()).run(ctx.run_id)["status"] == "failed"
 
 
+def test_load_metrics_keeps_only_the_stages_of_the_attempt_it_loads(tmp_path: Path,
+                                                                  tiny_suite: Path, broker):
+    """Fault: the stages step run again after load_metrics had loaded its earlier attempt,
+    which ran a stage (a search's probe on another path, or one the new attempt skipped)
+    that this one did not. Its rows, and its verdicts, are dropped when this attempt is
+    loaded: no value of a discarded attempt is judged or fed to a baseline. The Spark job's
+    output is written as the aggregate step writes it (the job is tests/test_aggregate.py's)."""
+    from tasks import rundir
+    from tasks.steps import Call, execute
+
+    ctx = unmanaged_run(tmp_path, broker.port, _one_stage_suite(tiny_suite))
+    [ran] = ctx.measured_stages
+    store, stale = ctx.store(), f"{ran.stage_id}.p7"
+    for stage_id in (ran.stage_id, stale):  # what loading the earlier attempt left
+        store.record_stage(ctx.run_id, stage_id, scenario=ran.scenario,
+                           stage_key=f"mosquitto|{stage_id}", params={}, fingerprint_hash=None)
+        store.record_results(ctx.run_id, stage_id, metrics={"delivered_rate": 1.0}, series={},
+                             validity="valid", reason=None)
+    store.record_comparisons(ctx.run_id, [{"stage_id": stale, "metric": "delivered_rate",
+                                           "verdict": "unchanged"}])
+    ctx.write_json(rundir.STAGE_METRICS, {"stages": [
+        {"stage_id": ran.stage_id, "status": "ok", "problems": [], "series": {},
+         "metrics": {"delivered_rate": 400.0, "published_rate": 400.0}}]})
+
+    said: list[str] = []
+    execute("load_metrics", ctx, Call(say=said.append))
+    stored = store.stages(ctx.run_id)
+    assert [(s["stage_id"], s["metrics"]["delivered_rate"]) for s in stored] == \
+        [(ran.stage_id, 400.0)]
+    assert stored[0]["comparisons"] == []
+    assert f"dropped 1 stages an earlier attempt loaded and this one did not run: {stale}" \
+        in said, said
+
+
 SECRET_SCENARIO = """
 name: tiny_login
 qos: [0]

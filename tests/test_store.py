@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Column, Integer, MetaData, create_engine, func, select, text
+from sqlalchemy import Column, Integer, MetaData, create_engine, func, insert, select, text
 
 from sql import Store, StoreError
 from sql.alerts import alert_key
-from sql.models import Base
+from sql.models import Base, Baseline
 from tests.pg import PostgresUnavailable, create_database, start_postgres
 
 T0 = datetime(2025, 1, 1, 2, 0, tzinfo=timezone.utc)
@@ -494,10 +494,54 @@ def test_each_setup_keeps_its_own_history_in_the_compare_step_and_the_report(
     assert judged_vs["new_history"] == "setup differs from release 9.4.4's (drivers.here: 1 -> 2)"
 
 
+def test_what_one_setups_history_holds_does_not_reach_another(store: Store,
+                                                              db_url: str) -> None:
+    """Nightly setup A (n1 n2 n3) with manual runs of setup B between (m1 m2). B's alert,
+    cleared, spans A's n2, whose value A's history flagged: it stays held out of A's
+    baseline (before, B's alert released it). Accepting B's alert restarts B's history, not
+    A's (before, one marker per stage key sent A back to learning); A's own accepted change
+    still restarts A's."""
+    a = {"qos": 1, "measure_s": 5}
+    b = {"qos": 1, "measure_s": 60}
+    for run_id, day, params in (("n1", 1, a), ("m1", 2, b), ("n2", 3, a), ("m2", 4, b),
+                                ("n3", 5, a), ("tonight", 6, a)):
+        nightly(store, run_id, day, params=params)
+    flag(store, "n2", "suspected")
+    b_alert, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
+                                    run_id="m1", status="suspected", change_pct=-6.0)
+    store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate", run_id="m2",
+                       status="cleared", change_pct=-1.0)  # B's next night cleared it
+
+    def history(setup: dict) -> dict[str, list[str]]:
+        return {h["run_id"]: h["held_out"] for h in
+                store.history("fanin.q1", "fp1", before_run="tonight", setup=setup)}
+
+    assert history(a) == {"n3": [], "n2": ["delivered_rate"], "n1": []}
+    assert history(b) == {"m2": [], "m1": []}
+
+    store.set_alert_status(b_alert, "accepted")
+    assert list(history(a)) == ["n3", "n2", "n1"] and list(history(b)) == ["m2", "m1"]
+    store.reset_history("fanin.q1", "m2")
+    assert list(history(a)) == ["n3", "n2", "n1"] and list(history(b)) == ["m2"]
+    a_alert, _ = store.upsert_alert(stage_key="fanin.q1", metric="e2e_latency_p50",
+                                    run_id="n2", status="confirmed", change_pct=9.0)
+    store.set_alert_status(a_alert, "accepted")
+    assert list(history(a)) == ["n3", "n2"] and list(history(b)) == ["m2"]
+    # a marker written before histories were kept apart (the stage key alone) starts all
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(insert(Baseline).values(kind="reset", label="fanin.q1", run_id="n3",
+                                             created_at=T0))
+    engine.dispose()
+    assert list(history(a)) == ["n3"] and history(b) == {}
+
+
 def test_a_release_runs_verdicts_are_not_the_rolling_historys_to_confirm(store: Store) -> None:
-    """A release run whose trigger chose the rolling history is judged against it, but it
-    feeds no rolling history, so the next nightly does not confirm its suspicion."""
-    for run_id, day, kind in (("n1", 1, "nightly"), ("rel", 2, "release"), ("n3", 3, "nightly")):
+    """A release run whose trigger chose the rolling history (or found no release pinned)
+    is judged against it but feeds none: the next nightly does not confirm its suspicion,
+    and its alert and the nightlies' are each left to their own runs."""
+    for run_id, day, kind in (("n1", 1, "nightly"), ("rel", 2, "release"), ("n3", 3, "nightly"),
+                              ("rel2", 4, "release"), ("n5", 5, "nightly")):
         new_run(store, run_id, day, kind=kind)
         stage(store, run_id)
         store.finish_run(run_id, "ok")
@@ -512,6 +556,16 @@ def test_a_release_runs_verdicts_are_not_the_rolling_historys_to_confirm(store: 
     pinned = store.previous_verdicts("fanin.q1", "fp1", before_run="n3",
                                      baseline="release:9.4.4")
     assert pinned["e2e_latency_p50"]["run_id"] == "rel"  # the release's own lifecycle
+
+    rel_alert, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
+                                      run_id="rel", status="suspected", change_pct=-6.0)
+    (n3_alert,) = judge_one(store, "n3", "suspected", -6.5)  # its own, beside rel's
+    assert n3_alert != rel_alert and store.alert(rel_alert)["last_run_id"] == "rel"
+    assert judge_one(store, "rel2", "unchanged") == [rel_alert]  # a release run clears it
+    assert store.alert(rel_alert)["status"] == "cleared"
+    assert store.alert(n3_alert)["status"] == "suspected"
+    assert judge_one(store, "n5", "unchanged") == [n3_alert]
+    assert store.alert(n3_alert)["status"] == "cleared"
 
 
 def judge_one(store: Store, run_id: str, verdict: str = "learning",

@@ -22,7 +22,8 @@ from collections import Counter
 from typing import Any
 
 from sql import Store
-from sql.alerts import JudgedOn, alert_key
+from sql.alerts import alert_key
+from sql.histories import History
 
 from .. import rundir
 from ..analysis.across import judge_stages
@@ -103,7 +104,10 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
             else f"release {release[0]} is not pinned")
     return {"history": history, "previous": previous, "release": pinned,
             "new_history": new_history, "noise_history": noise_history,
-            "judged_on": JudgedOn(key, fp, params)}
+            # a release run judged against the rolling history feeds none: its alerts are
+            # apart from the nightlies' (`sql.histories`)
+            "judged_on": History(key, fp, params, release_runs=None if release else
+                                 store.run(run_id)["kind"] == "release")}
 
 
 def judge_run(stages: list[dict], inputs: dict[str, dict[str, Any]], policy: Policy,

@@ -5,6 +5,7 @@ its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from .. import rundir
 from ..analysis.capacity import broker_cores, cpu_used_pct
@@ -49,14 +50,21 @@ def stage_failures(ctx: RunContext) -> dict[str, list[str]]:
     return failures
 
 
-def load_results(ctx: RunContext) -> list[dict]:
-    """Record every stage's metrics and validity in the store; returns one row per stage."""
+def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[dict]:
+    """Record every stage's metrics and validity in the store, and only those: a stage an
+    earlier attempt of the stages step loaded and this one did not run is dropped, so no
+    value of a discarded attempt is judged or fed to a baseline. Returns one row per stage."""
     document = json.loads((ctx.run_dir / rundir.STAGE_METRICS).read_text())
     stages = {stage.stage_id: stage for stage in ctx.measured_stages}
     fingerprint = run_fingerprint(ctx)
     broker_kind = ctx.inventory.broker.kind
     cpus = usable_cpus(ctx)
     store = ctx.store()
+    dropped = store.keep_stages(ctx.run_id, {r["stage_id"] for r in document["stages"]}
+                                | set(ctx.searches()["outcomes"]))
+    if dropped:
+        say(f"dropped {len(dropped)} stages an earlier attempt loaded and this one did not "
+            f"run: {', '.join(dropped)}")
     rows = []
     for result in document["stages"]:
         stage = stages[result["stage_id"]]
@@ -147,5 +155,5 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
 
 
 def run(ctx: RunContext, call: Call) -> dict:
-    rows = load_results(ctx)
+    rows = load_results(ctx, call.say)
     return {"stages": len(rows), "invalid": [r["stage_id"] for r in rows if r["validity"] != "valid"]}
