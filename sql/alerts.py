@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, delete, or_, select
 from sqlalchemy.orm import Session
 
 from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, flagged_across
@@ -46,6 +46,15 @@ def release_of(key: str) -> str | None:
     """The release label of an `alert_key` that compares with a pinned release; None for a
     stage key's own (rolling) lifecycle."""
     return key.split(_VS, 1)[1] if _VS in key else None
+
+
+def drop_opened(s: Session, run_id: str, stage_keys: set[str]) -> None:
+    """Delete the alerts `run_id` opened of these stage keys, their own and against a
+    release (`alert_key`): the run's stages of those keys are gone (`Store.keep_stages`)."""
+    for key in stage_keys:
+        s.execute(delete(Alert).where(
+            Alert.first_run_id == run_id,
+            or_(Alert.stage_key == key, Alert.stage_key.startswith(key + _VS, autoescape=True))))
 
 
 def _grown(new: float | None, reported: float | None) -> bool:

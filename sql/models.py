@@ -173,8 +173,10 @@ class Series(Base):
 
 
 class Baseline(Base):
-    """kind 'release': pinned release run (label = release label); kind 'reset': history
-    for stage key `label` starts at `run_id` (an accepted change)."""
+    """kind 'release': pinned release run (label = release label); kind 'reset': the
+    history of a stage key that `run_id` is a night of starts there (an accepted change;
+    label `<stage key>@<run id>`, `sql.histories.reset_label`; a label of the stage key
+    alone, written before histories were kept apart, starts every one of its histories)."""
 
     __tablename__ = "baselines"
     __table_args__ = (UniqueConstraint("kind", "label"),)

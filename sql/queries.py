@@ -138,13 +138,14 @@ def last_fingerprint(s: Session, stage_key: str, *, before: datetime) -> str | N
 
 def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, *,
                       before: datetime, baseline: str, setup: dict | None = None,
-                      runs: int = 5) -> dict[str, dict[str, Any]]:
+                      release_runs: bool = False, runs: int = 5) -> dict[str, dict[str, Any]]:
     """metric -> the newest earlier verdict of this stage key (and fingerprint, and setup:
     `measured_alike`) that a night can confirm or clear, made against the same baseline
     ("rolling", "release:<label>"), looking back at most `runs` such runs that have
     verdicts; with that run's start and the stage's params that night. Against the rolling
-    history, not a release run's: it feeds no rolling history, though its trigger may have
-    compared it with one."""
+    history, of release runs' only when `release_runs` (tonight is one) and of the others'
+    only when not: a release run feeds no rolling history, though its trigger may have
+    compared it with one (`histories.History.release_runs`)."""
     q = (select(Comparison, Run.run_id, Run.started_at, Stage.params)
          .join(Stage, (Stage.run_id == Comparison.run_id)
                & (Stage.stage_id == Comparison.stage_id))
@@ -154,7 +155,7 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
     if fingerprint_hash is not None:
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
     if baseline == "rolling":
-        q = q.where(Run.kind != "release")
+        q = q.where((Run.kind == "release") if release_runs else (Run.kind != "release"))
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
     for comp, run_id, started_at, params in s.execute(q.order_by(Run.started_at.desc(),

@@ -299,17 +299,19 @@ class Store:
 
     def keep_stages(self, run_id: str, stage_ids: set[str]) -> list[str]:
         """The run's stages are `stage_ids` from now on: drop any other stage of the run,
-        with its metrics, series and comparisons (what an earlier attempt of the stages
-        step loaded that this one did not run: a probe of another search path, a stage it
-        skipped); returns the stage ids dropped."""
+        with its metrics, series, comparisons and the alerts the run opened of it (what an
+        earlier attempt of the stages step loaded and judged that this one did not run: a
+        probe of another search path, a stage it skipped); returns the stage ids dropped."""
         with self._tx() as s:
             self._run(s, run_id)
-            gone = sorted(set(s.scalars(select(Stage.stage_id).where(Stage.run_id == run_id)))
-                          - stage_ids)
+            gone = {row.stage_id: row.stage_key for row in s.execute(
+                select(Stage.stage_id, Stage.stage_key).where(Stage.run_id == run_id))
+                if row.stage_id not in stage_ids}
+            alerts.drop_opened(s, run_id, set(gone.values()))
             for model in (Comparison, Metric, Series, Stage):
                 s.execute(delete(model).where(model.run_id == run_id,
                                               model.stage_id.in_(gone)))
-            return gone
+            return sorted(gone)
 
     def record_results(self, run_id: str, stage_id: str, *, metrics: dict[str, float | None],
                        series: dict[str, list[float]], validity: str,
@@ -411,12 +413,14 @@ class Store:
                           setup: dict | None = None) -> dict[str, dict[str, Any]]:
         """metric -> the newest earlier verdict of this stage key that a night can confirm
         or clear (not invalid, not no_baseline), made against the same baseline (and on a
-        night that measured `setup`, when given), with its run's start and the stage's
-        params that night (`queries.previous_verdicts`)."""
+        night that measured `setup`, when given; against the rolling history, on a run of
+        `before_run`'s kind, release or not), with its run's start and the stage's params
+        that night (`queries.previous_verdicts`)."""
         with self._tx() as s:
-            before = self._run(s, before_run).started_at
-            return queries.previous_verdicts(s, stage_key, fingerprint_hash, before=before,
-                                             baseline=baseline, setup=setup)
+            tonight = self._run(s, before_run)
+            return queries.previous_verdicts(s, stage_key, fingerprint_hash,
+                                             before=tonight.started_at, baseline=baseline,
+                                             setup=setup, release_runs=tonight.kind == "release")
 
     def reset_history(self, stage_key: str, run_id: str) -> None:
         """The history of `stage_key` that `run_id` is a night of (its fingerprint and

@@ -35,6 +35,8 @@ EFFECT = {
 }
 EFFECT_VS_RELEASE = ("accepted and closed; release runs are still compared with release "
                      "{release}'s run (pin another with perfpipe baseline promote)")
+EFFECT_OF_RELEASE_RUN = ("accepted and closed; it was opened by release {run}, which feeds "
+                         "no rolling history: none restarts")
 
 
 def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> None:
@@ -78,7 +80,11 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
         store.set_alert_status(one, status)
         alert = store.alert(one)
         release = release_of(alert["stage_key"])
-        effect = EFFECT_VS_RELEASE if status == "accepted" and release else EFFECT[status]
+        effect = EFFECT[status]
+        if status == "accepted" and release:
+            effect = EFFECT_VS_RELEASE
+        elif status == "accepted" and store.run(alert["first_run_id"])["kind"] == "release":
+            effect = EFFECT_OF_RELEASE_RUN
         say(f"alert {one} ({alert['stage_key']} {alert['metric']}): "
             + effect.format(key=alert["stage_key"], run=f"run {alert['first_run_id']}",
                             release=release))

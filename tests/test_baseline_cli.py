@@ -74,3 +74,22 @@ def test_accepting_an_alert_against_a_release_says_the_release_stays_the_baselin
     out = capsys.readouterr().out
     assert "release runs are still compared with release 9.4.5's run" in out
     assert "restarts" not in out
+
+
+def test_accepting_an_alert_a_release_run_opened_says_no_history_restarts(
+        store: Store, capsys) -> None:
+    """A release run judged against the rolling history (no release pinned yet) feeds none:
+    accepting its alert restarts no history, and says so."""
+    store.create_run("rel", kind="release", suite="smoke", broker_kind="mosquitto",
+                     artifact_dir="/x", started_at=T0 + timedelta(days=4))
+    store.finish_run("rel", "ok")
+    a, _ = store.follow_verdict(stage_key="mosquitto|fanin.q1", metric="delivered_rate",
+                                run_id="rel", verdict="suspected", change_pct=-6.0)
+    n, _ = store.follow_verdict(stage_key="mosquitto|fanin.q2", metric="delivered_rate",
+                                run_id="r3", verdict="suspected", change_pct=-6.0)
+    assert main(["alerts", "accept", str(a)]) == 0
+    out = capsys.readouterr().out
+    assert "opened by release run rel, which feeds no rolling history: none restarts" in out
+    assert main(["alerts", "accept", str(n)]) == 0
+    assert "the rolling history of mosquitto|fanin.q2 restarts at run r3" in \
+        capsys.readouterr().out

@@ -90,8 +90,9 @@ def test_load_metrics_keeps_only_the_stages_of_the_attempt_it_loads(tmp_path: Pa
                                                                   tiny_suite: Path, broker):
     """Fault: the stages step run again after load_metrics had loaded its earlier attempt,
     which ran a stage (a search's probe on another path, or one the new attempt skipped)
-    that this one did not. Its rows, and its verdicts, are dropped when this attempt is
-    loaded: no value of a discarded attempt is judged or fed to a baseline. The Spark job's
+    that this one did not. Its rows, its verdicts and the alerts they opened are dropped
+    when this attempt is loaded: no value of a discarded attempt is judged or fed to a
+    baseline, and no alert is left that no night can follow. The Spark job's
     output is written as the aggregate step writes it (the job is tests/test_aggregate.py's)."""
     from tasks import rundir
     from tasks.steps import Call, execute
@@ -105,7 +106,11 @@ def test_load_metrics_keeps_only_the_stages_of_the_attempt_it_loads(tmp_path: Pa
         store.record_results(ctx.run_id, stage_id, metrics={"delivered_rate": 1.0}, series={},
                              validity="valid", reason=None)
     store.record_comparisons(ctx.run_id, [{"stage_id": stale, "metric": "delivered_rate",
-                                           "verdict": "unchanged"}])
+                                           "verdict": "suspected"}])
+    for key in (f"mosquitto|{stale}", f"mosquitto|{stale} vs release 9.4.5",
+                f"mosquitto|{ran.stage_id}"):  # what judging it opened
+        store.upsert_alert(stage_key=key, metric="delivered_rate", run_id=ctx.run_id,
+                           status="suspected", change_pct=-6.0)
     ctx.write_json(rundir.STAGE_METRICS, {"stages": [
         {"stage_id": ran.stage_id, "status": "ok", "problems": [], "series": {},
          "metrics": {"delivered_rate": 400.0, "published_rate": 400.0}}]})
@@ -116,6 +121,7 @@ def test_load_metrics_keeps_only_the_stages_of_the_attempt_it_loads(tmp_path: Pa
     assert [(s["stage_id"], s["metrics"]["delivered_rate"]) for s in stored] == \
         [(ran.stage_id, 400.0)]
     assert stored[0]["comparisons"] == []
+    assert [a["stage_key"] for a in store.alerts()] == [f"mosquitto|{ran.stage_id}"]
     assert f"dropped 1 stages an earlier attempt loaded and this one did not run: {stale}" \
         in said, said
 

@@ -218,7 +218,9 @@ def test_each_scenarios_rate_chart_runs_along_what_its_stages_step() -> None:
     stages = [scenario("fanin", n, 1, n * 10.0) for n in (50, 100)]
     stages += [scenario("fanout", 1, n, 10.0) for n in (250, 500, 1000)]
     stages += [scenario("partitions", 100, 1, r) for r in (500.0, 1000.0)]
-    stages.append(scenario("burst", 1000, 0, 0.0))
+    unknown = scenario("partitions", 100, 1, 750.0)  # its start document lost: no rate
+    stages += [{**unknown, "metrics": {**unknown["metrics"], "target_rate": None}},
+               scenario("burst", 1000, 0, 0.0)]
     page = rate_charts(stages)
 
     def chart(name: str) -> str:
@@ -231,6 +233,8 @@ def test_each_scenarios_rate_chart_runs_along_what_its_stages_step() -> None:
     assert len({point.split(",")[0] for point in line.split()}) == 3  # three x, not one
     assert all(f">{tick}<" in chart("fanout") for tick in ("250", "500", "1k"))
     assert ">partitions: delivered rate against offered msg/s<" in chart("partitions")
+    line = re.search(r'<polyline[^>]*points="([^"]*)"', chart("partitions")).group(1)
+    assert len(line.split()) == 2  # the stage whose offered rate is not known is no point
     assert ">burst: delivered rate against publishers<" in chart("burst")  # one step
 
 

@@ -545,14 +545,14 @@ def test_a_release_runs_verdicts_are_not_the_rolling_historys_to_confirm(store: 
         new_run(store, run_id, day, kind=kind)
         stage(store, run_id)
         store.finish_run(run_id, "ok")
-    for run_id, verdict in (("n1", "unchanged"), ("rel", "suspected")):
-        store.record_comparisons(run_id, [{"stage_id": "fanin.q1", "metric": "delivered_rate",
-                                           "verdict": verdict, "detail": {"nights": 1}}])
+    store.record_comparisons("n1", [{"stage_id": "fanin.q1", "metric": "delivered_rate",
+                                     "verdict": "unchanged"}])
+    store.record_comparisons("rel", [
+        {"stage_id": "fanin.q1", "metric": "delivered_rate", "verdict": "suspected"},
+        {"stage_id": "fanin.q1", "metric": "e2e_latency_p50", "verdict": "suspected",
+         "detail": {"baseline": "release:9.4.4"}}])
     rolling = store.previous_verdicts("fanin.q1", "fp1", before_run="n3")
     assert rolling["delivered_rate"]["run_id"] == "n1"
-    store.record_comparisons("rel", [{"stage_id": "fanin.q1", "metric": "e2e_latency_p50",
-                                      "verdict": "suspected",
-                                      "detail": {"baseline": "release:9.4.4"}}])
     pinned = store.previous_verdicts("fanin.q1", "fp1", before_run="n3",
                                      baseline="release:9.4.4")
     assert pinned["e2e_latency_p50"]["run_id"] == "rel"  # the release's own lifecycle
@@ -561,6 +561,9 @@ def test_a_release_runs_verdicts_are_not_the_rolling_historys_to_confirm(store: 
                                       run_id="rel", status="suspected", change_pct=-6.0)
     (n3_alert,) = judge_one(store, "n3", "suspected", -6.5)  # its own, beside rel's
     assert n3_alert != rel_alert and store.alert(rel_alert)["last_run_id"] == "rel"
+    # a release run's previous verdicts are release runs', not the nightlies' (n3's)
+    assert store.previous_verdicts("fanin.q1", "fp1", before_run="rel2")["delivered_rate"][
+        "run_id"] == "rel"
     assert judge_one(store, "rel2", "unchanged") == [rel_alert]  # a release run clears it
     assert store.alert(rel_alert)["status"] == "cleared"
     assert store.alert(n3_alert)["status"] == "suspected"

@@ -87,8 +87,7 @@ RATE_AXES: tuple[tuple[str, Callable[[dict], float | None]], ...] = (
 def stepped_axis(stages: list[dict]) -> tuple[str, Callable[[dict], float | None]]:
     """(label, x of a stage) for a scenario's stages (`RATE_AXES`)."""
     for label, x in RATE_AXES:
-        values = [x(stage) for stage in stages]
-        if None not in values and len(set(values)) > 1:
+        if len({x(stage) for stage in stages} - {None}) > 1:
             return label, x
     return RATE_AXES[0]
 
@@ -107,6 +106,8 @@ def rate_charts(stages: list[dict]) -> str:
         target = {}
         for stage in members:
             x, delivered = x_of(stage), stage["metrics"].get("delivered_rate")
+            if x is None:  # a stage whose offered rate is not known: no point
+                continue
             if delivered is not None:
                 lines[f"QoS {stage['params'].get('qos')}"].append((x, delivered))
             if stage["metrics"].get("expected_delivery_rate") is not None:
