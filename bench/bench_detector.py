@@ -54,6 +54,7 @@ from scipy.stats import binomtest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tasks.analysis.detector import step_pct  # noqa: E402
 from tasks.analysis.noise import T_EFFICIENCY, noise_sigma, t_scale  # noqa: E402
 from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.analysis.thresholds import MDE_POWER  # noqa: E402
@@ -168,7 +169,7 @@ def aa_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) 
         print(f"{m:28} {100 * sigma:6.2f}% {100 * aa.alarms[m] / aa.series:7.2f} "
               f"{100 * naive_aa.alarms[m] / naive_aa.series:7.2f} {aa.learning_flags[m]:8d} "
               f"{100 * aa.later_flags[m] / aa.series:7.1f} {mde:>7} "
-              f"{100 * math.expm1(bound_mde(sigma, rng)):6.1f}% "
+              f"{step_pct(m, bound_mde(sigma, rng)):6.1f}% "
               f"{100 * aa.too_noisy[m] / aa.series:8.0f}%")
     print(f"{'any metric of the stage':28} {'':7} {100 * aa.stages_alarmed / aa.series:7.2f} "
           f"{100 * naive_aa.stages_alarmed / naive_aa.series:7.2f}   (stages with at least "

@@ -155,8 +155,9 @@ def connect_metrics(stage: StageFiles) -> dict:
 
     connect_rate = summed ``connected`` / (latest ``last_connack_at`` - earliest
     ``first_connect_at``) over all processes and hosts, each time as its host's clock has
-    it (an offset host is flagged by _check_summary). Null, with the reason in the
-    problems, when a process has no summary or no connect_phase, or nothing connected.
+    it (a host whose clock is not trusted is flagged by `spark.stage_files._check_clocks`).
+    Null, with the reason in the problems, when a process has no summary or no
+    connect_phase, or nothing connected.
     """
     if stage.missing:
         stage.problem("connect_rate not computed: processes without summary: "

@@ -160,13 +160,14 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
     seen_runs: list[str] = []
     for comp, run_id, started_at, params in s.execute(q.order_by(Run.started_at.desc(),
                                                                  Comparison.id)):
-        if setup is not None and not measured_alike(params, setup):
-            continue
+        if (setup is not None and not measured_alike(params, setup)) \
+                or (comp.detail or {}).get("baseline", "rolling") != baseline:
+            continue  # runs judged against another baseline are not counted either
         if run_id not in seen_runs:
             if len(seen_runs) == runs:
                 break
             seen_runs.append(run_id)
-        if (comp.detail or {}).get("baseline", "rolling") == baseline and comp.metric not in out:
+        if comp.metric not in out:
             out[comp.metric] = {"run_id": run_id, "verdict": comp.verdict,
                                 "change_pct": comp.change_pct, "detail": comp.detail,
                                 "started_at": started_at, "params": params}

@@ -109,6 +109,18 @@ def test_a_noisy_history_raises_the_smallest_step_it_can_see():
     assert v.verdict == "unchanged" and v.detail["mde_pct"] > 5 * quiet.detail["mde_pct"]
 
 
+def test_an_mde_reads_as_the_change_of_the_value_a_person_would_see():
+    """A rate's MDE is the drop it catches, a latency's the rise: a log step of 0.2 is an
+    18.1% drop and a 22.1% rise (before, both read 22.1%)."""
+    from tasks.analysis.detector import step_pct
+
+    assert step_pct(RATE, 0.2) == pytest.approx(18.13, abs=0.01)
+    assert step_pct(P99, 0.2) == pytest.approx(22.14, abs=0.01)
+    quiet = verdict({RATE: 1000.0}, nights(steady(20)))
+    floor = quiet.detail["floor_pct"]  # 0.3 x the 5% that matters, as a drop
+    assert floor == pytest.approx(100 * (1 - 1 / 1.015), abs=0.01)
+
+
 def test_a_metric_too_noisy_to_guard_says_so_and_why():
     rng = random.Random(4)
     p99 = nights([5000 * math.exp(rng.gauss(0, 0.3)) for _ in range(20)], P99)
@@ -128,12 +140,15 @@ def test_a_short_history_is_learning_and_flags_only_what_is_beyond_doubt():
     flat = nights([1000.0] * 5)
     first = verdict({RATE: 700.0}, flat)
     assert (first.verdict, first.detail["doubt_once"]) == ("learning", True)
-    again = verdict({RATE: 700.0}, [{**flat[0], "run_id": "n6", "metrics": {RATE: 700.0}}] + flat,
-                    previous={RATE: first.to_dict()})
+    stepped = [{**flat[0], "run_id": "n6", "metrics": {RATE: 700.0}}] + flat
+    again = verdict({RATE: 700.0}, stepped, previous={RATE: first.to_dict()})
     assert (again.verdict, again.detail["nights"]) == ("regression", 2)
+    # the step lasts: n7 (held out, as the store holds a flagged night) is still a regression
+    held = [{**flat[0], "run_id": "n7", "metrics": {RATE: 700.0}, "held_out": [RATE]}]
+    still = verdict({RATE: 700.0}, held + stepped, previous={RATE: again.to_dict()})
+    assert (still.verdict, still.detail["nights"]) == ("regression", 3)
     # one wild night, then a normal one: nothing
-    calm = verdict({RATE: 1000.0}, [{**flat[0], "run_id": "n6", "metrics": {RATE: 700.0}}] + flat,
-                   previous={RATE: first.to_dict()})
+    calm = verdict({RATE: 1000.0}, stepped, previous={RATE: first.to_dict()})
     assert calm.verdict == "learning" and not calm.detail["doubt_once"]
 
 

@@ -113,6 +113,24 @@ def test_a_metric_too_noisy_to_guard_says_so_in_show_and_the_report(lab: Lab, ca
     assert "MDE %" in report and p99["detail"]["too_noisy"] in report
 
 
+def test_a_step_confirmed_while_learning_stays_confirmed_until_it_goes(lab: Lab) -> None:
+    """Five quiet nights, then 30% less: beyond doubt (still learning), confirmed the next
+    night, and confirmed on every night it lasts. Before, the night after the confirmation
+    was measured against a swing the first such night (a baseline night) had widened by
+    the step itself: it read `learning`, which closed the alert as recovered, and the drop
+    became the baseline unflagged."""
+    quiet(lab, 5)
+    first, _, _ = lab.night(rate=1400.0)
+    assert lab.verdict(first)["detail"]["doubt_once"]
+    nights = [lab.night(rate=1400.0)[0] for _ in range(3)]
+    assert [lab.verdict(n)["verdict"] for n in nights] == ["regression"] * 3
+    (alert,) = lab.store.alerts(open_only=True)
+    assert (alert["status"], alert["last_run_id"]) == ("confirmed", nights[-1])
+    back, _, _ = lab.night()  # the rate is back: recovered
+    assert lab.verdict(back)["verdict"] == "learning"
+    assert lab.store.alert(alert["id"])["status"] == "recovered"
+
+
 def test_a_20pct_drop_is_confirmed_and_told_on_the_first_night(lab: Lab) -> None:
     quiet(lab)
     run_id, counts, told = lab.night(rate=1600.0)

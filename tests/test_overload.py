@@ -69,7 +69,7 @@ def test_an_overloaded_broker_invalidates_the_stage_above_its_capacity(
 
     low, high = stages["overload_steps.q0.c100.r50"], stages["overload_steps.q0.c100.r400"]
     assert low["validity"] == "valid", low["reason"]
-    assert high["validity"] == "invalid" and "of the target rate" in high["reason"], high["reason"]
+    assert high["validity"] == "invalid" and "of the expected delivery rate" in high["reason"], high["reason"]
 
     # QoS 0 deliveries are the published packet as it was sent (MQTT 3.1.1, same topic).
     packet = len(Template(TOPIC, 0, PAYLOAD, 0, 0).packet)

@@ -344,7 +344,7 @@ def test_a_searchs_probes_that_fell_behind_do_not_make_a_run_mostly_invalid(
     """A max-rate search's probes fall behind wherever it passes the broker's limit (most
     of them on the night a capacity drops below where a warm start begins): the search's
     own stage speaks for it, so the run is not told as mostly invalid."""
-    behind = "delivered 82.6% of the target rate (allowed 95%..105%)"
+    behind = "delivered 82.6% of the expected delivery rate (allowed 95%..105%)"
     probes = {f"cap.search.{p}": behind for p in ("p1", "p2", "p4", "h1")}
     capacity = [("max_rate", "suspected", 2000.0, 1500.0, 1)]
     probed = {p: {**FANIN, "probe_of": "cap.search"} for p in probes}

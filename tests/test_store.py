@@ -556,6 +556,14 @@ def test_a_release_runs_verdicts_are_not_the_rolling_historys_to_confirm(store: 
     pinned = store.previous_verdicts("fanin.q1", "fp1", before_run="n3",
                                      baseline="release:9.4.4")
     assert pinned["e2e_latency_p50"]["run_id"] == "rel"  # the release's own lifecycle
+    for day in range(6):  # nightlies judged against the rolling history between
+        new_run(store, f"x{day}", 2 + (day + 1) / 10)
+        stage(store, f"x{day}")
+        store.record_comparisons(f"x{day}", [{"stage_id": "fanin.q1", "metric": "lost",
+                                              "verdict": "unchanged"}])
+    assert store.previous_verdicts("fanin.q1", "fp1", before_run="n3",
+                                   baseline="release:9.4.4")["e2e_latency_p50"]["run_id"] \
+        == "rel"  # they are not counted in the look-back of five
 
     rel_alert, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
                                       run_id="rel", status="suspected", change_pct=-6.0)

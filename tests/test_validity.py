@@ -15,7 +15,7 @@ def test_a_stage_that_kept_up_is_valid():
 
 def test_each_gate_names_its_reason():
     cases = {
-        "delivered 90.0% of the target rate": {"achieved_ratio": 0.9},
+        "delivered 90.0% of the expected delivery rate": {"achieved_ratio": 0.9},
         "throughput unstable over the window (CV 0.40 > 0.25)": {"throughput_cv": 0.4},
         "3 client errors": {"errors": 3},
         "2 messages lost at QoS 1, which promises delivery": {"lost": 2},

@@ -84,10 +84,10 @@ better-direction and a minimum practical effect) of a valid stage:
   the history has shown (with at least `doubt_nights` nights to show it) and beyond the
   two-night threshold at `doubt_level` with the noise of the stage's peers (the run's
   other stages on this fingerprint with at least `noise.PEER_NIGHTS` nights, learning or not),
-  two nights in a row, is a `regression`. One such night is still `learning`, its detail
-  says so. A stage without peers has the swing alone: five nights that swing little by
-  chance say nothing of the noise, and no threshold from them would either
-  (`_beyond_doubt`).
+  two nights in a row, is a `regression`, and stays one while the change lasts. One such
+  night is still `learning`, its detail says so. A stage without peers has the swing
+  alone: five nights that swing little by chance say nothing of the noise, and no
+  threshold from them would either (`_beyond_doubt`).
 - **What it can see.** Each verdict past learning carries the metric's minimum detectable
   effect (`mde_pct`): the smallest step these rules catch within two nights with 90%
   probability at the noise in use. Above `too_noisy` x the minimum practical effect the
@@ -290,14 +290,17 @@ def _beyond_doubt(change: float, base: Reference, previous: dict, policy: Policy
     least the two-night threshold with the noise of the stage's peers (`doubt_floor`, at
     `doubt_level`: at the judged nights' level, 2 of the bench's 2000 x 12 A/A series
     still passed while learning, both PUBACK p99 at 12% noise).
-    After a night that was, the spread leaves that night out (it would widen it).
 
     Five nights of t3 noise sometimes swing little by chance, and then tell nothing of the
     metric's noise: the peers' nights, on this fingerprint, do. Their own noise is no
     better guard: a sigma from 5 nights is worth 2 d.o.f., and the threshold with it (14
-    times the change's sd) missed a +520% step at 9% noise 1 time in 4."""
-    once = bool(previous.get("detail", {}).get("doubt_once"))
-    spread = base.spread_before if once else base.spread
+    times the change's sd) missed a +520% step at 9% noise 1 time in 4.
+    After a night that was, and after the regression that confirmed it (whose nights the
+    store holds out, so the newest baseline night is still that first one), the spread
+    leaves that night out: it would widen the spread by the step itself, and a step that
+    lasts would read `learning` the night after it was confirmed, closing its alert."""
+    before = previous.get("detail", {}).get("doubt_once") or previous.get("verdict") in FLAGGED
+    spread = base.spread_before if before else base.spread
     return (base.nights >= policy.doubt_nights and change >= math.log1p(policy.large_step)
             and change >= policy.doubt_spread * spread and change >= base.doubt_floor)
 
@@ -312,13 +315,23 @@ def _learning(change: float, base: Reference, prior: int, previous: dict,
     return "learning", 0
 
 
+def step_pct(metric: str, step: float) -> float:
+    """A log step in the metric's worse direction as the % its value moves: a rise of a
+    lower-is-better metric (latency, cost), a drop of a higher-is-better one (a rate), so
+    an MDE or a floor reads as the change a person would see (a log step of 0.2 is a
+    22.1% rise, an 18.1% drop)."""
+    return 100 * (math.expm1(step) if METRICS[metric].better == "lower" else -math.expm1(-step))
+
+
 def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str | None:
     effect = policy.effect(metric)
     if mde <= policy.too_noisy_above(metric):
         return None
+    peers = f" (pooled with {base.noise.stages - 1} other stages')" if base.noise.stages > 1 \
+        else ""
     return (f"too noisy to guard: night-to-night noise {100 * base.noise.sigma:.1f}% over "
-            f"{base.nights} nights, so the smallest step caught within two nights is "
-            f"{100 * math.expm1(mde):.0f}%, above {policy.too_noisy:g}x the "
+            f"{base.nights} nights{peers}, so the smallest step caught within two nights is "
+            f"{step_pct(metric, mde):.0f}%, above {policy.too_noisy:g}x the "
             f"{100 * effect:.0f}% that matters")
 
 
@@ -388,7 +401,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     detail: dict[str, Any] = {
         "baseline": kind, "history": base.nights, "nights": nights,
         "noise_pct": round(100 * base.noise.sigma, 3), "noise_stages": base.noise.stages,
-        "floor_pct": round(100 * math.expm1(floor), 2),
+        "floor_pct": round(step_pct(metric, floor), 2),
     }
     if base.fit is not None:
         detail["adjusted"] = {"by": METRICS[metric].adjusted_by,
@@ -405,7 +418,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
             detail["evidence"] = {"change": round(worse, 6), "sd": round(base.pred_sd, 6),
                                   "dof": round(base.noise.dof, 1)}
         mde = minimum_detectable(base.pred_sd, base.noise.dof, level, floor, policy)
-        detail["mde_pct"] = round(100 * math.expm1(mde), 2)
+        detail["mde_pct"] = round(step_pct(metric, mde), 2)
         warning = _too_noisy(metric, mde, base, policy)
         if warning:
             detail["too_noisy"] = warning

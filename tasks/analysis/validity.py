@@ -89,9 +89,9 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
         reasons.append(f"aggregation {aggregation_status}: " + "; ".join(problems[:3]))
     ratio = metrics.get("achieved_ratio")
     if ratio is None:
-        reasons.append("no delivered-rate target to check against")
+        reasons.append("no expected delivery rate to check against")
     elif abs(ratio - 1.0) > gates.rate_tolerance:
-        reasons.append(f"delivered {ratio:.1%} of the target rate "
+        reasons.append(f"delivered {ratio:.1%} of the expected delivery rate "
                        f"(allowed {1 - gates.rate_tolerance:.0%}..{1 + gates.rate_tolerance:.0%})")
     cv = metrics.get("throughput_cv")
     if cv is not None and cv > gates.max_throughput_cv:
