@@ -139,6 +139,10 @@ def loss_metrics(stage: StageFiles) -> dict:
                               f"{summary.get('proc')} has no receivers in {STAGE_FILE}")
             expected += int(last_seq) * int(receivers.get(str(index), 0))
         unique += int(summary.get("unique_received") or 0)
+    if unique > expected:  # a receiver the stage did not count: loss elsewhere is hidden
+        stage.problem(f"{unique:,} unique deliveries where {expected:,} were expected: loss "
+                      f"reads 0 and may hide loss of other streams; check the receivers "
+                      f"{STAGE_FILE} counts for each publisher")
     lost = max(0, expected - unique)
     return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
 

@@ -686,3 +686,23 @@ def test_a_raw_file_changed_or_gone_after_collect_makes_its_stage_incomplete(tmp
                for p in problems), problems
     assert "raw/s1_touched/h2/1/histograms.csv is gone since collect" in problems, problems
     assert not stages["s2_kept"].incomplete, stages["s2_kept"].problem_list()
+
+
+def test_more_unique_deliveries_than_expected_is_said_not_hidden_as_no_loss():
+    """Loss is expected (last_seq x receivers) less unique deliveries, shown as 0 when
+    negative: a receiver stage.json did not count would hide loss of the other streams,
+    so the stage says so (a notice: the traffic is all there)."""
+    from spark.stage_files import StageFiles
+    from spark.stage_metrics import loss_metrics
+
+    def stage(unique: int) -> StageFiles:
+        return StageFiles("s", doc={"receivers": {"0": 1, "1": 1}}, summaries=[
+            {"host": "h", "proc": 0, "last_seq": {"0": 100, "1": 100},
+             "unique_received": unique}])
+
+    short, over = stage(190), stage(230)
+    assert loss_metrics(short) == {"lost": 10, "loss_ratio": 0.05}
+    assert short.problem_list() == [] and not short.incomplete
+    assert loss_metrics(over)["lost"] == 0 and not over.incomplete
+    (said,) = over.problem_list()
+    assert said.startswith("230 unique deliveries where 200 were expected: loss reads 0")
