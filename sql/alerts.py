@@ -1,7 +1,7 @@
 """Alert lifecycle rows: one open alert per (stage_key, metric) and history (an alert of
 another setup or host fingerprint stays open beside tonight's, for its own history's nights
-or a person; `follow_verdict`), never re-posted for the same change. Functions take the caller's session
-so each store call is one transaction.
+or a person; `follow_verdict`, `sql.histories`), never re-posted for the same change.
+Functions take the caller's session so each store call is one transaction.
 
 Open statuses: new, suspected, confirmed (set by the pipeline) and acked (set by a human,
 and kept when the pipeline reports the same regression again). Closing statuses: fixed,
