@@ -26,6 +26,13 @@ class History(NamedTuple):
     setup: dict | None
     release_runs: bool | None = False
 
+    def admits(self, fingerprint_hash: str | None, params: dict | None, kind: str) -> bool:
+        """Whether a night of this stage key, with that fingerprint, recorded params and
+        run kind, is a night of this history."""
+        return (self.fingerprint_hash in (None, fingerprint_hash)
+                and (self.setup is None or measured_alike(params, self.setup))
+                and self.release_runs in (None, kind == "release"))
+
 
 def reset_label(stage_key: str, run_id: str) -> str:
     """A reset marker's label (baselines kind 'reset'): the history of `stage_key` that
@@ -42,6 +49,4 @@ def holds(s: Session, run_id: str, history: History) -> bool:
                     .limit(1)).first()
     if row is None:
         return history.fingerprint_hash is None and history.setup is None
-    return (history.fingerprint_hash in (None, row.fingerprint_hash)
-            and (history.setup is None or measured_alike(row.params, history.setup))
-            and history.release_runs in (None, row.kind == "release"))
+    return history.admits(row.fingerprint_hash, row.params, row.kind)

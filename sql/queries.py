@@ -146,7 +146,8 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
     history, of release runs' only when `release_runs` (tonight is one) and of the others'
     only when not: a release run feeds no rolling history, though its trigger may have
     compared it with one (`histories.History.release_runs`)."""
-    q = (select(Comparison, Run.run_id, Run.started_at, Stage.params)
+    q = (select(Comparison, Run.run_id, Run.started_at, Run.kind, Stage.params,
+                Stage.fingerprint_hash)
          .join(Stage, (Stage.run_id == Comparison.run_id)
                & (Stage.stage_id == Comparison.stage_id))
          .join(Run, Run.run_id == Stage.run_id)
@@ -154,13 +155,13 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                 Comparison.verdict.not_in(NOT_JUDGED)))
     if fingerprint_hash is not None:
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
-    if baseline == "rolling":
-        q = q.where((Run.kind == "release") if release_runs else (Run.kind != "release"))
+    of = History(stage_key, fingerprint_hash, setup,
+                 release_runs if baseline == "rolling" else None)
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
-    for comp, run_id, started_at, params in s.execute(q.order_by(Run.started_at.desc(),
-                                                                 Comparison.id)):
-        if (setup is not None and not measured_alike(params, setup)) \
+    for comp, run_id, started_at, kind, params, fp in s.execute(
+            q.order_by(Run.started_at.desc(), Comparison.id)):
+        if not of.admits(fp, params, kind) \
                 or (comp.detail or {}).get("baseline", "rolling") != baseline:
             continue  # runs judged against another baseline are not counted either
         if run_id not in seen_runs:

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..metrics import METRICS, flagged_across
-from .detector import Verdict, prior_nights
+from .detector import Verdict, prior_nights, step_pct
 from .policy import Policy
 from .thresholds import confidence, minimum_detectable, score
 
@@ -63,6 +63,7 @@ BROAD_Z = 1.6448536269514722  # ... beyond their sd at one-sided 95%
 class Combined:
     """Tonight's change of one metric across the stages of one fingerprint."""
 
+    metric: str
     change: float  # log, in the worse direction
     sd: float  # its sd under no change
     dof: float  # what its sigma is worth (the smallest of the stages')
@@ -85,9 +86,10 @@ class Combined:
     def detail(self, *, bad: bool, flagged: bool = False) -> dict:
         """What a stage's verdict carries of it: `bad`, for this stage; `flagged`, the
         stages together set its verdict."""
-        return {"stages": self.stages, "change_pct": round(100 * math.expm1(self.change), 2),
+        return {"stages": self.stages,
+                "change_pct": round(step_pct(self.metric, self.change), 2),
                 "sd_pct": round(100 * self.sd, 3), "score": round(self.score, 3),
-                "mde_pct": round(100 * math.expm1(self.mde), 2), "broad": self.broad,
+                "mde_pct": round(step_pct(self.metric, self.mde), 2), "broad": self.broad,
                 "bad": bad, "flagged": flagged}
 
 
@@ -100,7 +102,7 @@ def _weighted(metric: str, kept: list[dict], policy: Policy) -> Combined:
     change = sum(w * e["change"] for w, e in zip(weights, kept)) / sum(weights)
     sd, dof = 1 / math.sqrt(sum(weights)), min(e["dof"] for e in kept)
     floor = policy.floor(metric)
-    return Combined(change, sd, dof, len(kept),
+    return Combined(metric, change, sd, dof, len(kept),
                     score(change, sd, dof, policy.across_level, policy),
                     minimum_detectable(sd, dof, policy.across_level, floor, policy), floor)
 
@@ -129,7 +131,7 @@ def _seen_together(verdict: Verdict, combined: Combined, policy: Policy) -> dict
     if not warning or combined.mde > policy.too_noisy_above(verdict.metric):
         return {}
     return {"too_noisy": f"{warning}; a step on all {combined.stages} stages at once is "
-                         f"caught from {100 * math.expm1(combined.mde):.1f}%"}
+                         f"caught from {step_pct(verdict.metric, combined.mde):.1f}%"}
 
 
 def _began(previous: dict | None, prior: int, run_id: str | None) -> str | None:
