@@ -147,6 +147,29 @@ def loss_metrics(stage: StageFiles) -> dict:
     return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
 
 
+def qos_metrics(stage: StageFiles) -> dict:
+    """The QoS the subscribers received the stage's messages at (``delivery_qos``: a
+    delivery's QoS is the lower of the publish's and what the broker granted the
+    subscription), the lowest any process saw; where the broker gave less than the stage
+    asked for, as RabbitMQ's MQTT plugin does for QoS 2 (a subscription granted QoS 1, a
+    publish acknowledged with a PUBACK), said as a notice."""
+    asked = stage.doc.get("qos")
+    seen = [int(qos) for summary in stage.summaries
+            for qos, entry in ((summary.get("qos_judgement") or {}).get("by_qos") or {}).items()
+            if entry.get("unique")]
+    delivered = min(seen, default=None)
+    if asked is not None and delivered is not None and delivered < asked:
+        stage.problem(f"subscribers received this QoS {asked} stage's messages at QoS "
+                      f"{delivered}: the broker granted its subscriptions QoS {delivered}, so "
+                      f"its loss and duplicates are judged against QoS {delivered}'s promise")
+    downgraded = sum(int(summary.get("qos2_pubacks") or 0) for summary in stage.summaries)
+    if downgraded:
+        stage.problem(f"the broker acknowledged {downgraded:,} QoS 2 publishes with a PUBACK, "
+                      "as QoS 1, without QoS 2's exactly-once handshake: their pub_ack "
+                      "latency is to that PUBACK")
+    return {"delivery_qos": delivered}
+
+
 def counter_metrics(totals: dict[str, int] | None) -> dict:
     """Whole-stage counter sums."""
     if not totals:
@@ -341,6 +364,7 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
     else:
         metrics.update(traffic)
         metrics.update(loss_metrics(stage))
+        metrics.update(qos_metrics(stage))
         metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
         metrics.update(connect_metrics(stage))
         metrics.update(driver_metrics(stage))

@@ -145,7 +145,10 @@ class Stage(Base):
     stage_key: Mapped[str] = mapped_column(index=True)
     params: Mapped[dict[str, Any]]
     validity: Mapped[str | None]  # None until results are recorded
-    reason: Mapped[str | None]
+    reason: Mapped[str | None]  # why it is invalid
+    # what the aggregation said of it, one note a line (a lower QoS granted, clocks not
+    # trusted, where the broker's cost came from), valid or not; None when nothing
+    notes: Mapped[str | None]
     fingerprint_hash: Mapped[str | None]
 
 

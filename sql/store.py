@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -315,9 +315,10 @@ class Store:
 
     def record_results(self, run_id: str, stage_id: str, *, metrics: dict[str, float | None],
                        series: dict[str, list[float]], validity: str,
-                       reason: str | None) -> None:
-        """Replace the stage's metrics and series and set its validity, atomically.
-        Non-finite numbers are stored as NULL; integers in series stay integers."""
+                       reason: str | None, notes: Sequence[str] = ()) -> None:
+        """Replace the stage's metrics, series and `notes` (what the aggregation said of
+        it) and set its validity, atomically. Non-finite numbers are stored as NULL;
+        integers in series stay integers."""
         check("stages.validity", validity)
         try:
             clean = {name: [sample(v) for v in values] for name, values in series.items()}
@@ -336,6 +337,7 @@ class Store:
                 raise StoreError(f"unknown stage {stage_id!r} of run {run_id!r}: "
                                  "record_stage first")
             stage.validity, stage.reason = validity, reason
+            stage.notes = "\n".join(notes) or None
             for model in (Metric, Series):
                 s.execute(delete(model).where(model.run_id == run_id, model.stage_id == stage_id))
             key = {"run_id": run_id, "stage_id": stage_id}

@@ -74,6 +74,8 @@ def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(rabbit_suite, tm
 
     installed = RabbitMQ(LocalHost()).version()
     assert re.fullmatch(r"\d+\.\d+\.\d+", installed)
+    catalog = tmp_path / "scenarios" / "catalog" / "tiny_fanin.yml"
+    catalog.write_text(catalog.read_text().replace("qos: [0, 1]", "qos: [0, 1, 2]"))
     epmd_before = epmd_pids()
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(
@@ -86,8 +88,20 @@ def test_pipeline_on_rabbitmq_mqtt_starts_measures_and_stops_it(rabbit_suite, tm
     assert outcome.status == "ok"
 
     store = Store(load_settings().database_url())
-    stages = assert_plausible(store, outcome.run_id)  # QoS 0 and QoS 1, 500 msg/s delivered
-    assert sorted(s["params"]["qos"] for s in stages) == [0, 1]
+    stages = assert_plausible(store, outcome.run_id, 3)  # QoS 0, 1 and 2, 500 msg/s delivered
+    assert sorted(s["params"]["qos"] for s in stages) == [0, 1, 2]
+    # QoS 2: the plugin grants its subscriptions QoS 1 and acknowledges its publishes with a
+    # PUBACK; the stage runs at its rate, is held to QoS 1's promise and says so (before, its
+    # publishers waited for a PUBREC that never came: 50% delivered, invalid)
+    by_qos = {s["params"]["qos"]: s for s in stages}
+    assert [by_qos[q]["metrics"]["delivery_qos"] for q in (0, 1, 2)] == [0, 1, 1]
+    notes = (by_qos[2]["notes"] or "").splitlines()
+    assert notes[0].startswith("subscribers received this QoS 2 stage's messages at QoS 1")
+    pubacks = int(re.fullmatch(r"the broker acknowledged ([\d,]+) QoS 2 publishes with a "
+                               r"PUBACK, .*", notes[1]).group(1).replace(",", ""))
+    assert pubacks >= 500 * 4  # every publish of the measure window at least
+    assert by_qos[2]["metrics"]["pub_ack_latency_p50"] > 0
+    assert by_qos[0]["notes"] is None and by_qos[1]["notes"] is None
     assert all(s["metrics"]["broker_cpu_avg"] is not None for s in stages)  # the VM sampled
     assert store.run(outcome.run_id)["broker_version"] == installed
 

@@ -55,6 +55,7 @@ def report(tmp_path: Path) -> Path:
     stages = [stage(i, qos, n, n * 10.0 * (0.97 if qos else 1.0))
               for i, (qos, n) in enumerate((q, n) for q in (0, 1) for n in (50, 100, 200))]
     stages.append(stage(6, 2, 200, 1200.0, "invalid", "delivered 60% of the target <rate>"))
+    stages[2]["notes"] = "the broker granted QoS <1>\nclocks not trusted"
     hosts = [{"host": "driver<1>", "cpu_model": "x86", "cpus": 2, "hash": "abc"}]
     tuning = [{"host": "driver<1>", "entries": [{"kind": "sysctl", "key": "net.core.somaxconn",
                                                 "wanted": "4096", "before": "128",
@@ -75,6 +76,10 @@ def test_report_is_self_contained_and_escaped(report):
     html = report.read_text()
     assert "src=" not in html and "http" not in html and "url(" not in html
     assert "<rate>" not in html and "&lt;rate&gt;" in html and "driver&lt;1&gt;" in html
+    # every note on a stage, valid or not, a line each under its stage
+    assert ('<h2>Notes on the stages</h2><ul id="notes"><li>fanin.q0.c200: the broker granted '
+            'QoS &lt;1&gt;</li><li>fanin.q0.c200: clocks not trusted</li></ul>') in html
+    assert "<p>Nothing to note.</p>" in render(RUN, [stage(0, 0, 50, 500.0)], [])
 
 
 def test_report_renders_in_chromium_with_charts_and_score_card(report, tmp_path):

@@ -94,7 +94,7 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() \
-            == ["0003"]
+            == ["0004"]
     engine.dispose()
     store.close()
 

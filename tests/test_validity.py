@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from spark.stage_files import StageFiles
+from spark.stage_metrics import qos_metrics
 from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
@@ -31,6 +33,41 @@ def test_each_gate_names_its_reason():
     assert reasons == ["4 duplicates at QoS 2, which promises exactly once"]
     _, reasons = judge(GOOD, qos=0, aggregation_status="incomplete", problems=["driver1/0: no summary"])
     assert reasons == ["aggregation incomplete: driver1/0: no summary"]
+
+
+def _summary(by_qos: dict[int, int], qos2_pubacks: int = 0) -> dict:
+    return {"qos2_pubacks": qos2_pubacks, "qos_judgement": {"by_qos": {
+        str(q): {"unique": by_qos.get(q, 0), "missing": 0, "duplicated": 0, "out_of_order": 0}
+        for q in (0, 1, 2)}}}
+
+
+def test_a_stage_is_held_to_the_qos_its_broker_granted_and_says_so():
+    """RabbitMQ's MQTT plugin grants QoS 1 to a QoS 2 subscription and acknowledges a QoS 2
+    publish with a PUBACK (tests/test_rabbitmq.py runs it): its duplicates are QoS 1's to
+    allow, and the stage says what it measured."""
+    granted = StageFiles("s.q2", doc={"qos": 2}, summaries=[_summary({1: 500}, 500),
+                                                            _summary({1: 480})])
+    metrics = qos_metrics(granted)
+    assert metrics == {"delivery_qos": 1}
+    assert granted.problem_list() == [
+        "subscribers received this QoS 2 stage's messages at QoS 1: the broker granted its "
+        "subscriptions QoS 1, so its loss and duplicates are judged against QoS 1's promise",
+        "the broker acknowledged 500 QoS 2 publishes with a PUBACK, as QoS 1, without QoS 2's "
+        "exactly-once handshake: their pub_ack latency is to that PUBACK"]
+    assert granted.incomplete is False  # notes: the stage stays ok
+    assert judge({**GOOD, "duplicated": 3, **metrics}, qos=2, aggregation_status="ok",
+                 problems=[]) == ("valid", [])
+    _, reasons = judge({**GOOD, "lost": 2, **metrics}, qos=2, aggregation_status="ok", problems=[])
+    assert reasons == ["2 messages lost at QoS 1, which promises delivery"]
+    # a broker that gives what was asked: nothing said, QoS 2's promise kept to
+    kept = StageFiles("s.q2", doc={"qos": 2}, summaries=[_summary({2: 500})])
+    assert qos_metrics(kept) == {"delivery_qos": 2} and kept.problem_list() == []
+    _, reasons = judge({**GOOD, "duplicated": 3, "delivery_qos": 2}, qos=2,
+                       aggregation_status="ok", problems=[])
+    assert reasons == ["3 duplicates at QoS 2, which promises exactly once"]
+    # nothing delivered (or no summary): unknown, and the stage's own QoS is the promise
+    assert qos_metrics(StageFiles("s.q1", doc={"qos": 1}, summaries=[_summary({})])) == \
+        {"delivery_qos": None}
 
 
 def test_the_drivers_cpus_are_read_per_host_and_set_of_cpus():

@@ -82,6 +82,14 @@ def driver_limit(metrics: Mapping, gates: Gates = Gates()) -> tuple[str, str] | 
     return None
 
 
+def promised_qos(qos: int, metrics: Mapping) -> int:
+    """The QoS whose promise a stage's deliveries are held to: the stage's, or the lower one
+    its subscribers received at (`delivery_qos`) where the broker granted less: RabbitMQ's
+    MQTT plugin grants QoS 1 to a QoS 2 subscription, whose duplicates QoS 1 allows."""
+    delivered = metrics.get("delivery_qos")
+    return min(qos, int(delivered)) if delivered is not None else qos
+
+
 def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[str],
           series: dict | None = None, gates: Gates = Gates()) -> tuple[str, list[str]]:
     reasons = []
@@ -107,6 +115,7 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
                        f"load generator may be the bottleneck; add {add}")
     if (metrics.get("errors") or 0) > gates.max_errors:
         reasons.append(f"{metrics['errors']:.0f} client errors")
+    qos = promised_qos(qos, metrics)
     if qos >= 1 and (metrics.get("lost") or 0) > 0:
         reasons.append(f"{metrics['lost']:.0f} messages lost at QoS {qos}, which promises delivery")
     if qos == 2 and (metrics.get("duplicated") or 0) > 0:

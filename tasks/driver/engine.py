@@ -238,6 +238,7 @@ class Engine:
             "last_seq": {index: seq for c in publishers
                          for index, seq in stream_last_seqs(c.spec, c.seq).items()},
             "unacked_at_end": sum(len(c.inflight or ()) for c in publishers),
+            "qos2_pubacks": sessions.reader.qos2_pubacks,
             "qos_judgement": acct.judgement(),
             "connect_phase": {
                 "clients": len(sessions.conns), "connected": totals["connects_ok"],

@@ -54,6 +54,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               summed ``connected`` over max(last) - min(first)); times are
                               null when nothing connected
                   unacked_at_end  QoS 1/2 publishes still unacknowledged when the drain ended
+                  qos2_pubacks  QoS 2 publishes the broker acknowledged with a PUBACK, as
+                              QoS 1 (it downgraded them; RabbitMQ's MQTT plugin does): each
+                              is counted acked, its pub_ack latency to that PUBACK
                   qos_judgement  {by_qos: {"0"|"1"|"2": {unique, missing, duplicated,
                               out_of_order}}, violations, publishers_with_anomalies}: what
                               subscribers saw per delivery QoS, judged against its promise

@@ -84,7 +84,7 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
                            fingerprint_hash=fingerprint)
         store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
                              series=result.get("series", {}), validity=validity,
-                             reason="; ".join(reasons) or None)
+                             reason="; ".join(reasons) or None, notes=result["problems"])
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
     return rows + record_searches(ctx, store, fingerprint, results, cpus, host_cpus(ctx))

@@ -262,6 +262,16 @@ def invalid_stages(stages: list[dict]) -> str:
         for s in bad) + "</ul>"
 
 
+def stage_notes(stages: list[dict]) -> str:
+    """What the aggregation said of each stage, valid or not (`stages.notes`)."""
+    noted = [(s["stage_id"], note) for s in stages
+             for note in (s.get("notes") or "").splitlines()]
+    if not noted:
+        return "<p>Nothing to note.</p>"
+    return '<ul id="notes">' + "".join(
+        f"<li>{escape(stage_id)}: {escape(note)}</li>" for stage_id, note in noted) + "</ul>"
+
+
 def _host_cell(host: dict, column: str) -> str:
     value = host.get(column)
     if column == "memory_bytes" and isinstance(value, (int, float)):
@@ -323,6 +333,7 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
             f"<h2>Capacity and broker cost</h2>{cost_table(stages)}"
             f"<h2>Verdicts</h2>{verdicts(stages)}"
             f"<h2>Invalid stages</h2>{invalid_stages(stages)}"
+            f"<h2>Notes on the stages</h2>{stage_notes(stages)}"
             f"<h2>Latency by percentile</h2>{latency_curves(stages)}{latency_table(stages)}"
             f"<h2>Per second</h2>{per_second_charts(stages)}"
             f"<h2>Hosts</h2>{hosts_section(hosts, list(tuning))}</body></html>")

@@ -16,7 +16,7 @@ COUNTED = VERDICTS + (OFF_PACE,)  # the short summary's counts, in this order
 NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
                "compared (the next run compares against this one)")
 NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage feeds no "
-              "baseline (its reasons: perfpipe show {run_id})")
+              "baseline (its reasons: {where})")
 
 
 def _header(run: dict) -> list[str]:
@@ -30,12 +30,13 @@ def _files(files: dict[str, Path]) -> list[str]:
             for label, path in files.items()]
 
 
-def _no_baseline(run: dict, stages: list[dict]) -> str:
+def _no_baseline(run: dict, stages: list[dict], reasons_listed: bool = False) -> str:
     """Why nothing was compared: no stage valid, no earlier run, or (named) a history that
-    starts anew."""
+    starts anew. `reasons_listed`: the text has the invalid stages' reasons already."""
     comparisons = [c for s in stages for c in s.get("comparisons", [])]
     if comparisons and all(c["verdict"] == "invalid" for c in comparisons):
-        return NONE_VALID.format(run_id=run["run_id"])
+        return NONE_VALID.format(where="above" if reasons_listed
+                                 else f"perfpipe show {run['run_id']}")
     details = [c.get("detail") or {} for c in comparisons]
     why = sorted({d.get("new_history") or d.get("note") or "" for d in details} - {""})
     if not why:
@@ -44,17 +45,28 @@ def _no_baseline(run: dict, stages: list[dict]) -> str:
                      if len(why) > 1 else "")
 
 
+def said_of_stages(stages: list[dict]) -> list[str]:
+    """Why each invalid stage is invalid, and what the aggregation noted of any stage."""
+    invalid = [f"  {s['stage_id']}: {s['reason']}" for s in stages
+               if s["validity"] == "invalid" and s.get("reason")]
+    notes = [f"  {s['stage_id']}: {note}" for s in stages
+             for note in (s.get("notes") or "").splitlines()]
+    return ((["\ninvalid stages:", *invalid] if invalid else [])
+            + (["\nnotes on the stages:", *notes] if notes else []))
+
+
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
     stages = in_run_order(stages)
     lines = [*_header(run),
-             "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages))]
+             "\nmeasured per stage (measure window only):\n" + table(metrics_rows(stages)),
+             *said_of_stages(stages)]
     verdicts = verdict_rows(stages)
     if any(v["verdict"] not in NOT_JUDGED for v in verdicts):
         lines.append("\nverdicts against earlier runs of the same stage, fingerprint and setup:\n"
                      + table(verdicts))
     else:
-        lines.append(f"\nnothing compared: {_no_baseline(run, stages)}")
+        lines.append(f"\nnothing compared: {_no_baseline(run, stages, reasons_listed=True)}")
     return "\n".join(lines + _files(files))
 
 
