@@ -148,20 +148,32 @@ def loss_metrics(stage: StageFiles) -> dict:
 
 
 def qos_metrics(stage: StageFiles) -> dict:
-    """The QoS the subscribers received the stage's messages at (``delivery_qos``: a
-    delivery's QoS is the lower of the publish's and what the broker granted the
-    subscription), the lowest any process saw; where the broker gave less than the stage
-    asked for, as RabbitMQ's MQTT plugin does for QoS 2 (a subscription granted QoS 1, a
-    publish acknowledged with a PUBACK), said as a notice."""
+    """The highest QoS the subscribers received the stage's messages at (``delivery_qos``;
+    a delivery's QoS is the lower of the publish's and what the broker granted the
+    subscription), so a lower promise is taken only when no delivery kept the stage's.
+    What a broker gave below the stage's QoS is noted: subscriptions granted less (their
+    SUBACKs), deliveries at less, QoS 2 publishes acknowledged with a PUBACK (RabbitMQ's
+    MQTT plugin does all three for QoS 2)."""
     asked = stage.doc.get("qos")
     seen = [int(qos) for summary in stage.summaries
             for qos, entry in ((summary.get("qos_judgement") or {}).get("by_qos") or {}).items()
             if entry.get("unique")]
-    delivered = min(seen, default=None)
-    if asked is not None and delivered is not None and delivered < asked:
+    delivered = max(seen, default=None)
+    if asked is None:
+        return {"delivery_qos": delivered}
+    granted: dict[int, int] = {}
+    for summary in stage.summaries:
+        for qos, count in (summary.get("subscriptions_granted") or {}).items():
+            granted[int(qos)] = granted.get(int(qos), 0) + int(count)
+    below = {qos: n for qos, n in granted.items() if qos < asked}
+    if below:
+        stage.problem(f"the broker granted {sum(below.values()):,} of {sum(granted.values()):,} "
+                      f"subscriptions less than the QoS {asked} they asked for (QoS "
+                      + ", ".join(f"{q}: {n:,}" for q, n in sorted(below.items())) + ")")
+    if delivered is not None and delivered < asked:
         stage.problem(f"subscribers received this QoS {asked} stage's messages at QoS "
-                      f"{delivered}: the broker granted its subscriptions QoS {delivered}, so "
-                      f"its loss and duplicates are judged against QoS {delivered}'s promise")
+                      f"{delivered} at most, so its loss and duplicates are judged against QoS "
+                      f"{delivered}'s promise")
     downgraded = sum(int(summary.get("qos2_pubacks") or 0) for summary in stage.summaries)
     if downgraded:
         stage.problem(f"the broker acknowledged {downgraded:,} QoS 2 publishes with a PUBACK, "

@@ -66,9 +66,9 @@ _DEFS: list[MetricDef] = [
     MetricDef("lost", "msg", "lower"),
     MetricDef("loss_ratio", "ratio", "lower"),
     MetricDef("duplicated", "msg", "lower"),
-    # the QoS the subscribers received the stage's messages at (the lower of the publish's
-    # and what the broker granted): the promise loss and duplicates are judged against
-    # (`tasks.analysis.validity`); below the stage's QoS where the broker grants less
+    # the highest QoS the subscribers received the stage's messages at (a delivery's is the
+    # lower of the publish's and what the broker granted): where it is below the stage's,
+    # the promise loss and duplicates are judged against (`tasks.analysis.validity`)
     MetricDef("delivery_qos", "qos", "none"),
     MetricDef("out_of_order", "msg", "lower"),
     MetricDef("errors", "count", "lower"),

@@ -134,16 +134,20 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
             "perfpipe show nightly-x)") in short and "next run compares" not in short
     # perfpipe show (and run) lists the reasons itself, and the notes of every stage
     broken["reason"] = "delivered 50.0% of the expected delivery rate (allowed 95%..105%)"
-    broken["notes"] = "subscribers received this QoS 2 stage's messages at QoS 1\nanother"
+    broken["notes"] = "subscribers received at QoS 1\nclocks not trusted"
     noted = {**broken, "stage_id": "s.q1", "validity": "valid", "reason": None,
-             "params": {"index": 1}, "notes": "a valid stage's note"}
+             "params": {"index": 1},
+             "notes": "\n".join(["clocks not trusted", *(f"n{i}" for i in range(7))])}
     whole = run_summary(run, [broken, noted], files)
     assert ("nothing was compared; an invalid stage feeds no baseline (its reasons: above)"
             in whole) and "next run compares" not in whole
-    assert (f"\ninvalid stages:\n  {broken['stage_id']}: {broken['reason']}\n" in whole)
-    assert (f"\nnotes on the stages:\n  {broken['stage_id']}: subscribers received this QoS 2 "
-            f"stage's messages at QoS 1\n  {broken['stage_id']}: another\n"
-            "  s.q1: a valid stage's note\n") in whole
+    assert f"\ninvalid stages:\n  s.q0: {broken['reason']}\n" in whole
+    # a note of every stage once; a stage's own, five at most and the rest counted
+    assert ("\nnotes on the stages:\n  every stage: clocks not trusted\n"
+            "  s.q0: subscribers received at QoS 1\n"
+            + "".join(f"  s.q1: n{i}\n" for i in range(5))
+            + "  s.q1: and 2 more (all of them: the run folder's metrics/stage_metrics.json)\n"
+            ) in whole
 
 
 def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,

@@ -322,6 +322,7 @@ def test_qos_1_and_2_lose_nothing_and_qos_2_never_duplicates(broker, tmp_path, q
     if qos == 2:
         assert summary["totals"]["duplicated"] == 0
     assert summary["qos2_pubacks"] == 0  # Mosquitto completes QoS 2 with PUBREC, PUBCOMP
+    assert summary["subscriptions_granted"] == {str(qos): 1}  # and grants what was asked
 
 
 def test_broker_killed_mid_stage_gives_a_clean_partial_result(broker, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spark.stage_files import StageFiles
 from spark.stage_metrics import qos_metrics
-from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge
+from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge, stage_notes
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
         "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
@@ -35,23 +35,27 @@ def test_each_gate_names_its_reason():
     assert reasons == ["aggregation incomplete: driver1/0: no summary"]
 
 
-def _summary(by_qos: dict[int, int], qos2_pubacks: int = 0) -> dict:
-    return {"qos2_pubacks": qos2_pubacks, "qos_judgement": {"by_qos": {
-        str(q): {"unique": by_qos.get(q, 0), "missing": 0, "duplicated": 0, "out_of_order": 0}
-        for q in (0, 1, 2)}}}
+def _summary(by_qos: dict[int, int], qos2_pubacks: int = 0,
+             granted: dict[int, int] | None = None) -> dict:
+    return {"qos2_pubacks": qos2_pubacks,
+            "subscriptions_granted": {str(q): n for q, n in (granted or {}).items()},
+            "qos_judgement": {"by_qos": {
+                str(q): {"unique": by_qos.get(q, 0), "missing": 0, "duplicated": 0,
+                         "out_of_order": 0} for q in (0, 1, 2)}}}
 
 
 def test_a_stage_is_held_to_the_qos_its_broker_granted_and_says_so():
     """RabbitMQ's MQTT plugin grants QoS 1 to a QoS 2 subscription and acknowledges a QoS 2
     publish with a PUBACK (tests/test_rabbitmq.py runs it): its duplicates are QoS 1's to
     allow, and the stage says what it measured."""
-    granted = StageFiles("s.q2", doc={"qos": 2}, summaries=[_summary({1: 500}, 500),
-                                                            _summary({1: 480})])
+    granted = StageFiles("s.q2", doc={"qos": 2},
+                         summaries=[_summary({1: 500}, 500), _summary({1: 480}, granted={1: 1})])
     metrics = qos_metrics(granted)
     assert metrics == {"delivery_qos": 1}
     assert granted.problem_list() == [
-        "subscribers received this QoS 2 stage's messages at QoS 1: the broker granted its "
-        "subscriptions QoS 1, so its loss and duplicates are judged against QoS 1's promise",
+        "the broker granted 1 of 1 subscriptions less than the QoS 2 they asked for (QoS 1: 1)",
+        "subscribers received this QoS 2 stage's messages at QoS 1 at most, so its loss and "
+        "duplicates are judged against QoS 1's promise",
         "the broker acknowledged 500 QoS 2 publishes with a PUBACK, as QoS 1, without QoS 2's "
         "exactly-once handshake: their pub_ack latency is to that PUBACK"]
     assert granted.incomplete is False  # notes: the stage stays ok
@@ -59,15 +63,28 @@ def test_a_stage_is_held_to_the_qos_its_broker_granted_and_says_so():
                  problems=[]) == ("valid", [])
     _, reasons = judge({**GOOD, "lost": 2, **metrics}, qos=2, aggregation_status="ok", problems=[])
     assert reasons == ["2 messages lost at QoS 1, which promises delivery"]
-    # a broker that gives what was asked: nothing said, QoS 2's promise kept to
-    kept = StageFiles("s.q2", doc={"qos": 2}, summaries=[_summary({2: 500})])
-    assert qos_metrics(kept) == {"delivery_qos": 2} and kept.problem_list() == []
+    # a broker that gives what was asked: nothing said, QoS 2's promise kept to; so where
+    # some deliveries kept it and others did not (the promise is relaxed only when none did)
+    for by_qos in ({2: 500}, {1: 20, 2: 480}):
+        kept = StageFiles("s.q2", doc={"qos": 2}, summaries=[_summary(by_qos, granted={2: 1})])
+        assert qos_metrics(kept) == {"delivery_qos": 2} and kept.problem_list() == []
     _, reasons = judge({**GOOD, "duplicated": 3, "delivery_qos": 2}, qos=2,
                        aggregation_status="ok", problems=[])
     assert reasons == ["3 duplicates at QoS 2, which promises exactly once"]
     # nothing delivered (or no summary): unknown, and the stage's own QoS is the promise
     assert qos_metrics(StageFiles("s.q1", doc={"qos": 1}, summaries=[_summary({})])) == \
         {"delivery_qos": None}
+    _, reasons = judge({**GOOD, "lost": 2, "delivery_qos": None}, qos=1,
+                       aggregation_status="ok", problems=[])
+    assert reasons == ["2 messages lost at QoS 1, which promises delivery"]
+
+
+def test_what_the_aggregation_said_is_kept_where_the_reason_does_not_say_it():
+    problems = ["a", "b", "c", "d"]
+    assert stage_notes("ok", problems) == problems  # a stage aggregated ok: notices only
+    _, reasons = judge(GOOD, qos=0, aggregation_status="incomplete", problems=problems)
+    assert reasons == ["aggregation incomplete: a; b; c"]
+    assert stage_notes("incomplete", problems) == ["d"]
 
 
 def test_the_drivers_cpus_are_read_per_host_and_set_of_cpus():

@@ -82,10 +82,21 @@ def driver_limit(metrics: Mapping, gates: Gates = Gates()) -> tuple[str, str] | 
     return None
 
 
+# a stage the aggregation did not find ok: the first of its problems its reason names
+REASON_PROBLEMS = 3
+
+
+def stage_notes(aggregation_status: str, problems: list[str]) -> list[str]:
+    """What the aggregation said of a stage that `judge`'s reasons do not: every problem
+    of a stage aggregated ok (notices only), those past the first `REASON_PROBLEMS` else."""
+    return list(problems) if aggregation_status == "ok" else problems[REASON_PROBLEMS:]
+
+
 def promised_qos(qos: int, metrics: Mapping) -> int:
-    """The QoS whose promise a stage's deliveries are held to: the stage's, or the lower one
-    its subscribers received at (`delivery_qos`) where the broker granted less: RabbitMQ's
-    MQTT plugin grants QoS 1 to a QoS 2 subscription, whose duplicates QoS 1 allows."""
+    """The QoS whose promise a stage's deliveries are held to: the stage's, or the highest
+    one its subscribers received at (`delivery_qos`) where that is lower, the broker having
+    granted less: RabbitMQ's MQTT plugin grants QoS 1 to a QoS 2 subscription, and QoS 1
+    allows duplicates."""
     delivered = metrics.get("delivery_qos")
     return min(qos, int(delivered)) if delivered is not None else qos
 
@@ -94,7 +105,8 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
           series: dict | None = None, gates: Gates = Gates()) -> tuple[str, list[str]]:
     reasons = []
     if aggregation_status != "ok":
-        reasons.append(f"aggregation {aggregation_status}: " + "; ".join(problems[:3]))
+        reasons.append(f"aggregation {aggregation_status}: "
+                       + "; ".join(problems[:REASON_PROBLEMS]))
     ratio = metrics.get("achieved_ratio")
     if ratio is None:
         reasons.append("no expected delivery rate to check against")

@@ -13,7 +13,8 @@ measured; at the end both are rewritten whole, with any late event, before
                               client's output buffer and written in the same tick; publisher
                               sockets have a bounded send buffer, so this stays close to what
                               the broker took)
-                  acked       PUBACK/PUBCOMP received (QoS 1/2)
+                  acked       PUBACK/PUBCOMP received (QoS 1/2; a QoS 2 publish the broker
+                              downgraded ends at a PUBACK: ``qos2_pubacks``)
                   received    messages received by subscribers (duplicates included:
                               delivered = received - duplicated), in the second they were
                               read, which can be just after the one they arrived in (their
@@ -55,8 +56,12 @@ measured; at the end both are rewritten whole, with any late event, before
                               null when nothing connected
                   unacked_at_end  QoS 1/2 publishes still unacknowledged when the drain ended
                   qos2_pubacks  QoS 2 publishes the broker acknowledged with a PUBACK, as
-                              QoS 1 (it downgraded them; RabbitMQ's MQTT plugin does): each
-                              is counted acked, its pub_ack latency to that PUBACK
+                              QoS 1 (it downgraded them; RabbitMQ's MQTT plugin does), over
+                              the process's whole life: each is counted acked, its pub_ack
+                              latency to that PUBACK
+                  subscriptions_granted  {"0"|"1"|"2": count}: the QoS the broker's SUBACKs
+                              granted the subscriptions (a subscriber asks for its spec's
+                              qos; a broker may grant less)
                   qos_judgement  {by_qos: {"0"|"1"|"2": {unique, missing, duplicated,
                               out_of_order}}, violations, publishers_with_anomalies}: what
                               subscribers saw per delivery QoS, judged against its promise

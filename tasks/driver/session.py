@@ -114,6 +114,7 @@ class Sessions:
         self.progress = 0  # paho callbacks run: tells readable() when to stop calling loop_read
         self.connecting = 0  # CONNECT sent, no CONNACK yet (pacing)
         self.unready = 0  # opened, neither ready nor dead
+        self.granted: dict[int, int] = {}  # the QoS the broker's SUBACKs granted -> how many
         self.first_connect_at: float | None = None
         self.last_connack_at: float | None = None
         # TCP segments with data received on the plain TCP sockets the fast path read, and
@@ -229,6 +230,8 @@ class Sessions:
             self.acct.event("subscribe_refused", conn.spec.client_id,
                             codes=[int(r.value) for r in reasons])
             return
+        for reason in reasons:
+            self.granted[int(reason.value)] = self.granted.get(int(reason.value), 0) + 1
         self.acct.observe("subscribe", (now - conn.subscribe_ns) // 1000, now)
         self._ready(conn)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .. import rundir
 from ..analysis.capacity import broker_cores, cpu_used_pct
-from ..analysis.validity import judge
+from ..analysis.validity import judge, stage_notes
 from ..brokers import ADAPTERS
 from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
@@ -84,7 +84,8 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
                            fingerprint_hash=fingerprint)
         store.record_results(ctx.run_id, stage.stage_id, metrics=result["metrics"],
                              series=result.get("series", {}), validity=validity,
-                             reason="; ".join(reasons) or None, notes=result["problems"])
+                             reason="; ".join(reasons) or None,
+                             notes=stage_notes(result["status"], result["problems"]))
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
     return rows + record_searches(ctx, store, fingerprint, results, cpus, host_cpus(ctx))

@@ -8,8 +8,9 @@ shift began and a trend), then every judged metric night by night with its basel
 noise band (`tasks.views.history`). Then tonight: delivered rate per QoS against what each
 scenario steps (publishers, subscribers or the offered rate), with the deliveries intended
 (IBM's figures), a MessageSight-style score card, capacity and broker
-cost, every verdict with the smallest step it can show, invalid stages, each stage's
-latency percentile curve on a log-percentile axis (from the summed buckets stored with the
+cost, every verdict with the smallest step it can show, invalid stages and why, what the
+aggregation noted of the stages (a QoS the broker granted lower, clocks not trusted), each
+stage's latency percentile curve on a log-percentile axis (from the summed buckets stored with the
 run), its delivered rate, p99 and broker CPU per second, and every host's fingerprint and
 tuning. Latency is shown in ms, memory in MiB, ratios in % (`tasks.views.units`).
 """
@@ -24,7 +25,7 @@ from ..driver.histogram import percentile
 from ..metrics import BROKER_CPU_SERIES, TAIL_KINDS, VERDICTS, bucket_series, p99_per_s_series
 from .charts import PALETTE, line_chart, percentile_x, time_series
 from .history import Histories, attention, history_section
-from .tables import in_run_order, verdict_note
+from .tables import in_run_order, invalid_reasons, noted, verdict_note
 from .units import show, unit_of
 
 SCORE_CARD = (("delivered_rate", "delivered"), ("expected_delivery_rate", "expected"),
@@ -254,22 +255,21 @@ def verdicts(stages: list[dict]) -> str:
 
 
 def invalid_stages(stages: list[dict]) -> str:
-    bad = [s for s in stages if s["validity"] != "valid"]
+    bad = invalid_reasons(stages)
     if not bad:
         return "<p>Every stage passed its validity gates.</p>"
     return '<ul id="invalid">' + "".join(
-        f'<li class="invalid">{escape(s["stage_id"])}: {escape(s["reason"] or "")}</li>'
-        for s in bad) + "</ul>"
+        f'<li class="invalid">{escape(stage_id)}: {escape(why)}</li>'
+        for stage_id, why in bad) + "</ul>"
 
 
 def stage_notes(stages: list[dict]) -> str:
-    """What the aggregation said of each stage, valid or not (`stages.notes`)."""
-    noted = [(s["stage_id"], note) for s in stages
-             for note in (s.get("notes") or "").splitlines()]
-    if not noted:
+    """What the aggregation noted of the stages, valid or not (`tables.noted`)."""
+    notes = noted(stages)
+    if not notes:
         return "<p>Nothing to note.</p>"
     return '<ul id="notes">' + "".join(
-        f"<li>{escape(stage_id)}: {escape(note)}</li>" for stage_id, note in noted) + "</ul>"
+        f"<li>{escape(whose)}: {escape(note)}</li>" for whose, note in notes) + "</ul>"
 
 
 def _host_cell(host: dict, column: str) -> str:

@@ -8,7 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..metrics import NOT_JUDGED, VERDICTS
-from .tables import OFF_PACE, in_run_order, metrics_rows, table, verdict_counts, verdict_rows
+from .tables import (
+    OFF_PACE,
+    in_run_order,
+    invalid_reasons,
+    metrics_rows,
+    noted,
+    table,
+    verdict_counts,
+    verdict_rows,
+)
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
@@ -46,11 +55,9 @@ def _no_baseline(run: dict, stages: list[dict], reasons_listed: bool = False) ->
 
 
 def said_of_stages(stages: list[dict]) -> list[str]:
-    """Why each invalid stage is invalid, and what the aggregation noted of any stage."""
-    invalid = [f"  {s['stage_id']}: {s['reason']}" for s in stages
-               if s["validity"] == "invalid" and s.get("reason")]
-    notes = [f"  {s['stage_id']}: {note}" for s in stages
-             for note in (s.get("notes") or "").splitlines()]
+    """Why each invalid stage is invalid, and what the aggregation noted of the stages."""
+    invalid = [f"  {stage_id}: {why}" for stage_id, why in invalid_reasons(stages)]
+    notes = [f"  {whose}: {note}" for whose, note in noted(stages)]
     return ((["\ninvalid stages:", *invalid] if invalid else [])
             + (["\nnotes on the stages:", *notes] if notes else []))
 

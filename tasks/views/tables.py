@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from ..metrics import flagged_across
+from ..rundir import STAGE_METRICS
 
 # How a metric not judged tonight because its host ran off its usual pace is counted for a
 # person (its verdict is no_baseline: `tasks.analysis.detector`, "Host pace")
@@ -39,6 +40,31 @@ def table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
 def in_run_order(stages: list[dict]) -> list[dict]:
     """Stored stages in the order the run ran them (their plan index)."""
     return sorted(stages, key=lambda s: s["params"].get("index", 0))
+
+
+NOTES_PER_STAGE = 5  # a stage's notes shown one by one, the rest counted (all are stored)
+
+
+def invalid_reasons(stages: list[dict]) -> list[tuple[str, str]]:
+    """(stage id, why) of every stage that is not valid, in the given order."""
+    return [(s["stage_id"], s.get("reason") or "no reason recorded") for s in stages
+            if s["validity"] != "valid"]
+
+
+def noted(stages: list[dict]) -> list[tuple[str, str]]:
+    """(whose, note) for what the aggregation noted of the stages (`stages.notes`): a note
+    every one of several stages carries (the run's: its hosts' clocks, its broker's
+    samples) once, as "every stage"; at most `NOTES_PER_STAGE` a stage, the rest counted."""
+    notes = {s["stage_id"]: (s.get("notes") or "").splitlines() for s in stages}
+    shared = set.intersection(*map(set, notes.values())) if len(notes) > 1 else set()
+    out = [("every stage", note) for note in next(iter(notes.values()), []) if note in shared]
+    for stage_id, lines in notes.items():
+        own = [note for note in lines if note not in shared]
+        out += [(stage_id, note) for note in own[:NOTES_PER_STAGE]]
+        if len(own) > NOTES_PER_STAGE:
+            out.append((stage_id, f"and {len(own) - NOTES_PER_STAGE} more (all of them: the "
+                                  f"run folder's {STAGE_METRICS})"))
+    return out
 
 
 def metrics_rows(stages: list[dict]) -> list[dict]:

@@ -28,5 +28,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("stages") as batch:
-        batch.drop_column("notes")
+    # DROP COLUMN in place, as SQLite has it since 3.35 (a batch copy fails on the views)
+    op.execute("ALTER TABLE stages DROP COLUMN notes")
