@@ -16,6 +16,9 @@ class Gates:
     rate_tolerance: float = 0.05  # delivered within 5% of target ("follows the theoretical max")
     max_throughput_cv: float = 0.25  # per-second delivered rate stable over the window
     max_errors: int = 0
+    # a client that never connected (refused, or no CONNACK by the connect deadline, which
+    # counts no error): the stage ran a smaller load than it planned
+    max_connects_failed: int = 0
     # a driver process busier than this (% of a core), or a host's driver processes over
     # this share of the CPUs they may run on, may be the bottleneck
     max_driver_cpu_pct: float = 90.0
@@ -127,6 +130,11 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
                        f"load generator may be the bottleneck; add {add}")
     if (metrics.get("errors") or 0) > gates.max_errors:
         reasons.append(f"{metrics['errors']:.0f} client errors")
+    failed = metrics.get("connects_failed") or 0
+    if failed > gates.max_connects_failed:
+        tried = failed + (metrics.get("connects_ok") or 0)
+        reasons.append(f"{failed:.0f} of {tried:.0f} connections failed (refused, or no CONNACK "
+                       "by the connect deadline): the stage ran fewer clients than planned")
     qos = promised_qos(qos, metrics)
     if qos >= 1 and (metrics.get("lost") or 0) > 0:
         reasons.append(f"{metrics['lost']:.0f} messages lost at QoS {qos}, which promises delivery")
