@@ -134,14 +134,18 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
             "perfpipe show nightly-x)") in short and "next run compares" not in short
     # perfpipe show (and run) lists the reasons itself, and the notes of every stage
     broken["reason"] = "delivered 50.0% of the expected delivery rate (allowed 95%..105%)"
-    broken["notes"] = "subscribers received at QoS 1\nclocks not trusted"
+    broken["notes"] = "subscribers received at QoS 1\nclocks not trusted\nclocks not trusted"
     noted = {**broken, "stage_id": "s.q1", "validity": "valid", "reason": None,
              "params": {"index": 1},
              "notes": "\n".join(["clocks not trusted", *(f"n{i}" for i in range(7))])}
-    whole = run_summary(run, [broken, noted], files)
+    search = {**stage, "stage_id": "s.max", "params": {"index": 2, "search_outcome": {}},
+              "comparisons": [verdict("max_rate", "invalid")]}  # a search's row: no notes
+    whole = run_summary(run, [search, broken, noted], files)
     assert ("nothing was compared; an invalid stage feeds no baseline (its reasons: above)"
             in whole) and "next run compares" not in whole
     assert f"\ninvalid stages:\n  s.q0: {broken['reason']}\n" in whole
+    unjudged = {**stage, "validity": None, "reason": None}  # its results never recorded
+    assert "  s.q0: not judged: no results recorded" in run_summary(run, [unjudged], files)
     # a note of every stage once; a stage's own, five at most and the rest counted
     assert ("\nnotes on the stages:\n  every stage: clocks not trusted\n"
             "  s.q0: subscribers received at QoS 1\n"

@@ -53,6 +53,11 @@ def test_unconverged_searches_say_why():
 def test_errors_or_a_send_backlog_fail_a_probe():
     policy = SearchPolicy()
     assert not ProbeResult(100, 1.0, 1.0, errors=1).keeps_up(policy.tolerance)
+    # a client without a CONNACK by the connect deadline counts no error: the stage's gate
+    # holds it invalid, and the search the same
+    unconnected = ProbeResult(100, 1.0, 0.99, connects_failed=3)
+    assert not unconnected.keeps_up(policy.tolerance)
+    assert unconnected.reason(policy.tolerance) == "3 connections failed"
     backlog = ProbeResult(100, 0.9, 1.0)
     assert not backlog.keeps_up(policy.tolerance)
     assert backlog.reason(policy.tolerance) == "sent 90.0% of the offered rate (send backlog)"

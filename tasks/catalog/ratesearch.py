@@ -74,6 +74,8 @@ class ProbeResult:
     sent_ratio: float  # published / offered over the measure window
     received_ratio: float  # unique deliveries / expected over the measure window
     errors: int = 0
+    # clients that never connected (a stage's validity gate too): the probe ran less load
+    connects_failed: int = 0
     backlog: str | None = None  # why the subscription backlog kept rising, if it did
     driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
     # a host's driver processes over the CPUs they may run on, %, the highest host's
@@ -81,7 +83,7 @@ class ProbeResult:
 
     def keeps_up(self, tolerance: float) -> bool:
         return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
-                and self.errors == 0 and self.backlog is None)
+                and self.errors == 0 and self.connects_failed == 0 and self.backlog is None)
 
     @property
     def delivered_rate(self) -> float:
@@ -98,6 +100,8 @@ class ProbeResult:
             parts.append(f"received {self.received_ratio:.1%} of the expected deliveries")
         if self.errors:
             parts.append(f"{self.errors} client errors")
+        if self.connects_failed:
+            parts.append(f"{self.connects_failed} connections failed")
         if self.backlog:
             parts.append(self.backlog)
         return "; ".join(parts)
@@ -288,7 +292,7 @@ class RateSearch:
 
         def listed(probes: list[tuple[ProbeResult, bool]], aside: set[int]) -> list[dict]:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
-                     "errors": p.errors, "kept_up": kept, "why": p.reason(self.policy.tolerance),
+                     "errors": p.errors, "connects_failed": p.connects_failed, "kept_up": kept, "why": p.reason(self.policy.tolerance),
                      "retried": i in aside, "driver_cpu": p.driver_cpu,
                      "drivers_cpus_used": p.drivers_cpus_used}
                     for i, (p, kept) in enumerate(probes)]

@@ -23,11 +23,13 @@ measured; at the end both are rewritten whole, with any late event, before
                               loss is computed from expected minus unique deliveries
                   duplicated  messages whose sequence number a subscriber had already seen
                   out_of_order  messages that filled an earlier gap
-                  errors      client errors (refused/dropped connections, failed publishes)
+                  errors      client errors (refused/dropped connections, failed publishes;
+                              not a client still without a CONNACK at the connect deadline)
                   inflight_full  messages held back because their publisher's QoS 1/2
                               in-flight window (``max_inflight``) was full, each counted once
                               (they are sent when acks free the window, late: ``pub_delay``)
-                  connects_ok, connects_failed   CONNACK accepted / refused or failed
+                  connects_ok, connects_failed   CONNACK accepted / a connect refused or
+                              failed, or a client not ready by the connect deadline
                   delay_overruns  messages sent more than ``DELAY_OVERRUN_US`` after their
                               intended time, past a tick's own lateness (`overrun_after_us`)
 ``histograms.csv`` sparse latency histograms, columns ``HISTOGRAM_COLUMNS``

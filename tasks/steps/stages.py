@@ -288,7 +288,8 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
 
 def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
     """How a probe stage went, from its processes' per-second counters over the measure
-    window (read straight from the hosts: the search decides before the next probe)."""
+    window, and their summaries' clients that never connected (read straight from the
+    hosts: the search decides before the next probe)."""
     first, last = ran["windows"]["measure_start"], ran["windows"]["measure_end"]
     columns = ("published", "received", "duplicated", "errors")
     per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
@@ -312,6 +313,8 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
+                       connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
+                                           for s in summaries),
                        backlog=backlog_rising(series, fan_out),
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))

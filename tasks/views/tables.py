@@ -46,18 +46,23 @@ NOTES_PER_STAGE = 5  # a stage's notes shown one by one, the rest counted (all a
 
 
 def invalid_reasons(stages: list[dict]) -> list[tuple[str, str]]:
-    """(stage id, why) of every stage that is not valid, in the given order."""
-    return [(s["stage_id"], s.get("reason") or "no reason recorded") for s in stages
-            if s["validity"] != "valid"]
+    """(stage id, why) of every stage that is not valid, in the given order (one whose
+    results were never recorded, as after a run that failed in load_metrics, says so)."""
+    return [(s["stage_id"], s.get("reason") or ("not judged: no results recorded"
+                                                 if s["validity"] is None else "no reason given"))
+            for s in stages if s["validity"] != "valid"]
 
 
 def noted(stages: list[dict]) -> list[tuple[str, str]]:
     """(whose, note) for what the aggregation noted of the stages (`stages.notes`): a note
     every one of several stages carries (the run's: its hosts' clocks, its broker's
     samples) once, as "every stage"; at most `NOTES_PER_STAGE` a stage, the rest counted."""
-    notes = {s["stage_id"]: (s.get("notes") or "").splitlines() for s in stages}
-    shared = set.intersection(*map(set, notes.values())) if len(notes) > 1 else set()
-    out = [("every stage", note) for note in next(iter(notes.values()), []) if note in shared]
+    notes = {s["stage_id"]: list(dict.fromkeys((s.get("notes") or "").splitlines()))
+             for s in stages}
+    # a search's own row (its outcome) has no aggregation of its own to be noted
+    measured = [notes[s["stage_id"]] for s in stages if "search_outcome" not in s["params"]]
+    shared = set.intersection(*map(set, measured)) if len(measured) > 1 else set()
+    out = [("every stage", note) for note in (measured[0] if shared else []) if note in shared]
     for stage_id, lines in notes.items():
         own = [note for note in lines if note not in shared]
         out += [(stage_id, note) for note in own[:NOTES_PER_STAGE]]
