@@ -28,7 +28,6 @@ from tasks.driver.output import (
     SAMPLER_FILE,
     STAGE_FILE,
     STATS_COLUMNS,
-    STATS_COLUMNS_BEFORE,
     STATS_FILE,
     SUMMARY_FILE,
 )
@@ -149,7 +148,7 @@ def _check_process(stage: StageFiles, stage_dir: Path, host: str, proc: str, lis
 # kind -> file, its columns, and the headers it had before (files written then still read)
 SAMPLE_FILES = {"broker": (SAMPLER_FILE, SAMPLER_COLUMNS, ()),
                 "host": (HOST_FILE, HOST_COLUMNS, HOST_COLUMNS_BEFORE),
-                "stats": (STATS_FILE, STATS_COLUMNS, STATS_COLUMNS_BEFORE)}
+                "stats": (STATS_FILE, STATS_COLUMNS, ())}
 
 
 def _number(text: str) -> float | None:

@@ -316,20 +316,6 @@ def _broker_source(stage: StageFiles) -> tuple[str, list[dict]]:
     return "nothing", []
 
 
-def broker_dropped(stage: StageFiles, own: list[dict]) -> float | None:
-    """Messages the broker says it dropped over the window (its own view's per-second
-    rate summed over the window's rows), noted when any; None when it does not tell."""
-    rates = sample_values(own, "dropped_per_s")
-    if not rates:
-        return None
-    dropped = round(sum(rates))
-    if dropped > 0:
-        stage.problem(f"the broker counted about {dropped:,} messages it dropped in the "
-                      "measure window (its own count; Mosquitto drops a QoS 0 message past a "
-                      "subscriber's queue): QoS 0 allows loss, so no gate fails on it")
-    return dropped
-
-
 def broker_metrics(stage: StageFiles, delivered_rate: float | None,
                    source: tuple[str, list[dict]]) -> dict:
     """The broker over the measure window: CPU, RSS and what a message costs, from the best
@@ -362,8 +348,7 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
             broker_ctx_switches_per_s=_avg(sample_values(rows, "ctx_switches_per_s")))
     own = stage.samples.get("stats", [])
     metrics.update(broker_connections_max=_max(sample_values(own, "connections")),
-                   broker_backlog_max=_max(sample_values(own, "backlog")),
-                   broker_dropped=broker_dropped(stage, own))
+                   broker_backlog_max=_max(sample_values(own, "backlog")))
     host = stage.samples.get("host", [])
     metrics.update(host_cpu_avg=_avg(sample_values(host, "cpu_pct")),
                    host_mem_used_max=_max(sample_values(host, "mem_used_bytes")),

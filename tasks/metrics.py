@@ -126,11 +126,6 @@ _DEFS: list[MetricDef] = [
     # what the broker reports itself: connections and the messages it holds for subscribers
     MetricDef("broker_connections_max", "count", "none"),
     MetricDef("broker_backlog_max", "msg", "none"),
-    # messages the broker says it dropped over the window (its per-second rate summed:
-    # Mosquitto's $SYS publish/messages/dropped, QoS 0 past a subscriber's queue among
-    # them), where it tells: loss the driver's QoS 0 figures allow, noted on the stage;
-    # recorded, not yet a gate (no night here has shown one)
-    MetricDef("broker_dropped", "msg", "lower"),
     # the broker's host (CPU in % of one core, over all its CPUs)
     MetricDef("host_cpu_avg", "%", "none"),
     MetricDef("host_mem_used_max", "bytes", "none"),

@@ -7,13 +7,10 @@ import csv
 import os
 import pwd
 import shutil
-import socket
 import ssl
 import stat
-import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,8 +18,6 @@ from types import SimpleNamespace
 import paho.mqtt.client as mqtt
 import pytest
 
-from spark.stage_files import StageFiles
-from spark.stage_metrics import broker_dropped
 from tasks.brokers import BrokerError
 from tasks.brokers.health import health_check
 from tasks.brokers.mosquitto import Mosquitto
@@ -181,54 +176,6 @@ def test_the_sys_listener_learns_counts_that_did_not_change_when_it_came(tmp_pat
         broker.kill()
 
 
-def _stalled_subscriber(port: int, topic: bytes) -> socket.socket:
-    """A subscriber that never reads: CONNECT and SUBSCRIBE (QoS 0) written by hand."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    header = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack("!H", 5) + b"stall"
-    sock.sendall(bytes([0x10, len(header)]) + header)
-    body = struct.pack("!HH", 1, len(topic)) + topic + b"\x00"
-    sock.sendall(bytes([0x82, len(body)]) + body)
-    return sock
-
-
-def test_what_mosquitto_drops_for_a_stalled_subscriber_is_counted_as_the_sampler_reads_it(
-        tmp_path):
-    """QoS 0 messages past a subscriber's queue (max_queued_messages) are dropped by
-    Mosquitto and counted in its $SYS; the sampler's rows of its own view carry them as a
-    rate, and the aggregation sums them over the window (`broker_dropped`)."""
-    broker = Broker(tmp_path, "max_queued_messages 10\n")
-    listener = broker_stats.SysListener("127.0.0.1", broker.port)
-    stalled = _stalled_subscriber(broker.port, b"drop/t")
-    publisher = _client(broker.port, "pub", "none/ever", lambda *_: None)
-    rows: list[dict] = []
-    try:
-        burst = threading.Thread(target=lambda: [publisher.publish("drop/t", b"x" * 200)
-                                                 for _ in range(50_000)])
-        start = time.monotonic()
-        for second in range(10):  # a row a second, as the sampler takes them
-            time.sleep(max(0.0, start + second - time.monotonic()))
-            rows.append(broker_stats.sys_row(second, listener.snapshot(), rows[-1] if rows
-                                             else None))
-            if second == 1:
-                burst.start()
-        burst.join()
-        total = rows[-1]["pub_dropped"]
-        assert total and total > 10_000, total  # most of 50,000 (10 MB) did not fit
-        own = [{"second": r["second"], **broker_stats.sys_stats(r)} for r in rows]
-        assert own[-1]["dropped_per_s"] == 0 and own[-2]["dropped_per_s"] == 0  # all told
-        stage = StageFiles("s.q0", doc={"qos": 0})
-        # every drop fell between two updates inside these 10 s: the rates, each repeated
-        # on the rows until the next update, add up to them (within their rounding)
-        assert abs(broker_dropped(stage, own) - total) <= 2, (broker_dropped(stage, own), total)
-        assert stage.problem_list()[0].startswith(f"the broker counted about {total:,.0f} ")
-    finally:
-        listener.close()
-        stop_client(publisher)
-        stalled.close()
-        broker.kill()
-
-
 def test_the_sys_listener_opens_no_helper_when_the_counts_are_retained(tmp_path):
     broker = Broker(tmp_path)
     watcher = SysWatcher(broker.port)
@@ -275,30 +222,6 @@ def test_sys_rows_derive_rates_from_updates_and_backlog():
     assert [r["queued_messages"] for r in rows] == [8, 8, 0, 0, 1]
     assert rows[-1]["broker_uptime_s"] == 104
     assert rows[-1]["heap_current"] is None  # never published: an empty cell
-    assert rows[-1]["pub_dropped_per_s"] is None  # nor its drops
-
-
-def test_what_the_broker_says_it_dropped_is_counted_over_the_window_and_noted():
-    def values(uptime: int, dropped: int) -> dict:
-        return {"$SYS/broker/uptime": f"{uptime} seconds",
-                "$SYS/broker/publish/messages/dropped": str(dropped)}
-
-    rows = [broker_stats.sys_row(10, values(100, 0), None)]
-    for second, (uptime, dropped) in enumerate([(102, 0), (102, 0), (104, 40), (104, 40),
-                                                (106, 40)], start=11):
-        rows.append(broker_stats.sys_row(second, values(uptime, dropped), rows[-1]))
-    own = [{"second": r["second"], **broker_stats.sys_stats(r)} for r in rows]
-    assert [r["dropped_per_s"] for r in own] == [None, 0, 0, 20, 20, 0]
-    # seconds 13 and 14 carry the 40 dropped between the updates at 102 and 104 s
-    stage = StageFiles("s.q0", doc={"qos": 0})
-    assert broker_dropped(stage, own) == 40
-    assert stage.problem_list() == [
-        "the broker counted about 40 messages it dropped in the measure window (its own "
-        "count; Mosquitto drops a QoS 0 message past a subscriber's queue): QoS 0 allows "
-        "loss, so no gate fails on it"]
-    quiet = StageFiles("s.q0", doc={"qos": 0})
-    assert broker_dropped(quiet, own[:3]) == 0 and quiet.problem_list() == []
-    assert broker_dropped(quiet, [{"dropped_per_s": None}]) is None  # a broker that does not tell
 
 
 def stage(stage_id: str, tls: dict | None) -> SimpleNamespace:

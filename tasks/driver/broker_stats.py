@@ -49,19 +49,18 @@ SYS_TOPICS = {
 }
 UPTIME_TOPIC = "$SYS/broker/uptime"  # "N seconds"
 RATES = {"pub_received_per_s": "pub_received", "pub_sent_per_s": "pub_sent",
-         "msgs_received_per_s": "msgs_received", "msgs_sent_per_s": "msgs_sent",
-         "pub_dropped_per_s": "pub_dropped"}
+         "msgs_received_per_s": "msgs_received", "msgs_sent_per_s": "msgs_sent"}
 SYS_COLUMNS = ("second", "clients_connected", "clients_total", "subscriptions",
                "msgs_received", "msgs_sent", "pub_received", "pub_sent", "pub_dropped",
                "pub_received_per_s", "pub_sent_per_s", "msgs_received_per_s",
-               "msgs_sent_per_s", "pub_dropped_per_s", "bytes_received", "bytes_sent", "store_messages",
+               "msgs_sent_per_s", "bytes_received", "bytes_sent", "store_messages",
                "store_bytes", "retained_messages", "queued_messages", "heap_current",
                "heap_maximum", "broker_uptime_s")
 
 
 # Mosquitto's $SYS as the broker's own view (STATS_COLUMNS)
 SYS_STATS = {"connections": "clients_connected", "backlog": "queued_messages",
-             "delivered_per_s": "pub_sent_per_s", "dropped_per_s": "pub_dropped_per_s"}
+             "delivered_per_s": "pub_sent_per_s"}
 PROMETHEUS_GAUGES = ("cpu_pct", "rss_bytes", "connections", "backlog")
 PROMETHEUS_COUNTERS = {"cpu_seconds": "cpu_pct", "delivered": "delivered_per_s"}
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")

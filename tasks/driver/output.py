@@ -110,9 +110,7 @@ row per second:
 ``broker_stats.csv``  ``STATS_COLUMNS``, the broker's own view (`tasks.driver.broker_stats`:
                   its $SYS topics or its Prometheus endpoint): CPU % of one core, resident
                   bytes, connections, the backlog it holds, messages it delivers per
-                  second, messages it drops per second (Mosquitto's count of what it
-                  discarded: QoS 0 past a subscriber's queue, queued messages past their
-                  limits); a cell is empty when the broker does not tell it
+                  second; a cell is empty when the broker does not tell it
 ``broker_sys.csv`` Mosquitto's $SYS as published (``tasks.driver.broker_stats.SYS_COLUMNS``)
 
 ``raw/<stage_id>/stage.json`` is written by the orchestrator (`tasks.steps.stages`) when it
@@ -161,10 +159,7 @@ HOST_COLUMNS = ("second", "cpu_pct", "cpus", "mem_used_bytes", "net_rx_bytes_per
 # headers of host.csv files from before pace_ns, and from before steal_pct
 HOST_COLUMNS_BEFORE = tuple(HOST_COLUMNS[:HOST_COLUMNS.index(added)]
                             for added in ("pace_ns", "steal_pct"))
-STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s",
-                 "dropped_per_s")
-# the header of broker_stats.csv files from before dropped_per_s
-STATS_COLUMNS_BEFORE = (STATS_COLUMNS[:STATS_COLUMNS.index("dropped_per_s")],)
+STATS_COLUMNS = ("second", "cpu_pct", "rss_bytes", "connections", "backlog", "delivered_per_s")
 DELAY_OVERRUN_US = 1000
 
 
