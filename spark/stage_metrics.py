@@ -126,7 +126,8 @@ def histogram_series(histograms: dict[str, dict[int, int]]) -> dict[str, list[in
 
 
 def loss_metrics(stage: StageFiles) -> dict:
-    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries."""
+    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries; at QoS 0,
+    where no gate holds it, noted when any."""
     if stage.missing:
         stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
         return {}
@@ -144,6 +145,10 @@ def loss_metrics(stage: StageFiles) -> dict:
                       f"reads 0 and may hide loss of other streams; check the receivers "
                       f"{STAGE_FILE} counts for each publisher")
     lost = max(0, expected - unique)
+    if lost and stage.doc.get("qos") == 0:  # QoS 1/2 loss fails a validity gate instead
+        stage.problem(f"{lost:,} of {expected:,} messages lost ({lost / expected:.2%}): QoS 0 "
+                      "allows it, so no gate fails on it, but a broker that keeps up loses "
+                      "none (one drops QoS 0 messages past a subscriber's queue)")
     return {"lost": lost, "loss_ratio": _ratio(lost, expected)}
 
 

@@ -78,3 +78,10 @@ def test_an_overloaded_broker_invalidates_the_stage_above_its_capacity(
           f"delivered {high['metrics']['delivered_rate'] / SUBSCRIBERS:.0f} msg/s")
     # what the overloaded stage passed is the capacity: the throttle is the bottleneck
     assert abs(high["metrics"]["delivered_rate"] / SUBSCRIBERS - capacity) <= 0.10 * capacity
+    # QoS 0 may lose, so its loss fails no gate (the rate gate fails the stage above): the
+    # stage says how much it lost; the stage that kept up lost nothing and says nothing of it
+    lost = f"{high['metrics']['lost']:,.0f} of "
+    assert high["metrics"]["lost"] > 0 and any(
+        note.startswith(lost) and "QoS 0 allows it" in note
+        for note in high["notes"].splitlines()), high["notes"]
+    assert low["metrics"]["lost"] == 0 and "lost" not in (low["notes"] or "")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spark.stage_files import StageFiles
-from spark.stage_metrics import qos_metrics
+from spark.stage_metrics import loss_metrics, qos_metrics
 from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge, stage_notes
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
@@ -80,6 +80,30 @@ def test_a_stage_is_held_to_the_qos_its_broker_granted_and_says_so():
     _, reasons = judge({**GOOD, "lost": 2, "delivery_qos": None}, qos=1,
                        aggregation_status="ok", problems=[])
     assert reasons == ["2 messages lost at QoS 1, which promises delivery"]
+
+
+def test_loss_at_qos_0_passes_the_gates_and_is_said():
+    """QoS 0 may lose, so no gate holds its loss (DESIGN.md's "no discards" is not a gate
+    here): a broker dropping QoS 0 messages for a slow subscriber is noted on the stage."""
+    def stage(qos: int) -> StageFiles:
+        return StageFiles("s", doc={"qos": qos, "receivers": {"0": 2}},
+                          summaries=[{"last_seq": {"0": 500}, "unique_received": 990}])
+
+    lossy = stage(0)
+    metrics = loss_metrics(lossy)
+    assert metrics == {"lost": 10, "loss_ratio": 0.01}
+    assert lossy.problem_list() == [
+        "10 of 1,000 messages lost (1.00%): QoS 0 allows it, so no gate fails on it, but a "
+        "broker that keeps up loses none (one drops QoS 0 messages past a subscriber's queue)"]
+    assert judge({**GOOD, **metrics}, qos=0, aggregation_status="ok", problems=[])[0] == "valid"
+    at_qos_1 = stage(1)  # its loss is a gate's reason, not a note
+    _, reasons = judge({**GOOD, **loss_metrics(at_qos_1)}, qos=1, aggregation_status="ok",
+                       problems=[])
+    assert at_qos_1.problem_list() == [] and reasons == [
+        "10 messages lost at QoS 1, which promises delivery"]
+    whole = StageFiles("s", doc={"qos": 0, "receivers": {"0": 2}},
+                       summaries=[{"last_seq": {"0": 500}, "unique_received": 1000}])
+    assert loss_metrics(whole)["lost"] == 0 and whole.problem_list() == []
 
 
 def test_what_the_aggregation_said_is_kept_where_the_reason_does_not_say_it():
