@@ -292,7 +292,8 @@ class RateSearch:
 
         def listed(probes: list[tuple[ProbeResult, bool]], aside: set[int]) -> list[dict]:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
-                     "errors": p.errors, "connects_failed": p.connects_failed, "kept_up": kept, "why": p.reason(self.policy.tolerance),
+                     "errors": p.errors, "connects_failed": p.connects_failed, "kept_up": kept,
+                     "why": p.reason(self.policy.tolerance),
                      "retried": i in aside, "driver_cpu": p.driver_cpu,
                      "drivers_cpus_used": p.drivers_cpus_used}
                     for i, (p, kept) in enumerate(probes)]

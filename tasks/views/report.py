@@ -9,10 +9,10 @@ noise band (`tasks.views.history`). Then tonight: delivered rate per QoS against
 scenario steps (publishers, subscribers or the offered rate), with the deliveries intended
 (IBM's figures), a MessageSight-style score card, capacity and broker
 cost, every verdict with the smallest step it can show, invalid stages and why, what the
-aggregation noted of the stages (a QoS the broker granted lower, clocks not trusted), each
-stage's latency percentile curve on a log-percentile axis (from the summed buckets stored with the
-run), its delivered rate, p99 and broker CPU per second, and every host's fingerprint and
-tuning. Latency is shown in ms, memory in MiB, ratios in % (`tasks.views.units`).
+aggregation noted of the stages (a QoS the broker granted lower, clocks not trusted, loss
+at QoS 0), each stage's latency percentile curve on a log-percentile axis (from the summed
+buckets stored with the run), its delivered rate, p99 and broker CPU per second, and every
+host's fingerprint and tuning. Latency is shown in ms, memory in MiB, ratios in % (`tasks.views.units`).
 """
 
 from __future__ import annotations
