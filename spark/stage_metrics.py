@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
-from tasks.analysis.validity import drivers_cpus_used_pct, process_cpu_pct
+from tasks.analysis.validity import drivers_cpus_used_pct, process_cpu_pct, promised_qos
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import (
@@ -125,9 +125,10 @@ def histogram_series(histograms: dict[str, dict[int, int]]) -> dict[str, list[in
     return out
 
 
-def loss_metrics(stage: StageFiles) -> dict:
-    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries; at QoS 0,
-    where no gate holds it, noted when any."""
+def loss_metrics(stage: StageFiles, promised: int | None = None) -> dict:
+    """Whole-stage loss: expected (last_seq x receivers) minus unique deliveries; noted
+    when any where the QoS it is held to (`promised`, `validity.promised_qos`; the stage's
+    own when not given) is 0, since no gate holds it then."""
     if stage.missing:
         stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
         return {}
@@ -145,7 +146,9 @@ def loss_metrics(stage: StageFiles) -> dict:
                       f"reads 0 and may hide loss of other streams; check the receivers "
                       f"{STAGE_FILE} counts for each publisher")
     lost = max(0, expected - unique)
-    if lost and stage.doc.get("qos") == 0:  # QoS 1/2 loss fails a validity gate instead
+    if promised is None:
+        promised = stage.doc.get("qos")
+    if lost and promised == 0:  # QoS 1/2 loss fails a validity gate instead
         stage.problem(f"{lost:,} of {expected:,} messages lost ({lost / expected:.2%}): QoS 0 "
                       "allows it, so no gate fails on it, but a broker that keeps up loses "
                       "none (one drops QoS 0 messages past a subscriber's queue)")
@@ -380,8 +383,10 @@ def stage_result(stage: StageFiles, sums: Sums) -> dict:
         status = "no_data"
     else:
         metrics.update(traffic)
-        metrics.update(loss_metrics(stage))
-        metrics.update(qos_metrics(stage))
+        qos = qos_metrics(stage)
+        asked = stage.doc.get("qos")
+        metrics.update(loss_metrics(stage, None if asked is None else promised_qos(asked, qos)))
+        metrics.update(qos)
         metrics.update(counter_metrics(sums.totals.get(stage.stage_id)))
         metrics.update(connect_metrics(stage))
         metrics.update(driver_metrics(stage))

@@ -84,6 +84,14 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+def alembic_config() -> Config:
+    """Alembic's configuration for perfpipe's migrations (its connection given by the
+    caller, in ``attributes["connection"]``)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+    return cfg
+
+
 class Store:
     """Results store on one database URL (sqlite:///path or postgresql[+psycopg]://...).
 
@@ -191,8 +199,7 @@ class Store:
     # -- schema -----------------------------------------------------------------------
     def migrate(self) -> None:
         """alembic upgrade head, in one transaction; a no-op when already at head."""
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+        cfg = alembic_config()
         try:
             with self._sqlite_migrate_lock(), self._engine.begin() as conn:
                 if conn.dialect.name == "postgresql":

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import (
     Column,
@@ -29,7 +28,7 @@ from sqlalchemy import (
 from sql import Store, StoreError
 from sql.alerts import alert_key
 from sql.models import Base, Baseline
-from sql.store import MIGRATIONS
+from sql.store import alembic_config
 from tests.pg import PostgresUnavailable, create_database, start_postgres
 
 T0 = datetime(2025, 1, 1, 2, 0, tzinfo=timezone.utc)
@@ -110,8 +109,7 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
             == ["0004"]
     # back to 0003 and up again: the stages' notes column goes and comes back beside the
     # views of 0003 (a copy of the table, as a batch drop makes on SQLite, fails on them)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
+    config = alembic_config()
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.downgrade(config, "0003")

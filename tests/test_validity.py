@@ -101,6 +101,10 @@ def test_loss_at_qos_0_passes_the_gates_and_is_said():
                        problems=[])
     assert at_qos_1.problem_list() == [] and reasons == [
         "10 messages lost at QoS 1, which promises delivery"]
+    # a QoS 1 stage whose broker delivered at QoS 0 is held to QoS 0: its loss is noted
+    granted_0 = stage(1)
+    assert loss_metrics(granted_0, promised=0)["lost"] == 10
+    assert granted_0.problem_list()[0].startswith("10 of 1,000 messages lost (1.00%): QoS 0")
     whole = StageFiles("s", doc={"qos": 0, "receivers": {"0": 2}},
                        summaries=[{"last_seq": {"0": 500}, "unique_received": 1000}])
     assert loss_metrics(whole)["lost"] == 0 and whole.problem_list() == []
