@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
-from tasks.analysis.validity import drivers_cpus_used_pct, process_cpu_pct, promised_qos
+from tasks.analysis.validity import (
+    driver_hosts_idle_pct,
+    driver_idle_note,
+    drivers_cpus_used_pct,
+    process_cpu_pct,
+    promised_qos,
+)
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
 from tasks.metrics import (
@@ -245,12 +251,20 @@ def driver_metrics(stage: StageFiles) -> dict:
     """Validity inputs (the load generator may be the bottleneck,
     `tasks.analysis.validity.driver_limit`): driver_cpu_max, the busiest driver process's
     CPU over its publish phase in % of one core, and drivers_cpus_used_pct, a host's driver
-    processes' over the CPUs they may run on, the highest host's. Each left out when no
-    process (no host) recorded what it needs."""
+    processes' over the CPUs they may run on, the highest host's; and
+    driver_host_idle_pct, the least idle % of the CPUs a driver process may run on, busy
+    with anything (the broker where they share a host). Each left out when no process (no
+    host) recorded what it needs. Where the CPUs of drivers apart from the broker's host
+    were rarely idle, the stage says so (`driver_idle_note`)."""
     busiest = [cpu for cpu in _driver_cpus(stage) if cpu is not None]
     shared = drivers_cpus_used_pct(stage.summaries)
-    return ({"driver_cpu_max": max(busiest)} if busiest else {}) \
-        | ({"drivers_cpus_used_pct": shared} if shared is not None else {})
+    idle = driver_hosts_idle_pct(stage.summaries)
+    metrics = ({"driver_cpu_max": max(busiest)} if busiest else {}) \
+        | ({"drivers_cpus_used_pct": shared} if shared is not None else {}) \
+        | ({"driver_host_idle_pct": idle} if idle is not None else {})
+    if note := driver_idle_note(stage.summaries, stage.doc.get("broker_host")):
+        stage.problem(note)
+    return metrics
 
 
 def relative_cost(stage: StageFiles, broker_cpu_avg: float | None, delivered_rate: float | None,

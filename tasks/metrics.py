@@ -156,6 +156,10 @@ _DEFS: list[MetricDef] = [
     # inputs (the load generator must not be the bottleneck), never judged.
     MetricDef("driver_cpu_max", "%", "none"),
     MetricDef("drivers_cpus_used_pct", "%", "none"),
+    # The driver host idle CPU (DESIGN.md): the least idle share of the CPUs a driver
+    # process may run on over its publish phase, whatever kept them busy (another tenant, or
+    # the broker where they share a host); recorded, never judged
+    MetricDef("driver_host_idle_pct", "%", "none"),
     # The subscription backlog over the measure window (`backlog`): its high-water mark and
     # its least-squares slope; a slope near 0 means the broker kept up.
     MetricDef("backlog_max", "msg", "none"),

@@ -85,6 +85,9 @@ NO_PHASE = ("h1", 0)  # in stage s5_no_phase, this summary has no connect_phase 
 PUBLISH_CPU = {("h1", 0): (1.0, 4.0), ("h1", 1): (2.5, 4.0), ("h2", 0): (0.5, 2.0),
                ("h2", 1): (3.0, 8.0)}
 DRIVER_CPU_MAX = 62.5
+# The % of its publish phase the CPUs each process may run on were idle: h1/0's least,
+# on the broker's host (h1); of h2's, apart from it, h2/0's
+CPUS_IDLE = {("h1", 0): 5.0, ("h1", 1): 7.5, ("h2", 0): 8.0, ("h2", 1): 60.0}
 # The CPUs each process may run on: h1's two share CPU 1 (the broker kept on CPU 0), 25% +
 # 62.5% of it; h2's two share CPUs 0-1, 25% + 37.5% over two.
 CPUS = {("h1", 0): [1], ("h1", 1): [1], ("h2", 0): [0, 1], ("h2", 1): [0, 1]}
@@ -185,7 +188,9 @@ def summary(proc: Proc, stage_id: str, rng: np.random.Generator) -> dict:
             "status": "ok", "windows": WINDOWS, "unique_received": unique,
             "last_seq": last_seq, "clock": {"source": "time.time_ns"},
             "connect_phase": connect_phase(proc),
-            "publish_cpu": dict(zip(("cpu_s", "wall_s"), PUBLISH_CPU[(proc.host, proc.proc)])),
+            "publish_cpu": dict(zip(("cpu_s", "wall_s", "cpus_idle_pct"),
+                                    (*PUBLISH_CPU[(proc.host, proc.proc)],
+                                     CPUS_IDLE[(proc.host, proc.proc)]))),
             "cpus": CPUS[(proc.host, proc.proc)]}
 
 
@@ -471,6 +476,21 @@ def test_driver_cpu_max_is_the_busiest_process(run: Run):
     assert run.stages["s3_zero"]["metrics"]["driver_cpu_max"] is None
 
 
+def test_the_driver_host_idle_cpu_is_the_least_idle_process_and_said_when_low(run: Run):
+    stage = run.stages["s1_ok"]
+    assert stage["metrics"]["driver_host_idle_pct"] == min(CPUS_IDLE.values()) == 5.0
+    # said of the drivers apart from the broker's host (h1): h2's, 25% + 37.5% over 2 CPUs
+    assert any(p.startswith("the CPUs a driver process may run on were idle 8% of its publish "
+                            "phase (31% by the drivers themselves)") for p in stage["problems"])
+    assert stage["status"] == "ok"  # a notice
+    # h1/0 recorded none in s5_no_phase: the least of the others
+    assert run.stages["s5_no_phase"]["metrics"]["driver_host_idle_pct"] == 7.5
+    assert run.stages["s3_zero"]["metrics"]["driver_host_idle_pct"] is None
+    # every driver on the broker's host: its CPUs busy with the broker, not said
+    assert run.stages["s6_broker_host"]["metrics"]["driver_host_idle_pct"] == 5.0
+    assert not [p for p in run.stages["s6_broker_host"]["problems"] if "idle" in p]
+
+
 def test_drivers_cpus_used_is_a_hosts_processes_over_the_cpus_they_may_run_on(run: Run):
     """Two driver processes on one CPU use it up while neither is busy: the validity gate
     reads their sum over the CPUs they share, the highest host's."""
@@ -504,7 +524,8 @@ def test_the_broker_cpu_over_the_driver_cpu_only_where_they_share_a_host(run: Ru
     # the topology is not a fault)
     assert run.stages["s1_ok"]["metrics"]["broker_cpu_per_driver_cpu"] is None
     assert run.stages["s1_ok"]["metrics"]["driver_cpu_s_per_10k"] is None
-    assert not [p for p in run.stages["s1_ok"]["problems"] if "driver" in p]
+    assert not [p for p in run.stages["s1_ok"]["problems"]
+                if "driver" in p and "idle" not in p]  # (their CPUs' idle share is said)
     # recorded; the cost at the driver's CPU is what is judged
     assert "broker_cpu_per_driver_cpu" not in judged_metrics(Policy())
 

@@ -144,6 +144,33 @@ def test_the_host_is_read_from_proc_busy_with_steal_and_steal_apart(tmp_path, mo
                                          net_tx_bytes=9)
 
 
+def test_the_idle_share_of_a_drivers_cpus_is_read_per_cpu(tmp_path, monkeypatch):
+    # cpuN: user nice system idle iowait irq softirq steal (guest columns left out)
+    (tmp_path / "stat").write_text("cpu  9 0 0 9 0 0 0 0\ncpu0 10 0 0 30 10 0 0 0\n"
+                                   "cpu1 50 0 0 0 0 0 0 50\nintr 1\n")
+    monkeypatch.setattr(procfs, "PROC", tmp_path)
+    assert procfs.cpus_ticks({0}) == (40, 50)  # idle and iowait are idle
+    assert procfs.cpus_ticks({1}) == (0, 100)  # steal is busy
+    assert procfs.cpus_ticks({0, 1}) == procfs.cpus_ticks(None) == (40, 150)
+    assert procfs.cpus_ticks({7}) == (40, 150)  # none listed: every CPU
+    assert procfs.idle_pct((40, 50), (70, 100)) == 60.0
+    assert procfs.idle_pct((40, 50), (40, 50)) is None
+
+
+def test_a_cpu_kept_busy_is_read_as_never_idle():
+    cpu = max(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", SPIN],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        time.sleep(0.3)  # the interpreter started and spins
+        before = procfs.cpus_ticks({cpu})
+        time.sleep(0.5)
+        assert procfs.idle_pct(before, procfs.cpus_ticks({cpu})) < 10
+    finally:
+        busy.kill()
+        busy.wait(5)
+
+
 def test_the_host_row_gives_busy_and_steal_in_percent_of_one_core():
     ticks = procfs.TICKS
     before = procfs.HostReading(busy_ticks=0, steal_ticks=0, mem_used_bytes=1,

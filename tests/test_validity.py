@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from spark.stage_files import StageFiles
 from spark.stage_metrics import loss_metrics, qos_metrics
-from tasks.analysis.validity import backlog_rising, drivers_cpus_used_pct, judge, stage_notes
+from tasks.analysis.validity import (
+    backlog_rising,
+    driver_hosts_idle_pct,
+    driver_idle_note,
+    drivers_cpus_used_pct,
+    judge,
+    stage_notes,
+)
 
 GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
         "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
@@ -135,6 +142,28 @@ def test_the_drivers_cpus_are_read_per_host_and_set_of_cpus():
     assert reasons == ["the driver processes of one host used 99% of the CPUs they may run on "
                        "while publishing (over 90%): the load generator may be the bottleneck; "
                        "add driver hosts, or CPUs for them (fewer in broker.cpus)"]
+
+
+def test_drivers_cpus_rarely_idle_are_said_and_never_gate():
+    def proc(host, idle, pct=20.0):
+        return {"host": host, "cpus": [0],
+                "publish_cpu": {"cpu_s": pct / 100, "wall_s": 1.0, "cpus_idle_pct": idle}}
+
+    # the least idle process's CPUs; one that did not record it is left out
+    assert driver_hosts_idle_pct([proc("d", 60.0), proc("d", 4.0), {"publish_cpu": {}},
+                                  {}]) == 4.0
+    assert driver_hosts_idle_pct([{}, proc("d", None)]) is None
+    busy = [proc("d1", 60.0), proc("d2", 4.0)]
+    assert driver_idle_note(busy, "b") == (
+        "the CPUs a driver process may run on were idle 4% of its publish phase (20% by the "
+        "drivers themselves): a driver kept waiting for a CPU sends late, so the load "
+        "generator may have been short of CPU")
+    assert driver_idle_note([proc("d1", 10.0)], "b") is None
+    # on the broker's host, a broker at its capacity keeps the CPUs busy: not said
+    assert driver_idle_note(busy, "d2") is None
+    assert driver_idle_note([], "b") is None
+    metrics = {**GOOD, "driver_host_idle_pct": 4.0, "drivers_cpus_used_pct": 20.0}
+    assert judge(metrics, qos=0, aggregation_status="ok", problems=[]) == ("valid", [])
 
 
 def test_a_backlog_rising_through_the_window_invalidates_the_stage():

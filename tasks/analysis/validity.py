@@ -69,6 +69,39 @@ def drivers_cpus_used_pct(summaries: Iterable[Mapping]) -> float | None:
     return max((used / len(cpus) for (_, cpus), used in groups.items()), default=None)
 
 
+def driver_hosts_idle_pct(summaries: Iterable[Mapping]) -> float | None:
+    """The least idle of the driver processes' CPUs over their publish phase (each
+    summary's `publish_cpu.cpus_idle_pct`: the % of the time the CPUs it may run on were
+    idle, whoever kept them busy): DESIGN.md's driver host idle CPU. None when no process
+    recorded it."""
+    idle = [cpu["cpus_idle_pct"] for summary in summaries
+            if (cpu := summary.get("publish_cpu") or {}).get("cpus_idle_pct") is not None]
+    return min(idle, default=None)
+
+
+# a driver's CPUs (on a host apart from the broker's) idle less than this share of its
+# publish phase: said on the stage
+DRIVER_IDLE_NOTE_PCT = 10.0
+
+
+def driver_idle_note(summaries: list[Mapping], broker_host: str | None) -> str | None:
+    """What a stage says when the CPUs of its driver processes on hosts of their own were
+    rarely idle while they published (`driver_hosts_idle_pct` of those): something else
+    kept them busy, and a driver kept waiting for a CPU sends late, so the load may have
+    been the host's and not the broker's. A note, not a gate. Drivers on the broker's host
+    are left out: a broker at its capacity keeps their CPUs busy, as a search means it to
+    (the capacity's own note reads the host's CPU)."""
+    apart = [summary for summary in summaries if summary.get("host") != broker_host]
+    idle = driver_hosts_idle_pct(apart)
+    if idle is None or idle >= DRIVER_IDLE_NOTE_PCT:
+        return None
+    used = drivers_cpus_used_pct(apart)
+    theirs = f" ({used:.0f}% by the drivers themselves)" if used is not None else ""
+    return (f"the CPUs a driver process may run on were idle {idle:.0f}% of its publish "
+            f"phase{theirs}: a driver kept waiting for a CPU sends late, so the load "
+            "generator may have been short of CPU")
+
+
 def driver_limit(metrics: Mapping, gates: Gates = Gates()) -> tuple[str, str] | None:
     """(what, what to add) when the load generator may have been the bottleneck: a host's
     driver processes over `max_driver_cpu_pct` of the CPUs they may run on (more processes

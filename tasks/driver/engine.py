@@ -27,6 +27,7 @@ import traceback
 from collections import deque
 from pathlib import Path
 
+from . import procfs
 from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
 from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
@@ -119,7 +120,7 @@ class Engine:
             sessions.poll(min(0.05, max(0.0, start_at - time.time())))
             self._housekeeping()
         self.phase = "publish"
-        self._cpu_from = (time.monotonic(), _cpu_seconds())
+        self._cpu_from = (time.monotonic(), _cpu_seconds(), procfs.cpus_ticks(_own_cpus()))
         publishers = [c for c in sessions.conns if c.role == "pub" and c.state == READY]
         end_ns = pub_end * 1_000_000_000
         scheduler = Scheduler(sessions, self.acct, publishers, start_at * 1_000_000_000,
@@ -145,9 +146,10 @@ class Engine:
             self._housekeeping()
         if not self.stop_requested:  # what fell due since the last tick's run
             scheduler.run(time.time_ns())  # it stops at the last one before end_ns
-        wall, cpu = self._cpu_from
+        wall, cpu, ticks = self._cpu_from
         self.publish_cpu = {"cpu_s": round(_cpu_seconds() - cpu, 3),
-                            "wall_s": round(time.monotonic() - wall, 3)}
+                            "wall_s": round(time.monotonic() - wall, 3),
+                            "cpus_idle_pct": procfs.idle_pct(ticks, procfs.cpus_ticks(_own_cpus()))}
         drain_end = self.windows["end"]
         self.phase = "drain"
         while time.time() < drain_end and not self.stop_requested:
@@ -251,7 +253,7 @@ class Engine:
             "versions": {"paho_mqtt": _paho_version(), "python": platform.python_version()},
             "clock": {"source": "time.time_ns"},  # against others: hosts/<host>.json
             "fd_limit": fd_limit,
-            "cpus": sorted(os.sched_getaffinity(0)),
+            "cpus": sorted(_own_cpus()),
             "publish_cpu": self.publish_cpu,
             "read_hold": {"held_passes": sessions.reader.held_passes,
                           "max_ms": round(sessions.reader.hold_max_s * 1000, 3),
@@ -262,6 +264,11 @@ class Engine:
         }
         acct.writer.summary(summary)
         return summary
+
+
+def _own_cpus() -> set[int]:
+    """The CPUs this process may run on."""
+    return os.sched_getaffinity(0)
 
 
 def _cpu_seconds() -> float:

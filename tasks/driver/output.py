@@ -74,13 +74,16 @@ measured; at the end both are rewritten whole, with any late event, before
                   cpus        the CPUs it may run on: those its launching shell
                               allowed; on the broker's host, those ``broker.cpus``
                               leaves
-                  publish_cpu  {cpu_s, wall_s}: this process's CPU seconds (user + system)
-                              over the publish phase (warm-up and measure window) and its
-                              wall-clock length; cpu_s / wall_s near 1.0, or the sum
-                              of a host's processes near the number of CPUs they may
-                              run on (``cpus``), means the driver, not the broker, may
-                              have been the bottleneck; null when the stage never
-                              started publishing
+                  publish_cpu  {cpu_s, wall_s, cpus_idle_pct}: this process's CPU
+                              seconds (user + system) over the publish phase (warm-up
+                              and measure window), its wall-clock length, and the % of
+                              that time the CPUs it may run on (``cpus``) were idle
+                              (/proc/stat: idle and iowait; null if no tick passed);
+                              cpu_s / wall_s near 1.0, the sum of a host's processes
+                              near the number of CPUs they may run on, or those CPUs
+                              never idle, means the driver, not the broker, may have
+                              been the bottleneck; null when the stage never started
+                              publishing
                   read_hold   {held_passes, max_ms, stamped_reads, segments_in}: epoll
                               passes held back (`receive.Reader.end_pass`: a backlogged
                               reader, only when even the freshest message read was 50 ms

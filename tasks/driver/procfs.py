@@ -270,6 +270,28 @@ def read_host() -> HostReading:
     return HostReading(busy, cpu[7], mem.get("MemTotal", 0) - mem.get("MemAvailable", 0), rx, tx)
 
 
+def cpus_ticks(cpus: set[int] | None = None) -> tuple[int, int]:
+    """(idle, all) ticks in /proc/stat of `cpus` (every CPU when None or none of them is
+    listed there): idle and iowait count as idle, steal as busy, as `read_host` counts."""
+    idle = total = 0
+    rows = {}
+    for line in (PROC / "stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            rows[int(name[3:])] = [int(v) for v in fields[:8]]
+    chosen = [rows[c] for c in cpus or () if c in rows] or list(rows.values())
+    for ticks in chosen:
+        idle, total = idle + ticks[3] + ticks[4], total + sum(ticks)
+    return idle, total
+
+
+def idle_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """% of the CPUs' time they were idle between two `cpus_ticks` readings (None when no
+    tick passed)."""
+    ticks = after[1] - before[1]
+    return round(100 * (after[0] - before[0]) / ticks, 1) if ticks > 0 else None
+
+
 def host_row(before: HostReading, after: HostReading, seconds: float) -> dict:
     scale, seconds = _pct_of_a_core(seconds), max(seconds, 1e-6)
     return {"cpu_pct": round((after.busy_ticks - before.busy_ticks) * scale, 2),
