@@ -30,8 +30,9 @@ with DAG(
         "inventory": Param(None, type=["null", "string"],
                            description="inventory YAML; empty: the default"),
         "baseline": Param(None, type=["null", "string"],
-                          description="compare with 'rolling' history or a pinned release "
-                          "label; empty: the release pinned most recently (rolling if none)"),
+                          description="compare with 'rolling' history or a release label "
+                          "pinned for this broker kind (refused at plan otherwise); empty: "
+                          "its release pinned most recently (rolling if none)"),
         "promote": Param(False, type="boolean",
                          description="pin this run as the label's baseline when it finishes ok"),
         "dry_run": Param(False, type="boolean",

@@ -140,7 +140,8 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                       before: datetime, baseline: str, setup: dict | None = None,
                       release_runs: bool = False, runs: int = 5) -> dict[str, dict[str, Any]]:
     """metric -> the newest earlier verdict of this stage key (and fingerprint, and setup:
-    `measured_alike`) that a night can confirm or clear, made against the same baseline
+    `measured_alike`) that a night can confirm or clear, of a run that ended ok and is not
+    excluded (as `_comparable` asks of a baseline's nights), made against the same baseline
     ("rolling", "release:<label>"), looking back at most `runs` such runs that have
     verdicts; with that run's start and the stage's params that night. Against the rolling
     history, of release runs' only when `release_runs` (tonight is one) and of the others'
@@ -152,6 +153,8 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                & (Stage.stage_id == Comparison.stage_id))
          .join(Run, Run.run_id == Stage.run_id)
          .where(Stage.stage_key == stage_key, Run.started_at < before,
+                # a night that failed or was excluded is no evidence, as it is no baseline
+                Run.status == "ok", Run.excluded.is_(False),
                 Comparison.verdict.not_in(NOT_JUDGED)))
     if fingerprint_hash is not None:
         q = q.where(Stage.fingerprint_hash == fingerprint_hash)
@@ -175,10 +178,13 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
     return out
 
 
-def release_baseline_at(s: Session, when: datetime) -> tuple[str, str] | None:
-    """(label, run_id) of the release baseline pinned most recently at `when`."""
+def release_baseline_at(s: Session, when: datetime, broker_kind: str) -> tuple[str, str] | None:
+    """(label, run_id) of the release baseline of this broker kind pinned most recently at
+    `when` (another broker's stages share none of its stage keys)."""
     row = s.execute(select(Baseline.label, Baseline.run_id)
-                    .where(Baseline.kind == "release", Baseline.created_at <= when)
+                    .join(Run, Run.run_id == Baseline.run_id)
+                    .where(Baseline.kind == "release", Baseline.created_at <= when,
+                           Run.broker_kind == broker_kind)
                     .order_by(Baseline.created_at.desc(), Baseline.id.desc()).limit(1)).first()
     return None if row is None else (row.label, row.run_id)
 

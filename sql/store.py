@@ -453,14 +453,20 @@ class Store:
                                                           Baseline.label == label))
 
     def release_baseline_for(self, run_id: str) -> tuple[str, str] | None:
-        """(label, run_id) of the release baseline pinned most recently when the run started:
-        what a release run whose trigger named no baseline is compared with."""
+        """(label, run_id) of the release baseline of the run's broker kind pinned most
+        recently when the run started: what a release run whose trigger named no baseline
+        is compared with."""
         with self._tx() as s:
-            return queries.release_baseline_at(s, self._run(s, run_id).started_at)
+            run = self._run(s, run_id)
+            return queries.release_baseline_at(s, run.started_at, run.broker_kind)
 
-    def release_baselines(self) -> list[dict[str, Any]]:
+    def release_baselines(self, broker_kind: str | None = None) -> list[dict[str, Any]]:
+        """The pinned release baselines, oldest first; given `broker_kind`, of its runs only."""
         with self._tx() as s:
             q = select(Baseline).where(Baseline.kind == "release").order_by(Baseline.created_at)
+            if broker_kind is not None:
+                q = q.join(Run, Run.run_id == Baseline.run_id).where(
+                    Run.broker_kind == broker_kind)
             return [row_dict(b, skip=("id",)) for b in s.scalars(q)]
 
     # -- alerts (see sql/alerts.py) ---------------------------------------------------

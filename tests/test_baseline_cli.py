@@ -93,3 +93,29 @@ def test_accepting_an_alert_a_release_run_opened_says_no_history_restarts(
     assert main(["alerts", "accept", str(n)]) == 0
     assert "the rolling history of mosquitto|fanin.q2 restarts at run r3" in \
         capsys.readouterr().out
+
+
+def test_a_release_trigger_naming_a_baseline_not_pinned_for_its_broker_is_refused_at_plan(
+        store: Store) -> None:
+    """Before any load: every stage would otherwise be compared with nothing, hours later."""
+    from tasks.catalog.scenarios import ConfigError
+    from tasks.steps.plan import plan_run
+
+    assert main(["baseline", "promote", "r1", "--label", "9.4.5"]) == 0
+    store.create_run("e1", kind="release", suite="smoke", broker_kind="emqx",
+                     artifact_dir="/x", started_at=T0)
+    store.finish_run("e1", "ok")
+    assert main(["baseline", "promote", "e1", "--label", "emqx-5.8"]) == 0
+    runs = load_settings().runs_dir
+    before = sorted(runs.iterdir()) if runs.exists() else []
+    for label in ("9.4.55", "emqx-5.8"):  # a typo; another broker's release
+        with pytest.raises(ConfigError) as err:
+            plan_run(kind="release", options={"baseline": label})
+        assert str(err.value) == (
+            f"baseline: no release '{label}' is pinned for mosquitto (pinned: '9.4.5'); give "
+            f"'rolling' or one of those, or pin a run first: perfpipe baseline promote "
+            f"RUN_ID --label {label}")
+    assert (sorted(runs.iterdir()) if runs.exists() else []) == before
+    assert {r["run_id"] for r in store.latest_runs()} == {"r1", "r2", "r3", "e1"}
+    for choice in ("9.4.5", "rolling", None):
+        assert store.run(plan_run(kind="release", options={"baseline": choice}))

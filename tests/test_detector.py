@@ -12,6 +12,7 @@ import pytest
 
 from tasks.cli import main
 from tasks.rundir import VERDICTS as VERDICTS_FILE
+from tasks.views.summary import run_summary
 from tests.judged_nights import JudgedNights
 
 STAGE, KEY = "fanin.q1.c100", "mosquitto|fanin.q1.c100"
@@ -190,3 +191,15 @@ def test_a_release_run_is_compared_with_the_promoted_release_baseline(lab: Lab, 
                               started=now + timedelta(minutes=4))
     v = lab.verdict(missing)
     assert v["verdict"] == "no_baseline" and "9.9.9 is not pinned" in v["detail"]["new_history"]
+    # a release pinned on other hosts is still the reference, and everything read says so
+    for i in range(9):  # the new hosts' own nights tell their noise
+        lab.night(fp="fp2", started=now + timedelta(minutes=4, seconds=i + 1))
+    moved, _, _ = lab.night(rate=2000.0, kind="release", fp="fp2",
+                            plan={"options": {"baseline": "9.4.5"}},
+                            started=now + timedelta(minutes=5))
+    assert lab.verdict(moved)["detail"]["fingerprint"] == "differs from the release baseline's"
+    summary = run_summary(lab.store.run(moved), lab.store.stages(moved), {})
+    assert f"verdicts against release 9.4.5's baseline (run {old}):" in summary
+    assert "release baseline on other hosts" in summary
+    assert lab.verdict(moved)["verdict"] in ("suspected", "regression")  # -17%
+    assert "release baseline on other hosts" in json.dumps(lab.message(moved))

@@ -432,6 +432,15 @@ def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
                                       baseline="release:9.4.4")
     assert list(release) == ["e2e_latency_p99"] and release["e2e_latency_p99"]["run_id"] == "n2"
     assert store.previous_verdicts("fanin.q1", "fp1", before_run="n1") == {}
+    # a night that failed, or was excluded afterwards, is no evidence for tonight
+    for run_id, day, status, excluded in (("n5", 5, "failed", False), ("n6", 6, "ok", True)):
+        new_run(store, run_id, day)
+        stage(store, run_id)
+        store.record_comparisons(run_id, [{"stage_id": "fanin.q1", "metric": "delivered_rate",
+                                           "verdict": "regression"}])
+        store.finish_run(run_id, status, excluded=excluded, reason="noisy neighbour")
+        assert store.previous_verdicts("fanin.q1", "fp1", before_run="tonight")[
+            "delivered_rate"]["run_id"] == "n1"
     assert store.last_fingerprint("fanin.q1", before_run="tonight") == "fp2"
     assert store.last_fingerprint("fanin.q1", before_run="n4") == "fp1"
     assert store.last_fingerprint("other", before_run="tonight") is None
@@ -681,6 +690,39 @@ def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(
     assert store.release_baseline_for("rel2") == ("9.4.4", "rel1")
     assert store.release_baseline_for("n1") is None  # nothing was pinned when it ran
     assert [b["label"] for b in store.release_baselines()] == ["9.4.4"]
+    # another broker's release pinned since: none of its stage keys are this broker's
+    store.create_run("e1", kind="release", suite="smoke", broker_kind="emqx",
+                     artifact_dir="/x", started_at=now - timedelta(days=1))
+    store.finish_run("e1", "ok")
+    store.pin_release_baseline("emqx-5.8", "e1")
+    assert store.release_baseline_for("rel2") == ("9.4.4", "rel1")
+    assert [b["label"] for b in store.release_baselines("mosquitto")] == ["9.4.4"]
+    assert [b["label"] for b in store.release_baselines()] == ["9.4.4", "emqx-5.8"]
+
+
+def test_a_stage_invalid_in_the_pinned_release_run_is_no_reference(store: Store) -> None:
+    """A run ends ok with one valid stage, so it can be pinned with others invalid: those
+    compare with nothing, and say why (before, an invalid 40% drop read as the reference,
+    and the same drop in the release run as unchanged)."""
+    from tasks.analysis.policy import Policy
+    from tasks.steps.compare import release_stages, stage_inputs
+
+    new_run(store, "rel1", 1, kind="release")
+    stage(store, "rel1", "fanin.q1", rate=6000.0, validity="invalid")
+    stage(store, "rel1", "fanout.q1", key="fanout.q1", rate=9000.0)
+    store.finish_run("rel1", "ok")
+    store.pin_release_baseline("9.4.5", "rel1")
+    new_run(store, "rel2", 2, kind="release")
+    for stage_id in ("fanin.q1", "fanout.q1"):
+        stage(store, "rel2", stage_id, key=stage_id, rate=6000.0)
+    release = release_stages(store, store.run("rel2"), {"options": {"baseline": "9.4.5"}})
+    tonight = {s["stage_id"]: s for s in store.stages("rel2")}
+    invalid = stage_inputs(store, "rel2", tonight["fanin.q1"], Policy(), release)
+    assert invalid["release"] is None and invalid["history"] == []
+    assert invalid["new_history"] == ("invalid in release 9.4.5's run rel1 (backlog rising): "
+                                      "no reference")
+    valid = stage_inputs(store, "rel2", tonight["fanout.q1"], Policy(), release)
+    assert valid["release"]["metrics"]["delivered_rate"] == 9000.0
 
 
 @pytest.mark.parametrize("call, field", [

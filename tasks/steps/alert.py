@@ -53,6 +53,7 @@ from ..views.tables import (
     cpu_note,
     flagged_note,
     mde_text,
+    release_note,
     verdict_counts,
 )
 from . import Call
@@ -94,7 +95,9 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
                            history=tuple(v for v in nights if v is not None),
                            mde_text=mde_text(c["detail"]),
                            across_note=flagged_note(c["detail"], short=True),
-                           baseline_note=covariate_note(c["detail"], short=True),
+                           baseline_note="; ".join(n for n in (
+                               covariate_note(c["detail"], short=True),
+                               release_note(c["detail"], short=True)) if n),
                            cpu_note=cpu_note(c["detail"], short=True))
     return out
 

@@ -88,7 +88,10 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
         label, base_run, stages = release
         base = stages.get(key)
         differs = base and setup_changes(base.get("params") or {}, params)
-        if differs:
+        if base is not None and base["validity"] != "valid":
+            release_problem = (f"invalid in release {label}'s run {base_run} "
+                               f"({base.get('reason') or base['validity']}): no reference")
+        elif differs:
             release_problem = f"setup differs from release {label}'s ({'; '.join(differs)})"
         elif base is not None:
             pinned = {"label": label, "run_id": base_run, "metrics": base["metrics"],

@@ -53,6 +53,18 @@ def check_plan(settings: Settings, suite: str, inventory: Path
     return scenarios, inv, stages
 
 
+def check_baseline(choice: str | None, pinned: list[dict], broker_kind: str) -> None:
+    """A ConfigError, before the run is created, when the trigger names a release baseline
+    that is not pinned for this broker kind: every stage would be compared with nothing
+    after hours of load (`pinned`: `Store.release_baselines` of that kind)."""
+    if not choice or choice == "rolling" or any(b["label"] == choice for b in pinned):
+        return
+    listed = ", ".join(repr(b["label"]) for b in pinned) or "none"
+    raise ConfigError(f"baseline: no release {choice!r} is pinned for {broker_kind} (pinned: "
+                      f"{listed}); give 'rolling' or one of those, or pin a run first: "
+                      f"perfpipe baseline promote RUN_ID --label {choice}")
+
+
 def plan_run(settings: Settings | None = None, *, suite: str | None = None,
              inventory: Path | str | None = None, kind: str = "manual",
              release_label: str | None = None, dag_run_id: str | None = None,
@@ -73,6 +85,8 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
     run_dir = settings.run_dir(run_id)
     store = settings.store()
     store.migrate()  # the database is reached before anything is written (no orphan folder)
+    check_baseline((options or {}).get("baseline"), store.release_baselines(inv.broker.kind),
+                   inv.broker.kind)
     made_here = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = {

@@ -62,6 +62,18 @@ def said_of_stages(stages: list[dict]) -> list[str]:
             + (["\nnotes on the stages:", *notes] if notes else []))
 
 
+def judged_against(stages: list[dict]) -> str:
+    """What a run's verdicts were judged against: its pinned release baseline's run, or its
+    stages' earlier nights."""
+    pinned = sorted({(detail["baseline"].split(":", 1)[1], detail.get("baseline_run"))
+                     for s in stages for c in s.get("comparisons", [])
+                     if str((detail := c.get("detail") or {}).get("baseline", "rolling"))
+                     .startswith("release:") and detail.get("baseline_run")})
+    if pinned:
+        return "; ".join(f"release {label}'s baseline (run {run_id})" for label, run_id in pinned)
+    return "earlier runs of the same stage, fingerprint and setup"
+
+
 def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     """`files`: label -> path of the run's report and Slack message (shown when present)."""
     stages = in_run_order(stages)
@@ -70,8 +82,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
              *said_of_stages(stages)]
     verdicts = verdict_rows(stages)
     if any(v["verdict"] not in NOT_JUDGED for v in verdicts):
-        lines.append("\nverdicts against earlier runs of the same stage, fingerprint and setup:\n"
-                     + table(verdicts))
+        lines.append(f"\nverdicts against {judged_against(stages)}:\n" + table(verdicts))
     else:
         lines.append(f"\nnothing compared: {_no_baseline(run, stages, reasons_listed=True)}")
     return "\n".join(lines + _files(files))

@@ -91,11 +91,25 @@ def verdict_note(comparison: dict, *, short: bool = False) -> str:
     (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
     its usual pace), or that its baseline is what its nights say it is at tonight's value
     of its covariate (`tasks.analysis.covariate`); first, that the run's stages together
-    flagged it (`tasks.analysis.across`); last, that a capacity came with CPU to spare
+    flagged it (`tasks.analysis.across`); then, that a release baseline ran on another
+    fingerprint (`release_note`); last, that a capacity came with CPU to spare
     (`cpu_note`)."""
     detail = comparison.get("detail") or {}
     return "; ".join(n for n in (_judged_note(comparison, short=short),
+                                 release_note(detail, short=short),
                                  cpu_note(detail, short=short)) if n)
+
+
+def release_note(detail: dict, *, short: bool = False) -> str:
+    """That the release baseline a verdict was judged against ran on other hosts, tuning,
+    broker build or measurement version (its fingerprint differs from tonight's); else ''."""
+    if not detail.get("fingerprint"):
+        return ""
+    if short:
+        return "release baseline on other hosts"
+    return (f"the release baseline (run {detail.get('baseline_run')}) ran on another "
+            "fingerprint (hosts, tuning, broker kind or measurement version): part of the "
+            "change may be theirs")
 
 
 def _judged_note(comparison: dict, *, short: bool) -> str:
