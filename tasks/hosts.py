@@ -158,10 +158,32 @@ class Host:
         result = self.run(["cat", "--", path], check=False)
         return result.stdout if result.ok else None
 
+    def read_root_file(self, path: str) -> str | None:
+        """A file's text as root may read it: what tuning records before it changes a file,
+        and reads back after. None only when the file does not exist: one the login user
+        may not read is read through `as_root`, and one even root cannot read is a
+        HostError (recorded as absent, its restore would delete it)."""
+        result = self.run(["cat", "--", path], check=False)
+        if result.ok:
+            return result.stdout
+        parent = os.path.dirname(path) or "/"
+        if (not self.run(["test", "-e", path], check=False).ok
+                and self.run(["test", "-x", parent], check=False).ok):
+            return None  # its folder is open to the login user, and it is not there
+        result = self.as_root(["cat", "--", path], check=False)
+        if result.ok:
+            return result.stdout
+        if not self.as_root(["test", "-e", path], check=False).ok:
+            return None
+        first = (result.stderr or result.stdout).strip().splitlines()[:1]
+        raise HostError(f"{self.name}: cannot read {path}, not even as root: "
+                        f"{first[0] if first else f'exit {result.exited}'}")
+
     def write_root_file(self, path: str, content: str, mode: str = "0644") -> None:
         """Write a file as root, atomically (a temp file, then install). A file that exists
         keeps its owner, group and mode (IBM MQ's qm.ini is mqm's, and its queue manager
-        must still write it); a new one is root's, with `mode`."""
+        must still write it), and a symlink stays one (its target is written); a new file
+        is root's, with `mode`."""
         with tempfile.NamedTemporaryFile("w", delete=False, suffix=".perfpipe") as handle:
             handle.write(content)
         remote_tmp = f"/tmp/perfpipe-{secrets.token_hex(6)}"
@@ -171,8 +193,11 @@ class Host:
             if now.ok and len(now.stdout.split()) == 3:
                 uid, gid, mode = now.stdout.split()
                 owner = ["-o", uid, "-g", gid]
+            # install replaces a symlink with a file: write where the link points
+            resolved = self.as_root(["readlink", "-f", "--", path], check=False)
+            target = resolved.stdout.strip() if resolved.ok and resolved.stdout.strip() else path
             self.put(Path(handle.name), remote_tmp)
-            self.as_root(["install", "-D", *owner, "-m", mode, remote_tmp, path])
+            self.as_root(["install", "-D", *owner, "-m", mode, remote_tmp, target])
         finally:
             Path(handle.name).unlink()
             self.run(["rm", "-f", remote_tmp], check=False)

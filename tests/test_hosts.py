@@ -10,8 +10,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tasks import ports
-from tasks.hosts import LocalHost
+from tasks.hosts import HostError, LocalHost
 
 
 def proc_state(pid: int) -> str:
@@ -127,7 +129,23 @@ def test_a_file_written_as_root_keeps_its_owner_and_mode_and_a_new_one_is_roots(
     host.write_root_file(str(linked), "linked\n")
     stat = linked.stat()
     assert (stat.st_uid, oct(stat.st_mode & 0o7777)) == (65534, "0o660")
+    assert linked.is_symlink() and owned.read_text() == "linked\n"  # still a link, to it
     new = tmp_path / "sub" / "90-perfpipe.conf"
     host.write_root_file(str(new), "x = 1\n")
     stat = new.stat()
     assert (stat.st_uid, oct(stat.st_mode & 0o7777)) == (0, "0o644")
+
+
+def test_a_file_is_read_as_root_and_one_that_cannot_be_read_is_not_taken_for_missing(
+        tmp_path: Path):
+    """What tuning records before it changes a file: None would have its restore delete
+    the file, so only a file that is not there reads as None."""
+    host = LocalHost()
+    (tmp_path / "there").write_text("x = 1\n")
+    (tmp_path / "there").chmod(0)
+    assert host.read_root_file(str(tmp_path / "there")) == "x = 1\n"
+    assert host.read_root_file(str(tmp_path / "not-there")) is None
+    assert host.read_root_file(str(tmp_path / "no-folder" / "not-there")) is None
+    write_only = "/proc/sys/net/ipv4/route/flush"  # mode 0200: not even root reads it
+    with pytest.raises(HostError, match=f"cannot read {write_only}, not even as root"):
+        host.read_root_file(write_only)

@@ -237,8 +237,17 @@ def test_shell_metacharacters_are_never_executed(lab, tmp_path):
     ({"name": "p", "tasks_max": {"user": "mqm$(reboot)", "value": 5}}, "tasks_max.user"),
     ({"name": "p", "qm_ini": {"path": "/var/mqm/qm.ini;reboot", "stanzas": {}}}, "qm_ini.path"),
     ({"name": "p;reboot"}, "name"),
+    # values a host would refuse: a JVM that does not start, qm.ini lines added anew on every
+    # apply (a name its syntax does not read back) or of their own (a line break)
+    ({"name": "p", "jvm_heap": {"service": "activemq", "xms": "8G", "xmx": "1G"}}, "jvm_heap"),
+    ({"name": "p", "qm_ini": {"path": "/q/qm.ini", "stanzas": {"Tuning Parameters": {}}}},
+     "qm_ini.stanzas"),
+    ({"name": "p", "qm_ini": {"path": "/q/qm.ini",
+                              "stanzas": {"Channels": {"MaxChannels": "5\nMaxActive=1"}}}},
+     "qm_ini.stanzas"),
 ])
-def test_profile_fields_reject_shell_metacharacters(document, field):
+def test_profile_fields_reject_shell_metacharacters_and_what_a_host_would_refuse(
+        document, field):
     from tasks.config_files import ConfigError, validate
     from tasks.tuning.profile import TuningProfile
 
@@ -336,3 +345,52 @@ def test_ssh_connections_and_their_gateways_have_no_nagle_delay_and_the_dead_lin
             host.close()
     chain = [hosts[1]._connection, hosts[1]._connection.gateway, hops[1]]
     assert not any(hop.is_connected for hop in [hops[0], *chain])  # gateways' closed too
+
+
+def test_a_qm_ini_is_tuned_read_back_and_put_back_exactly(lab, perfpipe_env, tmp_path):
+    """IBM MQ cannot run here; its qm.ini is a file, edited over SSH on a lab host as on a
+    queue manager's: the stanza's key set and read back, then the file as it was, and no
+    file of perfpipe's left beside it."""
+    from tasks.tuning import runner
+    from tasks.tuning.profile import TuningProfile
+
+    folder = tmp_path / "QM1"  # this machine's /tmp: the lab hosts see it
+    folder.mkdir()
+    qm_ini = folder / "qm.ini"
+    original = "Log:\n   LogPrimaryFiles=3\nTuningParameters:\n   MaxChannels=100\n"
+    qm_ini.write_text(original)
+    host = lab_hosts()[0]
+    profile = TuningProfile(name="qm", qm_ini={"path": str(qm_ini), "stanzas": {
+        "TuningParameters": {"MaxChannels": "5000"}, "Channels": {"MaxActiveChannels": "5000"}}})
+    entries = runner.tune(host, profile, mode="apply", allow=[], state_dir=perfpipe_env)
+    assert [(e.key, e.before, e.after, e.ok) for e in entries] == [
+        ("TuningParameters/MaxChannels", "100", "5000", True),
+        ("Channels/MaxActiveChannels", None, "5000", True)]
+    assert "MaxChannels=5000" in qm_ini.read_text()
+    restored = runner.restore(host, state_dir=perfpipe_env)
+    assert [(e.key, e.after, e.ok) for e in restored] == [(str(qm_ini), "(restored)", True)]
+    assert qm_ini.read_text() == original and sorted(folder.iterdir()) == [qm_ini]
+    assert not runner.snapshot_path(perfpipe_env, host.name).exists()
+
+
+def test_a_nofile_limit_above_nr_open_is_refused_before_anything_is_written(
+        lab, perfpipe_env):
+    """pam_limits cannot set it, and PAM then refuses every login it applies to, ssh
+    included: the host's owner and perfpipe's restore would be locked out."""
+    from tasks.hosts import HostError
+    from tasks.tuning import runner
+    from tasks.tuning.profile import TuningProfile
+
+    host = lab_hosts()[0]
+    before = host_state(host)
+    nr_open = int(host.run(["cat", "/proc/sys/fs/nr_open"]).stdout)
+    profile = TuningProfile(name="too-many", limits=[
+        {"domain": "root", "type": "soft", "item": "nofile", "value": "16384"},
+        {"domain": "root", "type": "hard", "item": "nofile", "value": str(nr_open + 1)}])
+    with pytest.raises(HostError, match=rf"nofile {nr_open + 1} for root is above fs.nr_open "
+                                        rf"{nr_open} here: PAM would refuse its logins"):
+        runner.tune(host, profile, mode="apply", allow=[], state_dir=perfpipe_env)
+    assert host_state(host) == before  # no limits.d file, the login still works
+    with pytest.raises(ValueError, match="nofile cannot be unlimited"):
+        TuningProfile(name="x", limits=[{"domain": "*", "type": "-", "item": "nofile",
+                                         "value": "unlimited"}])

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# a stanza's name or a key, as `_STANZA` and `_KEY` read them
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
 
 class QmIni(BaseModel):
@@ -24,6 +27,24 @@ class QmIni(BaseModel):
 
     path: str = Field(pattern=r"^/[A-Za-z0-9_./-]+$")
     stanzas: dict[str, dict[str, str]]
+
+    @field_validator("stanzas")
+    @classmethod
+    def _names_and_values(cls, stanzas: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        """What `set_values` can find again: a stanza name or key qm.ini's syntax does not
+        match would be added anew on every apply, and a line break in a value would add
+        lines of its own."""
+        for stanza, keys in stanzas.items():
+            if not _NAME.match(stanza):
+                raise ValueError(f"stanza {stanza!r}: a letter, then letters and digits "
+                                 "(as TuningParameters)")
+            for key, value in keys.items():
+                if not _NAME.match(key):
+                    raise ValueError(f"{stanza}.{key!r}: a letter, then letters and digits")
+                if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+                    raise ValueError(f"{stanza}.{key}: a value on one line, without control "
+                                     "characters")
+        return stanzas
 
 
 _STANZA = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9]*):\s*$")

@@ -66,13 +66,13 @@ def allowed(key: str, patterns: list[str]) -> bool:
 # ---- files -----------------------------------------------------------------------------
 def remember_file(host: Host, undo: Undo, path: str) -> None:
     if not undo._has("file", path):
-        undo.remember("file", path, content=host.read_file(path))
+        undo.remember("file", path, content=host.read_root_file(path))
 
 
 def write_file(host: Host, undo: Undo, path: str, content: str) -> bool:
     """Write a file as root if its content differs (one that exists keeps its owner and
     mode: `Host.write_root_file`); True when it was written."""
-    if host.read_file(path) == content:
+    if host.read_root_file(path) == content:
         return False
     remember_file(host, undo, path)
     host.write_root_file(path, content)
@@ -88,7 +88,7 @@ def restore_file(host: Host, path: str, content: str | None) -> None:
 
 # ---- sysctl ----------------------------------------------------------------------------
 def read_sysctl(host: Host, key: str) -> str | None:
-    text = host.read_file("/proc/sys/" + key.replace(".", "/"))
+    text = host.read_root_file("/proc/sys/" + key.replace(".", "/"))
     return " ".join(text.split()) if text is not None else None
 
 
@@ -145,16 +145,34 @@ def _limit_reading(host: Host, entry: LimitEntry, kind: str, text: str | None) -
     return (entry.value if in_file else None), "file read back only (not the login user, or no login here)"
 
 
+def refuse_nofile_above_nr_open(host: Host, limits: list[LimitEntry]) -> None:
+    """A HostError, before anything is written, for a nofile limit above the host's
+    fs.nr_open (the profile's own sysctl applied): pam_limits cannot set it, and PAM then
+    refuses every login it applies to, ssh included, so neither perfpipe nor the host's
+    owner could log in to restore it."""
+    nr_open = read_sysctl(host, "fs.nr_open")
+    if nr_open is None or not nr_open.isdigit():
+        return
+    for e in limits:
+        if e.item == "nofile" and int(e.value) > int(nr_open):
+            raise HostError(f"{host.name}: limits: nofile {e.value} for {e.domain} is above "
+                            f"fs.nr_open {nr_open} here: PAM would refuse its logins, ssh "
+                            f"included; give at most {nr_open}, or raise fs.nr_open in the "
+                            "profile's sysctl")
+
+
 def apply_limits(host: Host, limits: list[LimitEntry], undo: Undo, profile: str,
                  apply: bool) -> list[Entry]:
     def kinds_of(e: LimitEntry) -> tuple[str, ...]:
         return ("soft", "hard") if e.type == "-" else (e.type,)
 
-    before_text = host.read_file(LIMITS_FILE)
+    if apply:
+        refuse_nofile_above_nr_open(host, limits)
+    before_text = host.read_root_file(LIMITS_FILE)
     before = {(i, k): _limit_reading(host, e, k, before_text)[0]
               for i, e in enumerate(limits) for k in kinds_of(e)}
     changed = apply and write_file(host, undo, LIMITS_FILE, limits_text(limits, profile))
-    after_text = host.read_file(LIMITS_FILE)
+    after_text = host.read_root_file(LIMITS_FILE)
     entries = []
     for i, e in enumerate(limits):
         for kind in kinds_of(e):
@@ -184,7 +202,7 @@ def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
     if mode == "systemd":
         out = host.run(["systemctl", "show", "-p", "TasksMax", "--value", target], check=False)
         return out.stdout.strip() or None
-    text = host.read_file(target)
+    text = host.read_root_file(target)
     return text.strip() if text is not None else None
 
 
@@ -217,18 +235,15 @@ def restore_tasks_max(host: Host, record: dict) -> None:
 
 # ---- qm.ini ----------------------------------------------------------------------------
 def apply_qm_ini(host: Host, spec: QmIni, undo: Undo, apply: bool) -> list[Entry]:
-    text = host.read_file(spec.path)
+    text = host.read_root_file(spec.path)
     if text is None:
         raise HostError(f"{host.name}: {spec.path} does not exist (is the queue manager created?)")
     before = qmini.read_values(text)
     if apply:
         updated = qmini.set_values(text, spec.stanzas)
         if updated != text:
-            backup = spec.path + ".perfpipe.bak"
-            if host.read_file(backup) is None:
-                host.write_root_file(backup, text)
             write_file(host, undo, spec.path, updated)
-    after = qmini.read_values(host.read_file(spec.path) or "")
+    after = qmini.read_values(host.read_root_file(spec.path) or "")
     entries = []
     for stanza, keys in spec.stanzas.items():
         for key, wanted in keys.items():
@@ -243,12 +258,12 @@ def apply_qm_ini(host: Host, spec: QmIni, undo: Undo, apply: bool) -> list[Entry
 def apply_jvm_heap(host: Host, spec: JvmHeap, undo: Undo, apply: bool) -> list[Entry]:
     if spec.service == "mqxr":
         return _mqxr_heap(host, spec)
-    text = host.read_file(activemq.OPTIONS_FILE)
+    text = host.read_root_file(activemq.OPTIONS_FILE)
     before = activemq.heap_options(text)
     wanted = [f"-Xms{spec.xms}", f"-Xmx{spec.xmx}"]
     changed = apply and write_file(host, undo, activemq.OPTIONS_FILE,
                                    activemq.with_heap(text, spec.xms, spec.xmx))
-    after = activemq.heap_options(host.read_file(activemq.OPTIONS_FILE))
+    after = activemq.heap_options(host.read_root_file(activemq.OPTIONS_FILE))
     note = "used at the next broker start, which verifies it on the running JVM (jcmd)"
     return [Entry("jvm_heap", f"activemq {option[:4]}", option[4:],
                   next((b[4:] for b in before if b[:4] == option[:4]), None),

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..brokers.qmini import QmIni
 from ..config_files import load_model
@@ -35,6 +35,14 @@ class LimitEntry(BaseModel):
             raise ValueError("must be a user name, @group or * (limits.conf domain)")
         return value
 
+    @model_validator(mode="after")
+    def _nofile_is_a_number(self) -> LimitEntry:
+        if self.item == "nofile" and self.value in ("unlimited", "-1"):
+            raise ValueError("value: nofile cannot be unlimited (the kernel caps it at "
+                             "fs.nr_open, and PAM refuses a login whose limit it cannot "
+                             "set, ssh included); give a number")
+        return self
+
 
 class TasksMax(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +66,18 @@ class JvmHeap(BaseModel):
     xmx: str = Field(pattern=r"^[0-9]{1,7}[KMG]$", description="maximum heap, e.g. 4096M")
     queue_manager: str | None = Field(None, pattern=r"^[A-Za-z0-9._%/]{1,48}$",
                                       description="mqxr: the queue manager for runmqsc")
+
+    @model_validator(mode="after")
+    def _xms_within_xmx(self) -> JvmHeap:
+        if heap_bytes(self.xms) <= 0 or heap_bytes(self.xms) > heap_bytes(self.xmx):
+            raise ValueError(f"xms {self.xms} must be more than 0 and at most xmx {self.xmx}: "
+                             "the JVM does not start otherwise")
+        return self
+
+
+def heap_bytes(size: str) -> int:
+    """'4096M' -> bytes."""
+    return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]]
 
 
 class TuningProfile(BaseModel):

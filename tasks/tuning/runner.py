@@ -75,17 +75,20 @@ def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
 
 
 def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
-    """Undo everything recorded for this host, newest first, then forget the record."""
+    """Undo everything recorded for this host, newest first, then forget what was put
+    back: a record whose read-back differs stays, so a second restore tries it again."""
     path = snapshot_path(state_dir, host.name)
     undo = _load_undo(path)
-    entries = []
+    entries, left = [], []
     for record in reversed(undo.records):
         if record["kind"] == "sysctl" and record["before"] is not None:
             host.as_root(["sysctl", "-q", "-w", f"{record['key']}={record['before']}"])
             after = kinds.read_sysctl(host, record["key"])
         elif record["kind"] == "file":
             kinds.restore_file(host, record["key"], record["content"])
-            after = "(removed)" if host.read_file(record["key"]) is None else "(restored)"
+            now = host.read_root_file(record["key"])
+            after = ("(removed)" if now is None else "(restored)" if now == record["content"]
+                     else "(differs from the record)")
         elif record["kind"] == "tasks_max":
             kinds.restore_tasks_max(host, record)
             after = kinds.read_tasks_max(host, record["mode"], record["key"])
@@ -94,8 +97,14 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
         wanted = record.get("before")
         if record["kind"] == "file":
             wanted = "(removed)" if record["content"] is None else "(restored)"
-        entries.append(kinds.Entry(record["kind"], record["key"], wanted, None, after, "restored"))
-    path.unlink(missing_ok=True)
+        entry = kinds.Entry(record["kind"], record["key"], wanted, None, after, "restored")
+        entries.append(entry)
+        if not entry.ok:
+            left.insert(0, record)
+    if left:
+        _save_undo(path, left, json.loads(path.read_text()).get("profile", ""))
+    else:
+        path.unlink(missing_ok=True)
     return entries
 
 
