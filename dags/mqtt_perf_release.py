@@ -12,6 +12,8 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 from perfpipe_graph import dag_run_id, on_failure, pipeline, suite_param
 
+from tasks.metrics import RELEASE_LABEL
+
 with DAG(
     dag_id="mqtt_perf_release",
     description="Release MQTT broker performance run (manual trigger)",
@@ -22,7 +24,7 @@ with DAG(
     tags=["perfpipe", "mqtt", "release"],
     default_args={"owner": "perf-team", "retries": 0, "on_failure_callback": on_failure},
     params={
-        "release_label": Param("", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        "release_label": Param("", type="string", pattern=RELEASE_LABEL,
                                description="the release this run measures, e.g. 9.4.5"),
         "broker_version": Param(None, type=["null", "string"],
                                 description="version the broker must report; empty: not checked"),

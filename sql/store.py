@@ -8,6 +8,7 @@ SQLite (the embedded default) and PostgreSQL (production) are supported.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -438,14 +439,23 @@ class Store:
             self._run(s, run_id)
             upsert_baseline(s, "reset", reset_label(stage_key, run_id), run_id)
 
-    def pin_release_baseline(self, label: str, run_id: str) -> None:
+    def pin_release_baseline(self, label: str, run_id: str) -> str | None:
+        """Pin `run_id` as release `label`'s baseline; returns the run it was pinned to
+        before (None: a new label)."""
+        if label == "rolling" or not re.match(metric_defs.RELEASE_LABEL, label):
+            raise StoreError(f"label {label!r}: a release label, as the release DAG takes "
+                             "it (letters, digits, '.', '_', '-'; not 'rolling', the earlier "
+                             "nights' baseline)")
         with self._tx() as s:
             run = self._run(s, run_id)
             if run.status != "ok" or run.excluded:
                 raise StoreError(f"run {run_id!r} is {run.status}"
                                  f"{' and excluded' if run.excluded else ''}: only an ok, "
                                  "not excluded run can be a release baseline")
+            before = s.scalar(select(Baseline.run_id).where(Baseline.kind == "release",
+                                                            Baseline.label == label))
             upsert_baseline(s, "release", label, run_id)
+            return before
 
     def release_baseline(self, label: str) -> str | None:
         with self._tx() as s:

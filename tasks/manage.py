@@ -48,9 +48,11 @@ def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> N
 
 def promote(store: Store, run_id: str, label: str, say: Callable[[str], None] = print) -> int:
     """Pin a run as the release baseline `label` (the store refuses a run that is not ok)."""
-    store.pin_release_baseline(label, run_id)
-    say(f"release baseline {label}: run {run_id}; release runs triggered from now on are "
-        "compared with it")
+    before = store.pin_release_baseline(label, run_id)
+    moved = (f" (was run {before}: verdicts and alerts against {label} so far were judged "
+             "on that run)") if before not in (None, run_id) else ""
+    say(f"release baseline {label}: run {run_id}{moved}; release runs triggered from now on "
+        "are compared with it")
     return 0
 
 

@@ -209,6 +209,10 @@ check_covariates(METRICS)
 CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_cpu",
                      "broker_rss_per_1k_conn")
 
+# A release label as a person types it (the release DAG's `release_label`, a pinned
+# baseline's); "rolling", the earlier nights' baseline, is never one
+RELEASE_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
 # A run: why it ran, and how it ended ("running" until teardown closes it).
 RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")

@@ -35,6 +35,15 @@ def test_promote_pins_an_ok_run_and_refuses_a_failed_one(store: Store, capsys) -
     assert main(["baseline", "list"]) == 0
     out = capsys.readouterr().out
     assert "9.4.5" in out and "r1" in out and "9.4.6" not in out
+    # "rolling" names the earlier nights' baseline: a release so named could never be chosen
+    for label in ("rolling", "9.4 final"):
+        assert main(["baseline", "promote", "r3", "--label", label]) == 2
+        assert f"label {label!r}: a release label" in capsys.readouterr().err
+    # pinned again: the label moves, and says from which run
+    assert main(["baseline", "promote", "r3", "--label", "9.4.5"]) == 0
+    assert "release baseline 9.4.5: run r3 (was run r1: verdicts and alerts against 9.4.5 " \
+        "so far were judged on that run)" in capsys.readouterr().out
+    assert store.release_baseline("9.4.5") == "r3"
 
 
 def test_alerts_list_ack_false_positive_and_fixed(store: Store, capsys) -> None:
