@@ -85,6 +85,9 @@ class Interactive:
         self._close()
 
 
+_NOT_THERE = "No such file or directory"  # cat's error (LC_ALL=C) for a path not there
+
+
 class Host:
     """What every transport offers. Subclasses provide `_runner`, `user`, `put` and `get`."""
 
@@ -160,20 +163,18 @@ class Host:
 
     def read_root_file(self, path: str) -> str | None:
         """A file's text as root may read it: what tuning records before it changes a file,
-        and reads back after. None only when the file does not exist: one the login user
-        may not read is read through `as_root`, and one even root cannot read is a
-        HostError (recorded as absent, its restore would delete it)."""
-        result = self.run(["cat", "--", path], check=False)
+        and reads back after. None only when the file is not there: one the login user may
+        not read is read through `as_root`, and one even root cannot read is a HostError
+        (recorded as absent, its restore would delete it)."""
+        result = self.run(["env", "LC_ALL=C", "cat", "--", path], check=False)
         if result.ok:
             return result.stdout
-        parent = os.path.dirname(path) or "/"
-        if (not self.run(["test", "-e", path], check=False).ok
-                and self.run(["test", "-x", parent], check=False).ok):
-            return None  # its folder is open to the login user, and it is not there
-        result = self.as_root(["cat", "--", path], check=False)
+        if _NOT_THERE in result.stderr:  # anywhere along the path: not a permission
+            return None
+        result = self.as_root(["env", "LC_ALL=C", "cat", "--", path], check=False)
         if result.ok:
             return result.stdout
-        if not self.as_root(["test", "-e", path], check=False).ok:
+        if _NOT_THERE in result.stderr:
             return None
         first = (result.stderr or result.stdout).strip().splitlines()[:1]
         raise HostError(f"{self.name}: cannot read {path}, not even as root: "

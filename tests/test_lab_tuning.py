@@ -394,3 +394,44 @@ def test_a_nofile_limit_above_nr_open_is_refused_before_anything_is_written(
     with pytest.raises(ValueError, match="nofile cannot be unlimited"):
         TuningProfile(name="x", limits=[{"domain": "*", "type": "-", "item": "nofile",
                                          "value": "unlimited"}])
+
+
+def test_a_restore_that_does_not_put_a_value_back_keeps_its_record_and_fails(
+        lab, perfpipe_env, capsys):
+    """A value the kernel reads back otherwise than recorded (here a before-value with tabs,
+    which /proc/sys gives back with spaces) is not restored: said, exit 1, and its record
+    kept for the next restore instead of forgotten."""
+    import json
+
+    host = lab_hosts()[0]
+    key = "net.ipv4.tcp_rmem"
+    now = " ".join(host.run(["cat", "/proc/sys/net/ipv4/tcp_rmem"]).stdout.split())
+    record = perfpipe_env / "tuning" / f"{host.name}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    kept = [{"kind": "sysctl", "key": key, "before": now.replace(" ", "\t")}]
+    record.write_text(json.dumps({"profile": "lab-net", "records": kept}))
+    code, out, _ = tune("restore", capsys, "--host", host.name)
+    assert code == 1
+    assert [r[-2:] for r in rows(out)] == [["NO", "restored"]]
+    assert json.loads(record.read_text())["records"] == kept
+    record.unlink()
+
+
+def test_a_user_without_sudo_reads_what_is_not_there_as_missing(lab, tmp_path):
+    """`perfpipe tune --check` as a login user without sudo: a path not there is missing
+    (the cgroup a TasksMax apply would make, a folder and all), one it may not read is an
+    error naming it, never taken for missing."""
+    from tasks.hosts import HostError
+
+    inventory = tmp_path / "nosudo.yml"
+    inventory.write_text(f"""
+hosts:
+  - {{name: nosudo, address: 10.250.77.13, user: pplab, key_file: {STATE / "client_key"},
+     transport: ssh, roles: [driver], python: /usr/bin/python3}}
+broker: {{host: nosudo, managed: false, port: 1883}}
+""")
+    host = connect(load_inventory(inventory), "nosudo", work_root="/tmp")
+    assert host.read_root_file("/sys/fs/cgroup/pids/perfpipe-user-9999/pids.max") is None
+    assert host.read_root_file("/proc/sys/net/core/somaxconn").strip().isdigit()
+    with pytest.raises(HostError, match="cannot run commands as root"):
+        host.read_root_file("/root/.profile")  # /root is 0700

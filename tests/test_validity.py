@@ -159,6 +159,9 @@ def test_drivers_cpus_rarely_idle_are_said_and_never_gate():
         "drivers themselves): a driver kept waiting for a CPU sends late, so the load "
         "generator may have been short of CPU")
     assert driver_idle_note([proc("d1", 10.0)], "b") is None
+    # the drivers' own share on the least idle host, not the busiest host's
+    assert "idle 4% of its publish phase (3% by the drivers themselves)" in driver_idle_note(
+        [proc("d1", 15.0, pct=85.0), proc("d2", 4.0, pct=3.0)], "b")
     # on the broker's host, a broker at its capacity keeps the CPUs busy: not said
     assert driver_idle_note(busy, "d2") is None
     assert driver_idle_note([], "b") is None

@@ -95,7 +95,9 @@ def driver_idle_note(summaries: list[Mapping], broker_host: str | None) -> str |
     idle = driver_hosts_idle_pct(apart)
     if idle is None or idle >= DRIVER_IDLE_NOTE_PCT:
         return None
-    used = drivers_cpus_used_pct(apart)
+    host = next(s.get("host") for s in apart
+                if (s.get("publish_cpu") or {}).get("cpus_idle_pct") == idle)
+    used = drivers_cpus_used_pct([s for s in apart if s.get("host") == host])
     theirs = f" ({used:.0f}% by the drivers themselves)" if used is not None else ""
     return (f"the CPUs a driver process may run on were idle {idle:.0f}% of its publish "
             f"phase{theirs}: a driver kept waiting for a CPU sends late, so the load "

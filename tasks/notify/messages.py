@@ -53,6 +53,8 @@ class Row:
     baseline_note: str = ""
     # a capacity the broker kept up with on CPU to spare (`tables.cpu_note`), or ''
     cpu_note: str = ""
+    # the release baseline ran on another fingerprint (`tables.release_note`), or ''
+    release_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def _row_line(row: Row) -> str:
                if row.history else "")
     sees = f" · sees steps from {row.mde_text}" if row.mde_text else ""
     across = f" · {row.across_note}" if row.across_note else ""
-    cpu = f" · {row.cpu_note}" if row.cpu_note else ""
+    cpu = "".join(f" · {note}" for note in (row.release_note, row.cpu_note) if note)
     return (f"• `{row.metric}` {_baseline(row, unit)} → "
             f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
             f"{nights} · {row.status}{across}{cpu}{sees}{earlier}")

@@ -95,9 +95,8 @@ def evidence_of(stages: list[dict], run_id: str, histories: Histories | None = N
                            history=tuple(v for v in nights if v is not None),
                            mde_text=mde_text(c["detail"]),
                            across_note=flagged_note(c["detail"], short=True),
-                           baseline_note="; ".join(n for n in (
-                               covariate_note(c["detail"], short=True),
-                               release_note(c["detail"], short=True)) if n),
+                           baseline_note=covariate_note(c["detail"], short=True),
+                           release_note=release_note(c["detail"], short=True),
                            cpu_note=cpu_note(c["detail"], short=True))
     return out
 

@@ -56,6 +56,9 @@ def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
             host, state_dir=ctx.settings.state_dir)):
         if result.error is None:
             restored[result.host] = len(result.entries)
+            problems.extend(f"tuning not put back on {result.host}: {e.kind} {e.key} reads "
+                            f"{e.after!r}, not {e.wanted!r} (its record is kept for "
+                            "`perfpipe tune --restore`)" for e in result.entries if not e.ok)
         else:
             problems.append(f"tuning not restored on {result.host} (its record is kept for "
                             f"`perfpipe tune --restore`): {result.error}")

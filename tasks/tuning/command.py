@@ -41,4 +41,5 @@ def tune_command(settings: Settings, *, inventory: Path, profile: str | None, mo
     drift = sum(1 for row in rows if row["ok"] == "NO")
     print(f"{mode}: {len(results)} hosts, {len(rows)} values, {drift} not as wanted, "
           f"{sum(1 for r in results if r.error)} hosts failed")
-    return 1 if any(r.error for r in results) else 0
+    # a restore that did not put a value back failed; a check's drift is its answer
+    return 1 if any(r.error for r in results) or (mode == "restore" and drift) else 0
