@@ -126,6 +126,47 @@ def test_load_metrics_keeps_only_the_stages_of_the_attempt_it_loads(tmp_path: Pa
         in said, said
 
 
+def test_a_search_confirmed_by_a_hold_the_gates_call_invalid_is_invalid(tmp_path: Path,
+                                                                       tiny_suite: Path,
+                                                                       broker):
+    """A probe keeps up on what it sent and received (within 5%); a hold that did so while
+    losing messages at QoS 1 fails the validity gates. Its search vouched for that rate and
+    for the cost measured over it: now invalid, with the hold's reasons (its figures kept)."""
+    from tasks import rundir
+    from tasks.catalog.stages import probe
+    from tasks.steps import Call, execute
+
+    (tiny_suite.parent / "scenarios" / "catalog" / "tiny_search.yml").write_text(
+        "name: tiny_search\nqos: [1]\npublishers:\n  - {group: pub, count: 4, topic: "
+        "'perfpipe/test/{scenario}', rate_per_client: 20}\nsubscribers:\n  - {group: sub, "
+        "count: 1, topics: ['perfpipe/test/{scenario}']}\nstages: {warmup_s: 1, measure_s: "
+        "1, cooldown_s: 0, search: {max_probes: 2, hold_s: 2, holds: 1}}\n")
+    (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
+        "suites: {searched: [tiny_search]}\n")
+    ctx = unmanaged_run(tmp_path, broker.port, "searched")
+    [template] = ctx.stages
+    hold = probe(template, 160.0, 1, hold_s=2)
+    kept = {"rate": 160.0, "sent_ratio": 1.0, "received_ratio": 0.97, "errors": 0,
+            "connects_failed": 0, "kept_up": True, "why": "kept up", "retried": False,
+            "driver_cpu": 5.0, "drivers_cpus_used": 5.0}
+    ctx.write_json(rundir.SEARCH, {"probes": [hold.to_dict()], "outcomes": {
+        template.stage_id: {"max_rate": 160.0, "ceiling": 320.0, "converged": True,
+                            "reason": None, "probes": [], "holds": [kept], "hold_s": 2}}})
+    ctx.write_json(rundir.STAGE_METRICS, {"stages": [
+        {"stage_id": hold.stage_id, "status": "ok", "problems": [], "series": {},
+         "metrics": {"delivered_rate": 155.2, "published_rate": 160.0, "target_rate": 160.0,
+                     "expected_delivery_rate": 160.0, "achieved_ratio": 0.97, "lost": 96,
+                     "broker_cpu_s_per_10k": 0.5}}]})
+    execute("load_metrics", ctx, Call(say=lambda line: None))
+    stored = {s["stage_id"]: s for s in ctx.store().stages(ctx.run_id)}
+    searched = stored[template.stage_id]
+    assert stored[hold.stage_id]["validity"] == "invalid"
+    assert searched["validity"] == "invalid"
+    assert searched["reason"] == (f"the hold that confirmed 160 msg/s ({hold.stage_id}) is "
+                                  "invalid: 96 messages lost at QoS 1, which promises delivery")
+    assert searched["metrics"]["max_rate"] == 160.0  # recorded, for the report
+
+
 SECRET_SCENARIO = """
 name: tiny_login
 qos: [0]

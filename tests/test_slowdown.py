@@ -69,7 +69,7 @@ stages:
   warmup_s: 1
   measure_s: 1
   cooldown_s: 0
-  search: {{growth: 2.0, precision: 0.05, max_probes: 10, hold_s: 2, holds: 2}}
+  search: {{growth: 2.0, precision: 0.025, max_probes: 10, hold_s: 2, holds: 2}}
 """
 RATED_STAGE = f"""
 name: slow_rated

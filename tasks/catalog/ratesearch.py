@@ -27,7 +27,9 @@ A search knows the capacity the stage last measured on the same fingerprint and 
 earlier nights, and a window of a few seconds is short enough for one scheduler stall to
 sink it, so it runs once more at the same rate before it counts (`retries` times a search
 at most; set aside, it is still listed, marked `retried`, and counts for neither the
-bracket nor `max_probes` and `holds`). A broker that really lost capacity falls behind
+bracket nor `max_probes` and `holds`). A hold does so up to `tolerance` above it: it runs at
+the best probe, which keeps up within that much, so on a night like the last ones the first
+hold is usually just above the last capacity, where a stall would otherwise read as a loss. A broker that really lost capacity falls behind
 again, and costs the search one probe or hold.
 """
 
@@ -126,16 +128,22 @@ class RateSearch:
         return max(ok) if ok else None
 
     def record(self, probe: ProbeResult) -> bool:
-        return self._record(probe, self.probes, self.probes_aside)
+        return self._record(probe, self.probes, self.probes_aside, below=1.0)
 
     def record_hold(self, probe: ProbeResult) -> bool:
-        return self._record(probe, self.held, self.held_aside)
+        # a hold runs at the best probe, which keeps up within `tolerance`: one up to that
+        # much above the last capacity is in line with the earlier nights too
+        return self._record(probe, self.held, self.held_aside,
+                            below=1 + self.policy.tolerance)
 
     def _record(self, probe: ProbeResult, into: list[tuple[ProbeResult, bool]],
-                aside: set[int]) -> bool:
+                aside: set[int], below: float) -> bool:
+        """Record a result; one that fell behind under `below` x the last capacity is set
+        aside to run again (while the search has retries left)."""
         kept = probe.keeps_up(self.policy.tolerance)
         into.append((probe, kept))
-        if (not kept and self.last_capacity is not None and probe.rate < self.last_capacity
+        if (not kept and self.last_capacity is not None
+                and probe.rate < self.last_capacity * below
                 and len(self.probes_aside) + len(self.held_aside) < self.policy.retries):
             aside.add(len(into) - 1)
         return kept

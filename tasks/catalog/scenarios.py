@@ -40,6 +40,7 @@ from pydantic import (
 from ..config_files import ConfigError, load_model, read_yaml, validate
 from ..driver import limits
 from ..driver.wire import HEADER_BYTES
+from ..metrics import METRICS
 
 GROUP = r"^[a-z][a-z0-9_]{0,30}$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -217,6 +218,12 @@ class SubscriberGroup(BaseModel):
         return topics
 
 
+# A search must resolve half of the smallest max_rate change a night is judged on: a
+# coarser one answers on the grid of its warm start (10% below the last capacity, steps
+# of 10%), the same rate whatever the broker does within a step, drifting a step a night
+SEARCH_PRECISION_MAX = METRICS["max_rate"].min_effect / 2
+
+
 class SearchSettings(BaseModel):
     """Max-rate search (tasks/catalog/ratesearch.py): the scenario's rate is where it starts."""
 
@@ -224,8 +231,9 @@ class SearchSettings(BaseModel):
 
     growth: float = Field(2.0, gt=1.0, le=10.0, description="rate factor between probes "
                           "until the broker first falls behind")
-    precision: float = Field(0.10, gt=0.0, le=0.5, description="stop when the highest rate "
-                             "kept up and the lowest that was not are this close")
+    precision: float = Field(0.02, gt=0.0, description="stop when the highest rate kept up "
+                             "and the lowest that was not are this close (at most half of "
+                             "max_rate's minimum effect)")
     max_probes: StrictInt = Field(8, ge=2, le=30)
     tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
                              "and received within this of what was asked")
@@ -236,6 +244,16 @@ class SearchSettings(BaseModel):
     warm_start: bool = Field(True, description="start at 90% of the capacity this stage last "
                              "measured on the same fingerprint and setup, in steps of at "
                              "most 10%, when there is one")
+
+    @field_validator("precision")
+    @classmethod
+    def _resolves_the_minimum_effect(cls, value: float) -> float:
+        if value > SEARCH_PRECISION_MAX:
+            raise ValueError(f"{value:g} cannot resolve max_rate's {2 * SEARCH_PRECISION_MAX:.0%} "
+                             "minimum effect (a night's answer would fall on its warm start's "
+                             f"10% grid, whatever the broker did); give at most "
+                             f"{SEARCH_PRECISION_MAX:g}")
+        return value
 
 
 class StagePlan(BaseModel):

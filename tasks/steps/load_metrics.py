@@ -88,7 +88,9 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
                              notes=stage_notes(result["status"], result["problems"]))
         rows.append({"stage_id": stage.stage_id, "validity": validity, "reasons": reasons})
     results = {r["stage_id"]: r for r in document["stages"]}
-    return rows + record_searches(ctx, store, fingerprint, results, cpus, host_cpus(ctx))
+    judged = {row["stage_id"]: row for row in rows}
+    return rows + record_searches(ctx, store, fingerprint, results, judged, cpus,
+                                  host_cpus(ctx))
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity
@@ -119,12 +121,17 @@ def confirming_hold(template_id: str, outcome: dict) -> str | None:
 
 
 def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
-                    cpus: dict[str, int], cores: dict[str, int]) -> list[dict]:
+                    judged: dict[str, dict], cpus: dict[str, int],
+                    cores: dict[str, int]) -> list[dict]:
     """Each max-rate search as a stage of its own whose metrics are `max_rate`, the
     broker's cost during the hold that confirmed it and the CPU it and its host used there
-    (`results`: the job's stage results by id; `cpus`: host -> the CPUs perfpipe may use
-    there, `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`):
-    valid only when the search converged (its probes are stages too, never compared)."""
+    (`results`: the job's stage results by id; `judged`: each stage's validity and reasons,
+    as `load_results` recorded them; `cpus`: host -> the CPUs perfpipe may use there,
+    `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`): valid
+    only when the search converged and the hold that confirmed it passed the validity
+    gates (a probe keeps up on what it sent and received alone; a hold that lost messages
+    at QoS 1, aggregated in part or ran unstable would vouch for a rate and a cost it did
+    not show). Its probes are stages too, never compared."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     broker, record = ctx.inventory.broker, ctx.searches()
     host_cores = cores.get(broker.host) if broker.host else None
@@ -143,15 +150,20 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
                                    "search_outcome": outcome},
                            fingerprint_hash=fingerprint)
         validity = "valid" if outcome["converged"] else "invalid"
+        reason = outcome["reason"]
         held = confirming_hold(template_id, outcome)
+        if validity == "valid" and held and judged.get(held, {}).get("validity") == "invalid":
+            validity = "invalid"
+            reason = (f"the hold that confirmed {outcome['max_rate']:.0f} msg/s ({held}) is "
+                      f"invalid: {'; '.join(judged[held]['reasons'])}")
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
                    **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
-                             validity=validity, reason=outcome["reason"])
+                             validity=validity, reason=reason)
         rows.append({"stage_id": template_id, "validity": validity,
-                     "reasons": [outcome["reason"]] if outcome["reason"] else []})
+                     "reasons": [reason] if reason else []})
     return rows
 
 
