@@ -442,7 +442,7 @@ class Store:
     def pin_release_baseline(self, label: str, run_id: str) -> str | None:
         """Pin `run_id` as release `label`'s baseline; returns the run it was pinned to
         before (None: a new label)."""
-        if label == "rolling" or not re.match(metric_defs.RELEASE_LABEL, label):
+        if not re.fullmatch(metric_defs.RELEASE_LABEL, label):
             raise StoreError(f"label {label!r}: a release label, as the release DAG takes "
                              "it (letters, digits, '.', '_', '-'; not 'rolling', the earlier "
                              "nights' baseline)")

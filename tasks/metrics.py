@@ -211,7 +211,7 @@ CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_
 
 # A release label as a person types it (the release DAG's `release_label`, a pinned
 # baseline's); "rolling", the earlier nights' baseline, is never one
-RELEASE_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+RELEASE_LABEL = r"^(?!rolling$)[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 # A run: why it ran, and how it ended ("running" until teardown closes it).
 RUN_KINDS = ("nightly", "release", "manual")

@@ -36,7 +36,7 @@ def test_promote_pins_an_ok_run_and_refuses_a_failed_one(store: Store, capsys) -
     out = capsys.readouterr().out
     assert "9.4.5" in out and "r1" in out and "9.4.6" not in out
     # "rolling" names the earlier nights' baseline: a release so named could never be chosen
-    for label in ("rolling", "9.4 final"):
+    for label in ("rolling", "9.4 final", "9.4.5\n"):
         assert main(["baseline", "promote", "r3", "--label", label]) == 2
         assert f"label {label!r}: a release label" in capsys.readouterr().err
     # pinned again: the label moves, and says from which run

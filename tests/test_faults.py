@@ -165,6 +165,13 @@ def test_a_search_confirmed_by_a_hold_the_gates_call_invalid_is_invalid(tmp_path
     assert searched["reason"] == (f"the hold that confirmed 160 msg/s ({hold.stage_id}) is "
                                   "invalid: 96 messages lost at QoS 1, which promises delivery")
     assert searched["metrics"]["max_rate"] == 160.0  # recorded, for the report
+    # a confirming hold the aggregation has no results of vouches for nothing either
+    ctx.write_json(rundir.STAGE_METRICS, {"stages": []})
+    execute("load_metrics", ctx, Call(say=lambda line: None))
+    (searched,) = ctx.store().stages(ctx.run_id)
+    assert (searched["validity"], searched["reason"]) == ("invalid", (
+        f"the hold that confirmed 160 msg/s ({hold.stage_id}) is invalid: it has no stage "
+        "results"))
 
 
 SECRET_SCENARIO = """

@@ -482,4 +482,5 @@ def test_warm_started_nights_see_a_5pct_loss_and_a_coarse_search_is_refused():
     assert coarse[3] / coarse[2] == pytest.approx(0.9 * 1.1 ** 2)
     with pytest.raises(ConfigError, match="precision: 0.1 cannot resolve max_rate's 5% minimum"):
         validate(SearchSettings, {"precision": 0.1}, "x.yml")
-    assert SearchSettings().precision == 0.02
+    assert (SearchSettings().precision, SearchSettings().max_probes) == (0.02, 14)
+    assert validate(SearchSettings, {"precision": 0.025}, "x.yml").precision == 0.025

@@ -54,7 +54,10 @@ BURN_US = 160  # B nights: CPU microseconds the broker spends more on every mess
 RATED = 2_000  # msg/s of the managed broker's rated stage
 # The search's probes measure 1 s: a probe is judged by its sent and received ratios (the
 # backlog gate needs 2 s of a window), and the holds, 2 s each, by every gate; the answer
-# is the held rate, so an overshooting probe is corrected by a failing hold.
+# is the held rate, so an overshooting probe is corrected by a failing hold. At a 2.5%
+# precision the best probe sits close to the bucket's rate, so a hold there may fail on a
+# loaded machine: three holds, as capacity_fanin has (with two, 2 of about 10 runs beside
+# other tests ended a B night with no rate held).
 
 SEARCH = f"""
 name: slow_capacity
@@ -69,7 +72,7 @@ stages:
   warmup_s: 1
   measure_s: 1
   cooldown_s: 0
-  search: {{growth: 2.0, precision: 0.025, max_probes: 10, hold_s: 2, holds: 2}}
+  search: {{growth: 2.0, precision: 0.025, max_probes: 10, hold_s: 2, holds: 3}}
 """
 RATED_STAGE = f"""
 name: slow_rated
@@ -156,8 +159,10 @@ def report(name: str, nights: list[dict], metric: str, injected: str) -> None:
     print(f"\n{name} {metric}: A nights {[round(v, 4) for v in values[:A_NIGHTS]]}, "
           f"B nights {[round(v, 4) for v in after]}; injected {injected}, measured "
           f"{[f'{100 * (v / before - 1):+.1f}%' for v in after]} against the A median, "
-          f"detected {[f'{d:+.1f}%' for d in detected]} "
-          f"({' -> '.join(flagged(nights, metric)[A_NIGHTS:])})")
+          f"detected {[f'{d:+.1f}%' if d is not None else 'none' for d in detected]} "
+          f"({' -> '.join(flagged(nights, metric)[A_NIGHTS:])})"
+          + "".join(f"; night {i} invalid: {n['stage']['reason']}"
+                    for i, n in enumerate(nights, 1) if n["stage"]["validity"] != "valid"))
 
 
 def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_night(
@@ -189,7 +194,8 @@ def test_an_unmanaged_broker_made_slower_and_costlier_is_caught_by_the_second_ni
     confirmed = [m for m in ("max_rate", "broker_cpu_s_per_10k")
                  if flagged(nights, m)[A_NIGHTS:] == CAUGHT
                  and nights[A_NIGHTS][m]["detail"]["doubt_once"]]
-    assert confirmed, {m: flagged(nights, m) for m in ("max_rate", "broker_cpu_s_per_10k")}
+    assert confirmed, ({m: flagged(nights, m) for m in ("max_rate", "broker_cpu_s_per_10k")},
+                       [n["stage"]["reason"] for n in nights])
     (told,) = slowdown_env.posts()  # exactly one message, on the second B night
     assert "regression" in told.body["text"]
     blocks = json.dumps(told.body["blocks"])

@@ -234,7 +234,7 @@ class SearchSettings(BaseModel):
     precision: float = Field(0.02, gt=0.0, description="stop when the highest rate kept up "
                              "and the lowest that was not are this close (at most half of "
                              "max_rate's minimum effect)")
-    max_probes: StrictInt = Field(8, ge=2, le=30)
+    max_probes: StrictInt = Field(14, ge=2, le=30)  # enough for 2% from a cold start
     tolerance: float = Field(0.05, gt=0.0, lt=0.5, description="a probe keeps up when it sent "
                              "and received within this of what was asked")
     hold_s: Seconds = Field(0, ge=0, description="hold the rate found this many seconds, "
@@ -249,7 +249,7 @@ class SearchSettings(BaseModel):
     @classmethod
     def _resolves_the_minimum_effect(cls, value: float) -> float:
         if value > SEARCH_PRECISION_MAX:
-            raise ValueError(f"{value:g} cannot resolve max_rate's {2 * SEARCH_PRECISION_MAX:.0%} "
+            raise ValueError(f"{value!r} cannot resolve max_rate's {2 * SEARCH_PRECISION_MAX:.0%} "
                              "minimum effect (a night's answer would fall on its warm start's "
                              f"10% grid, whatever the broker did); give at most "
                              f"{SEARCH_PRECISION_MAX:g}")

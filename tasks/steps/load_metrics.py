@@ -152,10 +152,12 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         validity = "valid" if outcome["converged"] else "invalid"
         reason = outcome["reason"]
         held = confirming_hold(template_id, outcome)
-        if validity == "valid" and held and judged.get(held, {}).get("validity") == "invalid":
+        if validity == "valid" and held and judged.get(held, {}).get("validity") != "valid":
             validity = "invalid"
+            why = ("; ".join(judged[held]["reasons"]) if held in judged
+                   else "it has no stage results")
             reason = (f"the hold that confirmed {outcome['max_rate']:.0f} msg/s ({held}) is "
-                      f"invalid: {'; '.join(judged[held]['reasons'])}")
+                      f"invalid: {why}")
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},

@@ -351,7 +351,8 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         ctx.write_json(rundir.SEARCH, record)
         result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
         kept = record_result(result)
-        again = "; below the capacity last measured here: run again" if search.retrying else ""
+        again = ("; against the capacity last measured here: run again" if search.retrying
+                 else "")
         progress(f"  {stage.stage_id}: {result.rate:,.0f} msg/s "
                  f"{'kept up' if kept else 'fell behind: ' + result.reason(search.policy.tolerance)}"
                  f"{again}")

@@ -55,7 +55,7 @@ def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
     for result in run_on_hosts(recorded, lambda host: restore(
             host, state_dir=ctx.settings.state_dir)):
         if result.error is None:
-            restored[result.host] = len(result.entries)
+            restored[result.host] = sum(e.ok for e in result.entries)
             problems.extend(f"tuning not put back on {result.host}: {e.kind} {e.key} reads "
                             f"{e.after!r}, not {e.wanted!r} (its record is kept for "
                             "`perfpipe tune --restore`)" for e in result.entries if not e.ok)
