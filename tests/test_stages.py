@@ -352,11 +352,11 @@ def test_the_plan_says_how_long_a_search_may_run(tmp_path):
         (row,) = stage_rows(expand(load_suite(catalog, "s")[0]))
         return row["duration s"]
 
-    assert duration("search: {hold_s: 10}") == ("7 per probe, at most 8 probes, then at most 2 "
+    assert duration("search: {hold_s: 10}") == ("7 per probe, at most 14 probes, then at most 2 "
                                                 "holds of 10 s; one more after a stall")
     assert duration("search: {hold_s: 7, holds: 1, max_probes: 5}") == (
         "7 per probe, at most 5 probes, then at most 1 hold of 7 s; one more after a stall")
-    assert duration("search: {}") == "7 per probe, at most 8 probes; one more after a stall"
+    assert duration("search: {}") == "7 per probe, at most 14 probes; one more after a stall"
 
 
 def test_a_stage_setup_change_names_what_it_measures_differently_and_nothing_else(tmp_path):
