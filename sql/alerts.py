@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Select, delete, or_, select
 from sqlalchemy.orm import Session
 
-from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, flagged_across
+from tasks.metrics import NOT_JUDGED, OPEN_ALERT_STATUSES, compared_release, flagged_across
 
 from .common import StoreError, check, finite, row_dict
 from .histories import History, holds
@@ -34,9 +34,9 @@ VERDICT_STATUS = {"suspected": "suspected", "regression": "confirmed"}
 
 def alert_key(stage_key: str, detail: dict | None) -> str:
     """The lifecycle a verdict belongs to: its stage key, or `<stage key> vs release <label>`
-    for a comparison with a pinned release baseline (detail "baseline": "release:<label>")."""
-    baseline = (detail or {}).get("baseline", "rolling")
-    return f"{stage_key}{_VS}{baseline[8:]}" if baseline.startswith("release:") else stage_key
+    for a comparison with a pinned release baseline (`compared_release`)."""
+    label = compared_release(detail)
+    return f"{stage_key}{_VS}{label}" if label is not None else stage_key
 
 
 _VS = " vs release "

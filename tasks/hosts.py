@@ -166,16 +166,12 @@ class Host:
         and reads back after. None only when the file is not there: one the login user may
         not read is read through `as_root`, and one even root cannot read is a HostError
         (recorded as absent, its restore would delete it)."""
-        result = self.run(["env", "LC_ALL=C", "cat", "--", path], check=False)
-        if result.ok:
-            return result.stdout
-        if _NOT_THERE in result.stderr:  # anywhere along the path: not a permission
-            return None
-        result = self.as_root(["env", "LC_ALL=C", "cat", "--", path], check=False)
-        if result.ok:
-            return result.stdout
-        if _NOT_THERE in result.stderr:
-            return None
+        for read in (self.run, self.as_root):
+            result = read(["env", "LC_ALL=C", "cat", "--", path], check=False)
+            if result.ok:
+                return result.stdout
+            if _NOT_THERE in result.stderr:  # anywhere along the path: not a permission
+                return None
         first = (result.stderr or result.stdout).strip().splitlines()[:1]
         raise HostError(f"{self.name}: cannot read {path}, not even as root: "
                         f"{first[0] if first else f'exit {result.exited}'}")

@@ -213,6 +213,20 @@ CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_
 # baseline's); "rolling", the earlier nights' baseline, is never one
 RELEASE_LABEL = r"^(?!rolling$)[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
+
+def against_release(label: str) -> str:
+    """What a verdict judged against a pinned release says it was judged against (its
+    detail "baseline"; "rolling" for the earlier nights)."""
+    return f"release:{label}"
+
+
+def compared_release(detail: dict | None) -> str | None:
+    """The release label a verdict was judged against (`against_release`); None for the
+    rolling history."""
+    baseline = (detail or {}).get("baseline", "rolling")
+    return baseline.removeprefix("release:") if baseline.startswith("release:") else None
+
+
 # A run: why it ran, and how it ended ("running" until teardown closes it).
 RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")

@@ -123,7 +123,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..metrics import FLAGGED, METRICS
+from ..metrics import FLAGGED, METRICS, against_release
 from .capacity import cpu_to_spare
 from .changepoint import change_points
 from .covariate import Fit, log_of
@@ -377,7 +377,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     `pace`: tonight's value of the host pace it is gated by (`MetricDef.gated_by`)."""
     if value is None:
         return None
-    kind = f"release:{release.get('label')}" if release else "rolling"
+    kind = against_release(release.get("label")) if release else "rolling"
     off_pace_verdict = _off_pace_verdict(stage_id, metric, value, history, release, kind,
                                          pace, policy)
     if off_pace_verdict is not None:

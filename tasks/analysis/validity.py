@@ -69,14 +69,22 @@ def drivers_cpus_used_pct(summaries: Iterable[Mapping]) -> float | None:
     return max((used / len(cpus) for (_, cpus), used in groups.items()), default=None)
 
 
+def _idle_pct(summary: Mapping) -> float | None:
+    """A summary's `publish_cpu.cpus_idle_pct`: the % of its publish phase the CPUs the
+    process may run on were idle, whoever kept them busy."""
+    return (summary.get("publish_cpu") or {}).get("cpus_idle_pct")
+
+
+def _least_idle(summaries: Iterable[Mapping]) -> Mapping | None:
+    """The summary whose CPUs were the least idle; None when none recorded it."""
+    return min((s for s in summaries if _idle_pct(s) is not None), key=_idle_pct, default=None)
+
+
 def driver_hosts_idle_pct(summaries: Iterable[Mapping]) -> float | None:
-    """The least idle of the driver processes' CPUs over their publish phase (each
-    summary's `publish_cpu.cpus_idle_pct`: the % of the time the CPUs it may run on were
-    idle, whoever kept them busy): DESIGN.md's driver host idle CPU. None when no process
-    recorded it."""
-    idle = [cpu["cpus_idle_pct"] for summary in summaries
-            if (cpu := summary.get("publish_cpu") or {}).get("cpus_idle_pct") is not None]
-    return min(idle, default=None)
+    """The least idle of the driver processes' CPUs over their publish phase
+    (`_idle_pct`): DESIGN.md's driver host idle CPU. None when no process recorded it."""
+    least = _least_idle(summaries)
+    return _idle_pct(least) if least is not None else None
 
 
 # a driver's CPUs (on a host apart from the broker's) idle less than this share of its
@@ -92,12 +100,10 @@ def driver_idle_note(summaries: list[Mapping], broker_host: str | None) -> str |
     are left out: a broker at its capacity keeps their CPUs busy, as a search means it to
     (the capacity's own note reads the host's CPU)."""
     apart = [summary for summary in summaries if summary.get("host") != broker_host]
-    idle = driver_hosts_idle_pct(apart)
-    if idle is None or idle >= DRIVER_IDLE_NOTE_PCT:
+    least = _least_idle(apart)
+    if least is None or (idle := _idle_pct(least)) >= DRIVER_IDLE_NOTE_PCT:
         return None
-    host = next(s.get("host") for s in apart
-                if (s.get("publish_cpu") or {}).get("cpus_idle_pct") == idle)
-    used = drivers_cpus_used_pct([s for s in apart if s.get("host") == host])
+    used = drivers_cpus_used_pct([s for s in apart if s.get("host") == least.get("host")])
     theirs = f" ({used:.0f}% by the drivers themselves)" if used is not None else ""
     return (f"the CPUs a driver process may run on were idle {idle:.0f}% of its publish "
             f"phase{theirs}: a driver kept waiting for a CPU sends late, so the load "

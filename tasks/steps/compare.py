@@ -32,6 +32,7 @@ from ..analysis.noise import pooled_noise
 from ..analysis.policy import Policy
 from ..catalog.stages import is_probe
 from ..fingerprint import setup_changes
+from ..metrics import against_release
 from ..run_context import RunContext
 from . import Call
 
@@ -96,7 +97,7 @@ def stage_inputs(store: Store, run_id: str, stage: dict, policy: Policy,
         elif base is not None:
             pinned = {"label": label, "run_id": base_run, "metrics": base["metrics"],
                       "fingerprint_matches": base["fingerprint_hash"] == fp}
-    baseline = f"release:{release[0]}" if release else "rolling"
+    baseline = against_release(release[0]) if release else "rolling"
     # a verdict of another setup's history is not tonight's to confirm
     previous = store.previous_verdicts(key, fp, before_run=run_id, baseline=baseline,
                                        setup=params)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..metrics import NOT_JUDGED, VERDICTS
+from ..metrics import NOT_JUDGED, VERDICTS, compared_release
 from .tables import (
     OFF_PACE,
     in_run_order,
@@ -65,10 +65,10 @@ def said_of_stages(stages: list[dict]) -> list[str]:
 def judged_against(stages: list[dict]) -> str:
     """What a run's verdicts were judged against: its pinned release baseline's run, or its
     stages' earlier nights."""
-    pinned = sorted({(detail["baseline"].split(":", 1)[1], detail.get("baseline_run"))
+    pinned = sorted({(label, detail["baseline_run"])
                      for s in stages for c in s.get("comparisons", [])
-                     if str((detail := c.get("detail") or {}).get("baseline", "rolling"))
-                     .startswith("release:") and detail.get("baseline_run")})
+                     if (label := compared_release(detail := c.get("detail") or {}))
+                     and detail.get("baseline_run")})
     if pinned:
         return "; ".join(f"release {label}'s baseline (run {run_id})" for label, run_id in pinned)
     return "earlier runs of the same stage, fingerprint and setup"
