@@ -65,7 +65,7 @@ from detector_bounds import (CHECKED_BUDGET, bound_mde, check_passes,  # noqa: E
                              fisher_dof_per_night, known_noise_recall, learned_bounds,
                              recall_bound)
 from replayed_detector import AA, Replay, across_z_line, naive  # noqa: E402
-from simulated_nights import (AA_NIGHTS, SUITE, T_DOF, TAIL, WARM, Host, Noise,  # noqa: E402
+from simulated_nights import (AA_NIGHTS, MIXED_NOISE, SUITE, T_DOF, TAIL, WARM, Host, Noise,  # noqa: E402
                               load_noise, log_step, step_name)
 
 RUN = Replay()  # this run's detector policy and shared host (main sets it from the options)
@@ -182,7 +182,7 @@ def aa_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) 
 def mixed_rows(noise: Noise, metrics: list[str], n: int, rng: np.random.Generator) -> AA:
     """A/A where one stage of each suite is twice as noisy as its peers: pooling must not
     lend it their quieter noise."""
-    scales = (2.0,) + (1.0,) * (SUITE - 1)
+    scales = (MIXED_NOISE,) + (1.0,) * (SUITE - 1)
     aa = RUN.run_aa(RUN.perfpipe, noise, metrics, n, rng, scales=scales, watched=0)
     worst = max(metrics, key=lambda m: aa.alarms[m])
     print(f"\nA/A, one stage of each suite twice as noisy as its {SUITE - 1} peers ({aa.series} "

@@ -34,11 +34,11 @@ from tasks.analysis.policy import Policy  # noqa: E402
 
 # bench/, the script's own folder
 from replayed_detector import learning_flags, perfpipe  # noqa: E402
-from simulated_nights import Noise, Stage  # noqa: E402
+from simulated_nights import MIXED_NOISE, Noise, Stage  # noqa: E402
 
 METRIC = "broker_cpu_s_per_10k"
 STEP_NIGHT = 5  # the step kinds' first stepped night (from 0)
-SCALES = {"like": (1, 1, 1, 1), "mixed": (1, 1, 1, 2), "single": (1,),
+SCALES = {"like": (1, 1, 1, 1), "mixed": (1, 1, 1, MIXED_NOISE), "single": (1,),
           "like-step": (1, 1, 1, 1), "single-step": (1,)}
 
 

@@ -33,6 +33,7 @@ RATES = {"delivered_rate": "delivered_per_s", "published_rate": "published_per_s
 SECONDS = 10
 WARM, WATCH, AA_NIGHTS = 20, 5, 30
 SUITE = 4  # stages per simulated run, sharing a fingerprint (the smoke suite has 4)
+MIXED_NOISE = 2.0  # the mixed suite's noisy stage, in its peers' noise
 TAIL = "e2e_latency_p99_no_stall"  # the judged tail (tasks.analysis.tails)
 T_DOF = 3
 T_ROBUST = t_robust_sigma(T_DOF)  # the robust sigma (1.4826 x MAD) of the standard t
