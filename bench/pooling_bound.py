@@ -17,8 +17,8 @@ w L(r = 1) + (1 - w) L(r = 2), both integrated over the scale. For each w:
 
 - **feasible**: one threshold that keeps alarms at `budget` per A/A series or under on
   the like suite, on the mixed suite's noisy stage and on a quiet stage beside it (the
-  three A/A draws the bench's check makes of a stage): a test that passes the check at
-  that spend, and its recall;
+  bench's check counts the noisy stage alone, so the third is stricter than it): a test
+  that passes the check at that spend, and its recall;
 - **ceiling**: the threshold at which the w-mixture of the first two draws enters
   `budget` alarms per series. A test that keeps `budget` on both keeps it on their
   mixture, and the likelihood ratio against that mixture is the most powerful at it
