@@ -45,6 +45,8 @@ The noise is Student t with `tail` d.o.f.; `steps` are in the t's scale units
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy.special import logsumexp
 
@@ -93,14 +95,27 @@ def alarm_entries(fired: np.ndarray) -> np.ndarray:
     return fired[..., 0] + (fired[..., 1:] & ~fired[..., :-1]).sum(axis=-1)
 
 
-def _threshold(quiet: np.ndarray, budget: float) -> float:
-    """The statistic's threshold at which A/A series (rows of pairs) enter an alarm
-    `budget` of the time (bisection)."""
-    low, high = float(np.quantile(quiet.max(axis=1), 1 - 2 * budget)), float(quiet.max())
+def entries_at(quiet: np.ndarray, threshold: float) -> float:
+    """Alarms entered per A/A series (rows of pairs) at `threshold`."""
+    return float(alarm_entries(quiet >= threshold).mean())
+
+
+def threshold_for(entries: Callable[[float], float], low: float, high: float,
+                  budget: float) -> float:
+    """The least threshold in [low, high] (bisection, 40 rounds) at which `entries`, the
+    alarms entered per A/A series as a falling function of the threshold, are at most
+    `budget`."""
     for _ in range(40):
         mid = (low + high) / 2
-        low, high = (mid, high) if alarm_entries(quiet >= mid).mean() > budget else (low, mid)
+        low, high = (mid, high) if entries(mid) > budget else (low, mid)
     return high
+
+
+def _threshold(quiet: np.ndarray, budget: float) -> float:
+    """The statistic's threshold at which A/A series (rows of pairs) enter an alarm
+    `budget` of the time."""
+    low, high = float(np.quantile(quiet.max(axis=1), 1 - 2 * budget)), float(quiet.max())
+    return threshold_for(lambda t: entries_at(quiet, t), low, high, budget)
 
 
 def recall(steps: list[float], *, stages: int, history: int, nights: int, first: int,
