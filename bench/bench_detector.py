@@ -316,13 +316,16 @@ def main() -> int:
                          "candidate rule / the best test learning the noise from the stage's "
                          "own and the suite's nights / bound, and the bound at half the "
                          "budget beside how often the A/A bar passes a detector at each spend")
+    ap.add_argument("--pool-prior", type=float, default=Policy().pool_prior,
+                    help="the detector's pool_prior (the prior weight on a stage sharing its "
+                         "peers' noise against its being twice as noisy, by which their "
+                         "nights count): to measure the trade between recall and the mixed "
+                         "suite's false alarms")
     ap.add_argument("--pool-level", type=float, default=Policy().pool_level,
-                    help="the detector's pool_level (the F test that keeps a noisier stage "
-                         "from its peers' noise): to measure the trade between recall and the "
-                         "mixed suite's false alarms")
+                    help="the detector's pool_level (the F test of the power guard)")
     ap.add_argument("--pool-power", type=float, default=Policy().pool_power,
-                    help="the detector's pool_power (pool only once the F test would catch a "
-                         "stage twice as noisy this often; 0: the F test alone)")
+                    help="the detector's pool_power (pool only once an F test at pool_level "
+                         "would catch a stage twice as noisy this often; 0: no guard)")
     ap.add_argument("--shared-host", type=float, default=0.0, metavar="RHO",
                     help="draw the host's pace of a suite's stages correlated at RHO, as "
                          "stages run on one host on a night do (real_nights.py prints the "
@@ -338,7 +341,8 @@ def main() -> int:
     except ValueError as exc:
         ap.error(f"--shared-host: {exc}")
     try:  # the policy's own check of across_level against the level
-        RUN = Replay(Policy(pool_level=args.pool_level, pool_power=args.pool_power,
+        RUN = Replay(Policy(pool_prior=args.pool_prior, pool_level=args.pool_level,
+                            pool_power=args.pool_power,
                             false_alarm_level=args.level, across_level=args.across_level),
                      shared_host)
     except ValueError as exc:
@@ -357,7 +361,7 @@ def main() -> int:
         return 0
     print(f"detector bench: {n} series per row, {len(metrics)} judged metrics per stage, "
           f"seed {args.seed}, false_alarm_level {RUN.policy.false_alarm_level:g}, across_level "
-          f"{RUN.policy.across_level:g}, pool_level "
+          f"{RUN.policy.across_level:g}, pool_prior {RUN.policy.pool_prior:g}, pool_level "
           f"{RUN.policy.pool_level:g}, pool_power {RUN.policy.pool_power:g}, load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"noise: {args.noise.name}: {doc['runs_measured']} runs of suite {doc['suite']} on "

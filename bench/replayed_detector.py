@@ -197,11 +197,11 @@ class Replay:
         return perfpipe(stages, nights, self.policy)
 
     def all_pooled(self, stages: list[Stage], nights: int) -> list[list[dict[str, Verdict]]]:
-        """perfpipe with every stage's noise pooled with its peers' whatever the F test and its
-        power guard say (both off): what the rule makes of all the suite's nights when their
-        noise is known to be equal, which a real suite cannot know (the mixed suite is why
-        perfpipe tests it)."""
-        return perfpipe(stages, nights, replace(self.policy, pool_level=0.0, pool_power=0.0))
+        """perfpipe with every stage's noise pooled with its peers' in full whatever their
+        noises say (`pool_prior` 1, the power guard off): what the rule makes of all the
+        suite's nights when their noise is known to be equal, which a real suite cannot know
+        (the mixed suite is why perfpipe weighs it)."""
+        return perfpipe(stages, nights, replace(self.policy, pool_prior=1.0, pool_power=0.0))
 
     def stages_alone(self, stages: list[Stage], nights: int) -> list[list[dict[str, Verdict]]]:
         """perfpipe without the test across stages: each stage's own test spends the whole

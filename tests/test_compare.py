@@ -8,7 +8,14 @@ import pytest
 
 from tasks.analysis.changepoint import change_points
 from tasks.analysis.detector import baseline_for, compare_stage
-from tasks.analysis.noise import noise_sigma, peer_noise, pooled_noise, t_scale
+from tasks.analysis.noise import (
+    Noise,
+    noise_sigma,
+    peer_noise,
+    pooled_noise,
+    pooled_with_peers,
+    t_scale,
+)
 from tasks.analysis.policy import Policy, judged_metrics
 from tasks.metrics import FLAGGED
 from tasks.steps.load_metrics import cpu_at_capacity
@@ -200,6 +207,22 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     # (the F test sees it 86 times): it keeps its own noise until it has 13
     assert verdict({RATE: 1000.0}, mine[:10], peers=peers).detail["noise_stages"] == 1
     assert verdict({RATE: 1000.0}, mine[:13], peers=peers).detail["noise_stages"] == 5
+
+
+def test_peers_lend_their_nights_by_how_likely_the_stage_shares_their_noise():
+    """Not pool or not: a stage a little noisier than its peers by chance still draws on
+    a good part of their nights (an F test at 0.25 kept it apart, as it does 1 like stage
+    in 4), one twice as noisy on hardly any, and the weight falls as its noise rises."""
+    policy, peers = Policy(), Noise(0.02, 28.0, 3)  # 3 peers of 20 nights
+    def lent(ratio: float) -> float:  # the peers' d.o.f. lent to a stage of 20 nights
+        own = Noise(0.02 * math.sqrt(ratio), 9.3)
+        return pooled_with_peers(own, peers, policy).dof - own.dof
+    assert lent(1.0) > 0.5 * 28 and lent(1.5) > 0.2 * 28
+    assert lent(4.0) < 0.01 * 28 and lent(16.0) < 1e-3
+    assert all(lent(a) > lent(b) for a, b in zip((0.5, 1, 1.5, 2, 3), (1, 1.5, 2, 3, 4)))
+    shared = pooled_with_peers(Noise(0.02 * math.sqrt(0.8), 9.3), peers, policy)
+    assert shared.stages == 4 and 0.02 * math.sqrt(0.8) < shared.sigma < 0.02
+    assert pooled_with_peers(Noise(0.04, 9.3), peers, policy).stages == 1  # said alone
 
 
 def test_the_noise_estimate_is_the_t_likelihood_scale_tighter_than_the_mad():

@@ -22,11 +22,18 @@ better-direction and a minimum practical effect) of a valid stage:
   Twenty nights still pin a sigma down only to about +-23%, and that costs a detector
   much of its power. So the noise is pooled over the
   other stages of the run that share this stage's fingerprint and are past learning
-  (`noise.pooled_noise`), weighted by their degrees of freedom, with this stage's own, unless
-  this stage is noisier than they are (a one-sided F test at `Policy.pool_level`): a stage
-  never borrows a quieter neighbour's noise. Nor before its own nights can show it: with
-  8 nights that test misses a stage twice as noisy as its 3 peers 1 time in 5, and each
-  miss lends it a sigma about 0.55 of its own; so a stage pools only once the test would
+  (`noise.pooled_noise`), weighted by their degrees of freedom, with this stage's own; the
+  peers' degrees of freedom count by how likely it is that this stage shares their noise
+  rather than being `Policy.pool_guard` times as noisy (`noise.peer_weight`: the two
+  hypotheses' F densities at the ratio of its variance over theirs, `Policy.pool_prior` on
+  sharing), so a stage much noisier than its peers borrows next to nothing of their quieter
+  noise. An F test at 0.25 that pooled or not (until 2026-12-03) kept 1 like stage in 4 on
+  its own 20 nights; at the prior of 0.1 the weight catches 2 to 4 points more in 7 of the
+  bench's 8 short rate and e2e p50 cells, with the A/A suites' worst metric where it was
+  (a prior of 0.2 caught 4 to 7 points more and took the mixed suite's worst to the bar;
+  bench/README.md, "Peers' nights by weight"). Nor does a stage pool before its own
+  nights can show it is noisier: with 8 nights an F test at `pool_level` misses a stage twice as noisy as its 3
+  peers 1 time in 5, and each miss lends it a sigma about 0.55 of its own; so a stage pools only once the test would
   catch that 9 times in 10 (`pool_power`, `pool_guard`: 14 nights beside 3 peers with as
   many, 13 beside peers with 30). In the bench's mixed suite (one stage of 4 twice as
   noisy, 2000 series, at the level of 4e-4 then in use) that took the false alarms from
@@ -327,8 +334,8 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
     effect = policy.effect(metric)
     if mde <= policy.too_noisy_above(metric):
         return None
-    peers = f" (pooled with {base.noise.stages - 1} other stages')" if base.noise.stages > 1 \
-        else ""
+    peers = (f" (pooled with {base.noise.stages - 1} other stages', their nights weighted "
+             f"{base.noise.peers_weight:.2f})" if base.noise.stages > 1 else "")
     return (f"too noisy to guard: night-to-night noise {100 * base.noise.sigma:.1f}% over "
             f"{base.nights} nights{peers}, so the smallest step caught within two nights is "
             f"{step_pct(metric, mde):.0f}%, above {policy.too_noisy:g}x the "
@@ -401,6 +408,7 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
     detail: dict[str, Any] = {
         "baseline": kind, "history": base.nights, "nights": nights,
         "noise_pct": round(100 * base.noise.sigma, 3), "noise_stages": base.noise.stages,
+        "noise_peers_weight": round(base.noise.peers_weight, 2),
         "floor_pct": round(step_pct(metric, floor), 2),
     }
     if base.fit is not None:

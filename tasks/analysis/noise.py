@@ -2,8 +2,8 @@
 
 One history's noise is the Student t scale of its nights' logs (`t_scale`, in robust-sigma
 units, `noise_sigma`) with the degrees of freedom it is worth; the run's other stages on
-a fingerprint lend theirs (`pooled_noise`, `peer_noise`), pooled with a stage's own unless
-an F test says the stage is the noisier one (`pooled_with_peers`). The rules, and what they
+a fingerprint lend theirs (`pooled_noise`, `peer_noise`), pooled with a stage's own by how
+likely it is that the stage shares their noise (`peer_weight`, `pooled_with_peers`). The rules, and what they
 cost and buy in the bench, are `tasks.analysis.detector`'s ("Noise")."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .thresholds import t_robust_sigma
 T_EFFICIENCY = 0.49  # a t_scale sigma from n nights is worth 0.49 (n-1) d.o.f. on t3 noise
 T_SCALE_CAP = 1.5  # t_scale never exceeds this x the MAD's sigma (wild nights)
 PEER_NIGHTS = 3  # a peer's nights before its noise counts for the doubt floor
+LENT = 0.05  # peers lending less of their nights are not named (`pooled_with_peers`)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Noise:
     sigma: float
     dof: float  # effective degrees of freedom
     stages: int = 1  # histories it was estimated from
+    peers_weight: float = 0.0  # the share of the peers' d.o.f. it counts (`peer_weight`)
 
 
 def noise_sigma(logs: list[float]) -> float:
@@ -138,15 +140,33 @@ def pool_test_power(own_dof: float, peers_dof: float, level: float, guard: float
     return float(f_dist.sf(critical / guard ** 2, own_dof, peers_dof))
 
 
+def peer_weight(own_dof: float, peers_dof: float, ratio: float, prior: float,
+                guard: float) -> float:
+    """The share of its peers' degrees of freedom a stage's noise counts: the posterior
+    weight of "it shares their noise" against "it is `guard` times as noisy" (in sigma),
+    `prior` on the first, from the F ratio of its variance over theirs (`ratio`) at these
+    degrees of freedom (0.60 at a ratio of 1, 0.25 at 1.5 and 0.002 at 4 with 20 nights
+    beside 3 peers with as many, at the default prior of 0.1)."""
+    if prior >= 1:
+        return 1.0  # known to share it (the bench's "every peer trusted")
+    shares = prior * float(f_dist.pdf(ratio, own_dof, peers_dof))
+    noisier = (1 - prior) * float(f_dist.pdf(ratio / guard ** 2, own_dof, peers_dof)) / guard ** 2
+    return shares / (shares + noisier) if shares + noisier > 0 else 0.0
+
+
 def pooled_with_peers(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
-    """This stage's noise with its peers', when the two are in line (else its own)."""
+    """This stage's noise with its peers', their degrees of freedom weighted by how likely
+    it is that it shares their noise (`peer_weight`): most of them when the two are in line,
+    next to none when it is the noisier one (theirs would make its noise look quieter).
+    Under a weight of `LENT` it is said to be judged alone (`Noise.stages` 1)."""
     if peers is None or own.sigma <= 0 or peers.sigma <= 0:
         return own
     power = pool_test_power(own.dof, peers.dof, policy.pool_level, policy.pool_guard)
     if power < policy.pool_power:
         return own  # too few nights of its own to tell whether it is the noisier one
-    ratio = (own.sigma / peers.sigma) ** 2
-    if float(f_dist.sf(ratio, own.dof, peers.dof)) < policy.pool_level:
-        return own  # noisier than its peers: theirs would make its noise look quieter
-    both = _pool([own, peers])
-    return Noise(both.sigma, both.dof, peers.stages + 1)
+    weight = peer_weight(own.dof, peers.dof, (own.sigma / peers.sigma) ** 2,
+                         policy.pool_prior, policy.pool_guard)
+    both = _pool([own, Noise(peers.sigma, weight * peers.dof)])
+    if weight < LENT:
+        return Noise(both.sigma, both.dof, 1, weight)
+    return Noise(both.sigma, both.dof, peers.stages + 1, weight)

@@ -16,9 +16,10 @@ class Policy:
     tail_dof: float = 3.0  # the nights' noise law: Student t with this many d.o.f.
     min_history: int = 8  # own baseline nights before judging: learning before
     window: int = 30  # newest baseline nights used
-    pool_level: float = 0.25  # one-sided F test: this stage no noisier than its peers
-    pool_power: float = 0.9  # ... pooled only once that test sees a stage `pool_guard`
-    pool_guard: float = 2.0  # ... times as noisy as its peers (in sigma) this often
+    pool_prior: float = 0.1  # a stage shares its peers' noise, against `pool_guard` x it
+    pool_guard: float = 2.0  # ... times as noisy as its peers (in sigma), prior weights
+    pool_level: float = 0.25  # pooled only once a one-sided F test at this level
+    pool_power: float = 0.9  # ... would see a stage `pool_guard` x as noisy this often
     effect_floor: float = 0.3  # never flag a change below this fraction of the min effect
     large_step: float = 0.15  # confirmed at once when plausibly at least this large ...
     large_level: float = 4e-5  # ... and one night alone this unlikely under no change
@@ -36,6 +37,9 @@ class Policy:
         return self.min_effect.get(metric, METRICS[metric].min_effect)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.pool_prior <= 1:
+            raise ValueError(f"Policy.pool_prior {self.pool_prior:g}: give a weight from 0 "
+                             f"(never pool) to 1 (always)")
         if not 0 <= self.across_level < self.false_alarm_level:
             raise ValueError(f"Policy.across_level {self.across_level:g}: give 0 or more, "
                              f"under false_alarm_level {self.false_alarm_level:g}")
