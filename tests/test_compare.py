@@ -200,6 +200,7 @@ def test_noise_is_pooled_with_peers_in_line_and_never_borrowed_when_noisier():
     own = verdict({RATE: 1000.0}, mine)
     pooled = verdict({RATE: 1000.0}, mine, peers=peers)
     assert peers[RATE].judged.stages == 4 and pooled.detail["noise_stages"] == 5
+    assert pooled.detail["noise_peers_weight"] > 0.3  # told beside the verdict
     assert pooled.detail["mde_pct"] < own.detail["mde_pct"]
     noisy = verdict({RATE: 1000.0}, history(0.2, 20), peers=peers)
     assert noisy.detail["noise_stages"] == 1  # a 10x noisier stage keeps its own noise
@@ -221,7 +222,8 @@ def test_peers_lend_their_nights_by_how_likely_the_stage_shares_their_noise():
     assert lent(4.0) < 0.01 * 28 and lent(16.0) < 1e-3
     assert all(lent(a) > lent(b) for a, b in zip((0.5, 1, 1.5, 2, 3), (1, 1.5, 2, 3, 4)))
     shared = pooled_with_peers(Noise(0.02 * math.sqrt(0.8), 9.3), peers, policy)
-    assert shared.stages == 4 and 0.02 * math.sqrt(0.8) < shared.sigma < 0.02
+    assert shared.stages == 4 and shared.peers_weight > 0.5
+    assert 0.02 * math.sqrt(0.8) < shared.sigma < 0.02
     assert pooled_with_peers(Noise(0.04, 9.3), peers, policy).stages == 1  # said alone
 
 

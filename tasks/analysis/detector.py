@@ -3,7 +3,7 @@
 The rules are told here whole; this module decides the verdicts (`compare_stage`,
 `compare_metric`) with its parts beside it: `policy` (the settings), `nights` (which
 earlier nights a metric is judged on: held out, the pace gate, the covariate), `noise`
-(their noise, pooled over the run's stages behind the F test) and `thresholds` (what a
+(their noise, pooled over the run's stages by how likely they share it) and `thresholds` (what a
 change over its sd means under no change); `across` judges the broker's own figures
 across the run's stages after this module.
 
@@ -29,8 +29,8 @@ better-direction and a minimum practical effect) of a valid stage:
   sharing), so a stage much noisier than its peers borrows next to nothing of their quieter
   noise. An F test at 0.25 that pooled or not (until 2026-12-03) kept 1 like stage in 4 on
   its own 20 nights; at the prior of 0.1 the weight catches 2 to 4 points more in 7 of the
-  bench's 8 short rate and e2e p50 cells, with the A/A suites' worst metric where it was
-  (a prior of 0.2 caught 4 to 7 points more and took the mixed suite's worst to the bar;
+  bench's 8 short rate and e2e p50 cells, with the A/A suites' worst metric no higher
+  (a prior of 0.2 caught 1 to 7 points more and took the mixed suite's worst to the bar;
   bench/README.md, "Peers' nights by weight"). Nor does a stage pool before its own
   nights can show it is noisier: with 8 nights an F test at `pool_level` misses a stage twice as noisy as its 3
   peers 1 time in 5, and each miss lends it a sigma about 0.55 of its own; so a stage pools only once the test would
