@@ -3,9 +3,9 @@
 The rules are told here whole; this module decides the verdicts (`compare_stage`,
 `compare_metric`) with its parts beside it: `policy` (the settings), `nights` (which
 earlier nights a metric is judged on: held out, the pace gate, the covariate), `noise`
-(their noise, pooled over the run's stages by how likely they share it) and `thresholds` (what a
-change over its sd means under no change); `across` judges the broker's own figures
-across the run's stages after this module.
+(their noise, pooled over the run's stages by how likely they share it) and `thresholds`
+(what a change over its sd means under no change); `across` judges the broker's own
+figures across the run's stages after this module.
 
 Like with like: the caller passes only earlier nights of the same stage key (scenario,
 stage, broker) on the same fingerprint. For each judged metric (`tasks.metrics`: a
@@ -32,10 +32,11 @@ better-direction and a minimum practical effect) of a valid stage:
   bench's 8 short rate and e2e p50 cells, with the A/A suites' worst metric no higher
   (a prior of 0.2 caught 1 to 7 points more and took the mixed suite's worst to the bar;
   bench/README.md, "Peers' nights by weight"). Nor does a stage pool before its own
-  nights can show it is noisier: with 8 nights an F test at `pool_level` misses a stage twice as noisy as its 3
-  peers 1 time in 5, and each miss lends it a sigma about 0.55 of its own; so a stage pools only once the test would
-  catch that 9 times in 10 (`pool_power`, `pool_guard`: 14 nights beside 3 peers with as
-  many, 13 beside peers with 30). In the bench's mixed suite (one stage of 4 twice as
+  nights can show it is noisier: with 8 nights an F test at `pool_level` misses a stage
+  twice as noisy as its 3 peers 1 time in 5, and each miss lends it a sigma about 0.55 of
+  its own; so a stage pools only once the test would catch that 9 times in 10
+  (`pool_power`, `pool_guard`: 14 nights beside 3 peers with as many, 13 beside peers
+  with 30). In the bench's mixed suite (one stage of 4 twice as
   noisy, 2000 series, at the level of 4e-4 then in use) that took the false alarms from
   0.80 to 0.60 per 100 series, averaged over the 11 metrics (bench/README.md, the run of
   2026-11-26); recall at 20 nights is the same, and a new stage's nights 8 to 13 see less

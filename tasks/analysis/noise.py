@@ -3,8 +3,8 @@
 One history's noise is the Student t scale of its nights' logs (`t_scale`, in robust-sigma
 units, `noise_sigma`) with the degrees of freedom it is worth; the run's other stages on
 a fingerprint lend theirs (`pooled_noise`, `peer_noise`), pooled with a stage's own by how
-likely it is that the stage shares their noise (`peer_weight`, `pooled_with_peers`). The rules, and what they
-cost and buy in the bench, are `tasks.analysis.detector`'s ("Noise")."""
+likely it is that the stage shares their noise (`peer_weight`, `pooled_with_peers`). The
+rules, and what they cost and buy in the bench, are `tasks.analysis.detector`'s ("Noise")."""
 
 from __future__ import annotations
 
@@ -167,6 +167,4 @@ def pooled_with_peers(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
     weight = peer_weight(own.dof, peers.dof, (own.sigma / peers.sigma) ** 2,
                          policy.pool_prior, policy.pool_guard)
     both = _pool([own, Noise(peers.sigma, weight * peers.dof)])
-    if weight < LENT:
-        return Noise(both.sigma, both.dof, 1, weight)
-    return Noise(both.sigma, both.dof, peers.stages + 1, weight)
+    return Noise(both.sigma, both.dof, peers.stages + 1 if weight >= LENT else 1, weight)
