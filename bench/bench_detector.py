@@ -340,13 +340,13 @@ def main() -> int:
         shared_host = args.shared_host and Host(args.shared_host, np.random.default_rng()).rho
     except ValueError as exc:
         ap.error(f"--shared-host: {exc}")
-    try:  # the policy's own check of across_level against the level
+    try:  # the policy's own checks: across_level under the level, pool_prior a weight
         RUN = Replay(Policy(pool_prior=args.pool_prior, pool_level=args.pool_level,
                             pool_power=args.pool_power,
                             false_alarm_level=args.level, across_level=args.across_level),
                      shared_host)
-    except ValueError as exc:
-        ap.error(f"--across-level: {exc}")
+    except ValueError as exc:  # its message names the setting; these options set them
+        ap.error(f"{exc} (--pool-prior, --level, --across-level)")
     noise, doc = load_noise(args.noise)
     metrics = judged_metrics(Policy())
     rng = np.random.default_rng(args.seed)
