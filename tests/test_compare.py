@@ -12,6 +12,7 @@ from tasks.analysis.noise import (
     Noise,
     noise_sigma,
     peer_noise,
+    peer_weight,
     pooled_noise,
     pooled_with_peers,
     t_scale,
@@ -225,6 +226,9 @@ def test_peers_lend_their_nights_by_how_likely_the_stage_shares_their_noise():
     assert shared.stages == 4 and shared.peers_weight > 0.5
     assert 0.02 * math.sqrt(0.8) < shared.sigma < 0.02
     assert pooled_with_peers(Noise(0.04, 9.3), peers, policy).stages == 1  # said alone
+    # far from both hypotheses their densities underflow, not the odds between them
+    assert peer_weight(9.3, 28.0, 1e-120, 0.1, 2.0) > 0.9
+    assert 0 < peer_weight(9.3, 28.0, 1e60, 0.1, 2.0) < 1e-6
 
 
 def test_the_noise_estimate_is_the_t_likelihood_scale_tighter_than_the_mad():

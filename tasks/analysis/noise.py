@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 
+from scipy.special import expit
 from scipy.stats import f as f_dist
 
 from ..metrics import METRICS
@@ -149,9 +150,13 @@ def peer_weight(own_dof: float, peers_dof: float, ratio: float, prior: float,
     beside 3 peers with as many, at the default prior of 0.1)."""
     if prior >= 1:
         return 1.0  # known to share it (the bench's "every peer trusted")
-    shares = prior * float(f_dist.pdf(ratio, own_dof, peers_dof))
-    noisier = (1 - prior) * float(f_dist.pdf(ratio / guard ** 2, own_dof, peers_dof)) / guard ** 2
-    return shares / (shares + noisier) if shares + noisier > 0 else 0.0
+    if prior <= 0:
+        return 0.0
+    # in logs: at a ratio far from both the densities underflow, their ratio does not
+    shares = math.log(prior) + float(f_dist.logpdf(ratio, own_dof, peers_dof))
+    noisier = (math.log1p(-prior) + float(f_dist.logpdf(ratio / guard ** 2, own_dof, peers_dof))
+               - 2 * math.log(guard))
+    return float(expit(shares - noisier))
 
 
 def pooled_with_peers(own: Noise, peers: Noise | None, policy: Policy) -> Noise:
