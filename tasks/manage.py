@@ -22,7 +22,7 @@ from sql.alerts import release_of
 
 from . import rundir
 from .metrics import ALERT_ACTIONS
-from .settings import load_settings
+from .settings import Settings, load_settings
 from .views.summary import run_summary
 from .views.tables import table
 
@@ -97,14 +97,16 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
     return 0
 
 
-def promote_release(run_id: str, label: str, asked: bool = True) -> str:
-    """The release DAG's `promote` task: pin the run when `asked` (its `promote` Param) and
-    it ended ok; a run that did not is said, not raised (its failure was told already: the
-    task failing too would post a second alert saying nothing new)."""
+def promote_release(run_id: str, label: str, asked: bool = True,
+                    settings: Settings | None = None) -> str:
+    """The release DAG's `promote` task (and `perfpipe run --promote`): pin the run when
+    `asked` (its `promote` Param) and it ended ok; a run that did not is said, not raised
+    (its failure was told already: the task failing too would post a second alert saying
+    nothing new)."""
     if not asked:
         return "not asked to promote"
     said: list[str] = []
-    store = load_settings().store()  # migrated already: the run's plan stored it
+    store = (settings or load_settings()).store()  # migrated already: the run's plan stored it
     try:
         run = store.run(run_id)
         if run is None or run["status"] != "ok" or run["excluded"]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import rundir
 from .catalog.inventory import load_inventory
-from .manage import show_run
+from .manage import promote_release, show_run
 from .run_context import RunContext
 from .settings import Settings
 from .steps import STEPS, Call, execute, lab_lock
@@ -30,11 +30,16 @@ class RunOutcome:
 
 
 def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Path | None = None,
-                 kind: str = "manual", say: Callable[[str], None] = print) -> RunOutcome:
+                 kind: str = "manual", release_label: str | None = None,
+                 options: dict | None = None, say: Callable[[str], None] = print) -> RunOutcome:
+    """Every step once, as the DAGs run them; `release_label` and `options` as the
+    release DAG's trigger gives them (`plan_run`), and with options["promote"] the run is
+    pinned as its label's baseline when it ends ok (the release DAG's `promote` task)."""
     lab = load_inventory(Path(inventory or settings.inventory)).name
     with lab_lock(settings, lab, {"run": f"a {kind} run", "suite": suite or settings.suite},
                   say):
-        run_id = plan_run(settings, suite=suite, inventory=inventory, kind=kind)
+        run_id = plan_run(settings, suite=suite, inventory=inventory, kind=kind,
+                          release_label=release_label, options=options)
         say(f"run id: {run_id}  (files: {settings.run_dir(run_id)})")
         ctx = RunContext.load(settings, run_id)
         results: dict[str, object] = {}
@@ -42,6 +47,8 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
     closed = results["teardown"]
     if closed["stored"]:  # else teardown said why and how to store it later
         show_run(ctx.store(), run_id, say)
+        if (options or {}).get("promote"):
+            say(promote_release(run_id, release_label or "", settings=settings))
     alert = results.get("alert") or {}
     return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"),
                       closed["warning"])

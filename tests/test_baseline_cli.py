@@ -128,3 +128,45 @@ def test_a_release_trigger_naming_a_baseline_not_pinned_for_its_broker_is_refuse
     assert {r["run_id"] for r in store.latest_runs()} == {"r1", "r2", "r3", "e1"}
     for choice in ("9.4.5", "rolling", None):
         assert store.run(plan_run(kind="release", options={"baseline": choice}))
+
+
+@pytest.mark.alone
+@pytest.mark.slow  # about 30 s: two runs of one stage
+def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_compared_with_it(
+        tmp_path: Path, tiny_suite: Path, broker, spark_connect, capsys) -> None:
+    """`perfpipe run --kind release --release-label L --promote` does what the release DAG's
+    trigger does: the run is stored under its label and pinned once it ends ok; a later run
+    given `--baseline L` is judged against it. A choice that cannot apply is refused before
+    anything runs, naming the option and the fix."""
+    (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
+        "suites: {tiny0: [{scenario: tiny_fanin, qos: [0]}]}\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                         "broker: {kind: mosquitto, host: localhost, managed: false, address: "
+                         f"127.0.0.1, port: {broker.port}}}\n")
+    given = ["run", "--suite", "tiny0", "--inventory", str(inventory)]
+    refused = {("--promote",): "--promote: only a release run with its label is pinned; add "
+               "--kind release --release-label LABEL",
+               ("--kind", "release", "--promote"): "add --kind release --release-label LABEL",
+               ("--release-label", "9.4.5"): "--release-label: only a release run measures",
+               ("--kind", "release", "--release-label", "rolling"): "--release-label 'rolling'"}
+    for options, said in refused.items():
+        assert main(given + list(options)) == 2, options
+        assert said in capsys.readouterr().err, options
+    store = Store(load_settings().database_url())
+    store.migrate()
+    assert store.latest_runs(5) == []  # nothing planned
+    assert main(given + ["--kind", "release", "--release-label", "9.4.5", "--promote"]) == 0
+    assert "release baseline 9.4.5: run release-" in capsys.readouterr().out
+    (release,) = store.latest_runs(5)
+    assert (release["kind"], release["release_label"], release["status"]) == \
+        ("release", "9.4.5", "ok")
+    assert store.release_baseline("9.4.5") == release["run_id"]
+    assert main(given + ["--baseline", "9.4.5"]) == 0
+    later = next(r for r in store.latest_runs(5) if r["run_id"] != release["run_id"])
+    (stage,) = store.stages(later["run_id"])
+    judged = {(c["detail"]["baseline"], c["detail"].get("baseline_run"))
+              for c in stage["comparisons"]}
+    assert judged == {("release:9.4.5", release["run_id"])}, judged
+    assert main(given + ["--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
+    assert "baseline: no release '9.9.9' is pinned" in capsys.readouterr().err
