@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ from sql import Store, StoreError, StoreUnavailable
 from .config_files import ConfigError
 from .export import FORMATS, export_run
 from .locks import LockBusy
-from .metrics import ALERT_ACTIONS, RELEASE_LABEL, RUN_KINDS, exit_code
+from .metrics import ALERT_ACTIONS, RUN_KINDS, exit_code
 from .settings import load_settings
 from .steps import STEPS
 
@@ -34,27 +33,18 @@ def epilog() -> str:
 def _run(args: argparse.Namespace) -> int:
     from .pipeline import run_pipeline
 
-    options = run_options(args)
     outcome = run_pipeline(load_settings(), suite=args.suite, inventory=args.inventory,
-                           kind=args.kind, release_label=args.release_label, options=options)
+                           kind=args.kind, release_label=args.release_label,
+                           options=run_options(args))
     return exit_code(outcome.status, outcome.warning)
 
 
 def run_options(args: argparse.Namespace) -> dict:
-    """The release DAG's trigger choices from `perfpipe run`'s options, checked as its
-    Params are: plan.json's options (baseline, broker version, promote)."""
-    release = args.kind == "release"
-    if args.release_label is not None and not re.fullmatch(RELEASE_LABEL, args.release_label):
-        raise ConfigError(f"--release-label {args.release_label!r}: give a release such as "
-                          f"9.4.5 (letters, digits, '.', '_', '-'; not 'rolling')")
-    if args.release_label is not None and not release:
-        raise ConfigError("--release-label: only a release run measures a release; add "
-                          "--kind release")
-    if args.promote and (not release or args.release_label is None):
-        raise ConfigError("--promote: only a release run with its label is pinned; add "
-                          "--kind release --release-label LABEL")
-    return {"baseline": args.baseline, "promote": args.promote,
-            "broker_version": args.broker_version}
+    """The release DAG's trigger choices from `perfpipe run`'s options, as plan.json's
+    options (an empty value is none, as the DAG's empty Params are); `run_pipeline`
+    refuses those that cannot apply."""
+    return {"baseline": args.baseline or None, "promote": args.promote,
+            "broker_version": args.broker_version or None}
 
 
 def _nightly(args: argparse.Namespace) -> int:
@@ -222,15 +212,16 @@ def parser() -> argparse.ArgumentParser:
                      help="what the run is stored as: a release run stays out of the rolling "
                      "history and always posts a Slack summary (default: manual)")
     run.add_argument("--release-label", metavar="LABEL",
-                     help="the release a release run measures, e.g. 9.4.5")
+                     help="with --kind release: the release the run measures, e.g. 9.4.5")
     run.add_argument("--baseline", metavar="LABEL",
-                     help="compare with 'rolling' history or a release label pinned for this "
-                     "broker kind (refused at plan otherwise); default: a release run its "
-                     "release pinned most recently (rolling if none), any other run rolling")
+                     help="with --kind release: compare with 'rolling' history or a release "
+                     "label pinned for this broker kind (refused at plan otherwise); default: "
+                     "the release pinned most recently for this broker kind (rolling if none)")
     run.add_argument("--broker-version", metavar="VERSION",
                      help="the version the broker must report (default: not checked)")
     run.add_argument("--promote", action="store_true",
-                     help="pin this release run as its label's baseline when it ends ok")
+                     help="with --kind release and --release-label: pin the run as its "
+                     "label's baseline if it ends ok")
     tune = _command(sub, "tune", "check, apply or restore a tuning profile on the hosts",
                     "Host tuning (PERFPIPE_TUNING_DIR, default infra/tuning/): check a "
                     "profile's values on each host, "

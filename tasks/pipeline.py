@@ -6,14 +6,19 @@ from before its plan to its teardown, so another run's steps never come between 
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sql import StoreError
+
 from . import rundir
 from .catalog.inventory import load_inventory
+from .config_files import ConfigError
 from .manage import promote_release, show_run
+from .metrics import RELEASE_LABEL
 from .run_context import RunContext
 from .settings import Settings
 from .steps import STEPS, Call, execute, lab_lock
@@ -35,6 +40,7 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
     """Every step once, as the DAGs run them; `release_label` and `options` as the
     release DAG's trigger gives them (`plan_run`), and with options["promote"] the run is
     pinned as its label's baseline when it ends ok (the release DAG's `promote` task)."""
+    check_release_choices(kind, release_label, options or {})
     lab = load_inventory(Path(inventory or settings.inventory)).name
     with lab_lock(settings, lab, {"run": f"a {kind} run", "suite": suite or settings.suite},
                   say):
@@ -47,11 +53,43 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
     closed = results["teardown"]
     if closed["stored"]:  # else teardown said why and how to store it later
         show_run(ctx.store(), run_id, say)
-        if (options or {}).get("promote"):
-            say(promote_release(run_id, release_label or "", settings=settings))
+    if (options or {}).get("promote"):
+        say(_promoted(settings, run_id, release_label or "", closed["stored"]))
     alert = results.get("alert") or {}
     return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"),
                       closed["warning"])
+
+
+def check_release_choices(kind: str, release_label: str | None, options: dict) -> None:
+    """A ConfigError before anything runs for a trigger choice only a release run can take
+    (named as `perfpipe run` spells it). The release DAG's Params give a release run its
+    label; a baseline of another run's kind would judge it against a release while it
+    still fed the rolling history, where a flagged value stayed held out under an alert
+    filed against the release."""
+    if kind == "release":
+        if release_label is not None and not re.fullmatch(RELEASE_LABEL, release_label):
+            raise ConfigError(f"--release-label {release_label!r}: give a release such as "
+                              f"9.4.5 (letters, digits, '.', '_', '-'; not 'rolling')")
+        if options.get("promote") and not release_label:
+            raise ConfigError("--promote: only a release run with its label is pinned; add "
+                              "--release-label LABEL")
+        return
+    for name, given in (("--release-label", release_label), ("--baseline", options.get("baseline")),
+                        ("--promote", options.get("promote"))):
+        if given:
+            raise ConfigError(f"{name}: only a release run takes it; add --kind release")
+
+
+def _promoted(settings: Settings, run_id: str, label: str, stored: bool) -> str:
+    """What pinning the run said; a run not stored, or a store that failed, is said with
+    how to pin it later, never raised (the run's own outcome stands)."""
+    later = f"pin it later: perfpipe baseline promote {run_id} --label {label}"
+    if not stored:
+        return f"not promoted: run {run_id} was not stored; once it is, {later}"
+    try:
+        return promote_release(run_id, label, settings=settings)
+    except StoreError as exc:
+        return f"not promoted: {exc}; {later}"
 
 
 def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],

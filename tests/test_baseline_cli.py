@@ -131,13 +131,14 @@ def test_a_release_trigger_naming_a_baseline_not_pinned_for_its_broker_is_refuse
 
 
 @pytest.mark.alone
-@pytest.mark.slow  # about 30 s: two runs of one stage
+@pytest.mark.slow  # about 50 s: four runs of one stage
 def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_compared_with_it(
         tmp_path: Path, tiny_suite: Path, broker, spark_connect, capsys) -> None:
     """`perfpipe run --kind release --release-label L --promote` does what the release DAG's
-    trigger does: the run is stored under its label and pinned once it ends ok; a later run
-    given `--baseline L` is judged against it. A choice that cannot apply is refused before
-    anything runs, naming the option and the fix."""
+    trigger does: the run is stored under its label and pinned once it ends ok (a run that
+    failed is not, and says so); a later run given `--baseline L` or `rolling` is judged
+    against that. A choice only a release run takes, on another run, or one that cannot
+    apply, is refused before anything runs, naming the option and the fix."""
     (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
         "suites: {tiny0: [{scenario: tiny_fanin, qos: [0]}]}\n")
     inventory = tmp_path / "inventory.yml"
@@ -145,28 +146,35 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
                          "broker: {kind: mosquitto, host: localhost, managed: false, address: "
                          f"127.0.0.1, port: {broker.port}}}\n")
     given = ["run", "--suite", "tiny0", "--inventory", str(inventory)]
-    refused = {("--promote",): "--promote: only a release run with its label is pinned; add "
-               "--kind release --release-label LABEL",
-               ("--kind", "release", "--promote"): "add --kind release --release-label LABEL",
-               ("--release-label", "9.4.5"): "--release-label: only a release run measures",
-               ("--kind", "release", "--release-label", "rolling"): "--release-label 'rolling'"}
+    release = ["--kind", "release"]
+    refused = {("--promote",): "--promote: only a release run takes it; add --kind release",
+               ("--baseline", "9.4.5"): "--baseline: only a release run takes it",
+               ("--release-label", "9.4.5"): "--release-label: only a release run takes it",
+               (*release, "--promote"): "--promote: only a release run with its label is "
+               "pinned; add --release-label LABEL",
+               (*release, "--release-label", "rolling"): "--release-label 'rolling': give a "
+               "release such as 9.4.5"}
     for options, said in refused.items():
         assert main(given + list(options)) == 2, options
         assert said in capsys.readouterr().err, options
     store = Store(load_settings().database_url())
     store.migrate()
     assert store.latest_runs(5) == []  # nothing planned
-    assert main(given + ["--kind", "release", "--release-label", "9.4.5", "--promote"]) == 0
+    assert main(given + [*release, "--release-label", "9.4.5", "--promote"]) == 0
     assert "release baseline 9.4.5: run release-" in capsys.readouterr().out
-    (release,) = store.latest_runs(5)
-    assert (release["kind"], release["release_label"], release["status"]) == \
+    (pinned,) = store.latest_runs(5)
+    assert (pinned["kind"], pinned["release_label"], pinned["status"]) == \
         ("release", "9.4.5", "ok")
-    assert store.release_baseline("9.4.5") == release["run_id"]
-    assert main(given + ["--baseline", "9.4.5"]) == 0
-    later = next(r for r in store.latest_runs(5) if r["run_id"] != release["run_id"])
-    (stage,) = store.stages(later["run_id"])
-    judged = {(c["detail"]["baseline"], c["detail"].get("baseline_run"))
-              for c in stage["comparisons"]}
-    assert judged == {("release:9.4.5", release["run_id"])}, judged
-    assert main(given + ["--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
+    assert store.release_baseline("9.4.5") == pinned["run_id"]
+    # a run that fails (the broker is not the version asked for) is not pinned, and says so
+    assert main(given + [*release, "--release-label", "9.4.6", "--promote",
+                         "--broker-version", "0.0.0"]) == 1
+    assert "not promoted: run release-" in capsys.readouterr().out
+    assert store.release_baseline("9.4.6") is None
+    # the trigger's baseline: a pinned label, 'rolling' (which a release run has none of)
+    for baseline, judged in (("9.4.5", "release:9.4.5"), ("rolling", "rolling")):
+        assert main(given + [*release, "--release-label", "9.4.7", "--baseline", baseline]) == 0
+        (stage,) = store.stages(store.latest_runs(1)[0]["run_id"])
+        assert {c["detail"]["baseline"] for c in stage["comparisons"]} == {judged}, baseline
+    assert main(given + [*release, "--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
     assert "baseline: no release '9.9.9' is pinned" in capsys.readouterr().err

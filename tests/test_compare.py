@@ -229,6 +229,11 @@ def test_peers_lend_their_nights_by_how_likely_the_stage_shares_their_noise():
     # far from both hypotheses their densities underflow, not the odds between them
     assert peer_weight(9.3, 28.0, 1e-120, 0.1, 2.0) > 0.9
     assert 0 < peer_weight(9.3, 28.0, 1e60, 0.1, 2.0) < 1e-6
+    for nothing in (0.0, math.inf, math.nan):  # no ratio to weigh: judged alone, never NaN
+        assert peer_weight(9.3, 28.0, nothing, 0.1, 2.0) == 0.0
+    for setting, bad in (("pool_prior", 1.5), ("pool_guard", 1.0)):
+        with pytest.raises(ValueError, match=f"Policy.{setting}"):
+            Policy(**{setting: bad})
 
 
 def test_the_noise_estimate_is_the_t_likelihood_scale_tighter_than_the_mad():

@@ -29,11 +29,12 @@ better-direction and a minimum practical effect) of a valid stage:
   sharing), so a stage much noisier than its peers borrows next to nothing of their quieter
   noise. An F test at 0.25 that pooled or not (until 2026-12-03) kept 1 like stage in 4 on
   its own 20 nights; at the prior of 0.1 the weight takes the bench's cells at 80% of the
-  bound from 19 to 21 of 31 (the same draws), and the mixed suite's false alarms from
-  0.46 to 0.50 per 100 on average over three sets of draws, its worst metric from 0.77 to
-  0.90 (a prior of 0.2 caught 1 to 7 points more in the short cells and took the mixed
-  suite's worst to the bar; bench/README.md, "Peers' nights by weight" and the full
-  bench after it). Nor does a stage pool before its own
+  bound from 19 to 21 of 31 (the same draws, 200 series a cell: two cells within their
+  draws of the line), and the mixed suite's false alarms from 0.46 to 0.50 per 100 on
+  average over three sets of draws, its worst metric from 0.77 to 0.90 (a prior of 0.2
+  caught 1 to 7 points more than the F test in the short cells, 1.2 to 3.5 more than 0.1,
+  and took the mixed suite's worst to the bar; bench/README.md, "Peers' nights by weight"
+  and the full bench after it). Nor does a stage pool before its own
   nights can show it is noisier: with 8 nights an F test at `pool_level` misses a stage
   twice as noisy as its 3 peers 1 time in 5, and each miss lends it a sigma about 0.55 of
   its own; so a stage pools only once the test would catch that 9 times in 10

@@ -150,8 +150,8 @@ def peer_weight(own_dof: float, peers_dof: float, ratio: float, prior: float,
     beside 3 peers with as many, at the default prior of 0.1)."""
     if prior >= 1:
         return 1.0  # known to share it (the bench's "every peer trusted")
-    if prior <= 0:
-        return 0.0
+    if prior <= 0 or not 0 < ratio < math.inf:
+        return 0.0  # a ratio of 0 or none: no noise of its own to compare, judged alone
     # in logs: at a ratio far from both the densities underflow, their ratio does not
     shares = math.log(prior) + float(f_dist.logpdf(ratio, own_dof, peers_dof))
     noisier = (math.log1p(-prior) + float(f_dist.logpdf(ratio / guard ** 2, own_dof, peers_dof))

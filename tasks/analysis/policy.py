@@ -40,6 +40,10 @@ class Policy:
         if not 0 <= self.pool_prior <= 1:
             raise ValueError(f"Policy.pool_prior {self.pool_prior:g}: give a weight from 0 "
                              f"(never pool) to 1 (always)")
+        if not self.pool_guard > 1:
+            raise ValueError(f"Policy.pool_guard {self.pool_guard:g}: give how many times as "
+                             f"noisy as its peers (in sigma) a stage must be kept apart, "
+                             f"above 1")
         if not 0 <= self.across_level < self.false_alarm_level:
             raise ValueError(f"Policy.across_level {self.across_level:g}: give 0 or more, "
                              f"under false_alarm_level {self.false_alarm_level:g}")
