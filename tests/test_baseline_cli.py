@@ -131,7 +131,7 @@ def test_a_release_trigger_naming_a_baseline_not_pinned_for_its_broker_is_refuse
 
 
 @pytest.mark.alone
-@pytest.mark.slow  # about 50 s: four runs of one stage
+@pytest.mark.slow  # about 40 s: four runs of one stage
 def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_compared_with_it(
         tmp_path: Path, tiny_suite: Path, broker, spark_connect, capsys) -> None:
     """`perfpipe run --kind release --release-label L --promote` does what the release DAG's
