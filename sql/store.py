@@ -8,7 +8,6 @@ SQLite (the embedded default) and PostgreSQL (production) are supported.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -442,10 +441,9 @@ class Store:
     def pin_release_baseline(self, label: str, run_id: str) -> str | None:
         """Pin `run_id` as release `label`'s baseline; returns the run it was pinned to
         before (None: a new label)."""
-        if not re.fullmatch(metric_defs.RELEASE_LABEL, label):
+        if not metric_defs.is_release_label(label):
             raise StoreError(f"label {label!r}: a release label, as the release DAG takes "
-                             "it (letters, digits, '.', '_', '-'; not 'rolling', the earlier "
-                             "nights' baseline)")
+                             f"it ({metric_defs.RELEASE_LABEL_RULE})")
         with self._tx() as s:
             run = self._run(s, run_id)
             if run.status != "ok" or run.excluded:

@@ -7,6 +7,7 @@ library only (DAG files read it at parse time).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -212,6 +213,12 @@ CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_
 # A release label as a person types it (the release DAG's `release_label`, a pinned
 # baseline's); "rolling", the earlier nights' baseline, is never one
 RELEASE_LABEL = r"^(?!rolling$)[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+RELEASE_LABEL_RULE = "letters, digits, '.', '_', '-'; not 'rolling', the earlier nights' baseline"
+
+
+def is_release_label(label: str) -> bool:
+    """`label` names a release as the release DAG's Param takes it (`RELEASE_LABEL`)."""
+    return re.fullmatch(RELEASE_LABEL, label) is not None
 
 
 def against_release(label: str) -> str:

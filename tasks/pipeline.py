@@ -6,7 +6,6 @@ from before its plan to its teardown, so another run's steps never come between 
 
 from __future__ import annotations
 
-import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from . import rundir
 from .catalog.inventory import load_inventory
 from .config_files import ConfigError
 from .manage import promote_release, show_run
-from .metrics import RELEASE_LABEL
+from .metrics import RELEASE_LABEL_RULE, is_release_label
 from .run_context import RunContext
 from .settings import Settings
 from .steps import STEPS, Call, execute, lab_lock
@@ -67,9 +66,9 @@ def check_release_choices(kind: str, release_label: str | None, options: dict) -
     still fed the rolling history, where a flagged value stayed held out under an alert
     filed against the release."""
     if kind == "release":
-        if release_label is not None and not re.fullmatch(RELEASE_LABEL, release_label):
+        if release_label is not None and not is_release_label(release_label):
             raise ConfigError(f"--release-label {release_label!r}: give a release such as "
-                              f"9.4.5 (letters, digits, '.', '_', '-'; not 'rolling')")
+                              f"9.4.5 ({RELEASE_LABEL_RULE})")
         if options.get("promote") and not release_label:
             raise ConfigError("--promote: only a release run with its label is pinned; add "
                               "--release-label LABEL")
