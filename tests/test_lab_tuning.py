@@ -373,6 +373,70 @@ def test_a_qm_ini_is_tuned_read_back_and_put_back_exactly(lab, perfpipe_env, tmp
     assert not runner.snapshot_path(perfpipe_env, host.name).exists()
 
 
+@pytest.fixture
+def systemd_host(lab):
+    """broker1 as a host where systemd runs, as far as perfpipe's TasksMax can tell: in the
+    lab host's own mount namespace, /run/systemd/system exists and systemctl is
+    `tests/systemctl_standin.py` (a stand-in: systemd cannot run here), each on a tmpfs
+    unmounted after the test, so this machine's own /run/systemd and systemctl are never
+    touched. The stand-in loads the units once, as at boot."""
+    host = lab_hosts()[0]
+    standin = Path(__file__).with_name("systemctl_standin.py")
+    host.as_root(["mount", "-t", "tmpfs", "pplab-systemd", "/run/systemd"])
+    host.as_root(["mount", "-t", "tmpfs", "pplab-sbin", "/usr/local/sbin"])
+    try:
+        host.as_root(["mkdir", "/run/systemd/system"])
+        host.put(standin, "/usr/local/sbin/systemctl")
+        host.as_root(["chmod", "755", "/usr/local/sbin/systemctl"])
+        assert host.run(["sh", "-c", "command -v systemctl"]).stdout.strip() == (
+            "/usr/local/sbin/systemctl")
+        host.as_root(["systemctl", "daemon-reload"])
+        yield host
+    finally:
+        host.as_root(["umount", "/usr/local/sbin"], check=False)
+        host.as_root(["umount", "/run/systemd"], check=False)
+        host.as_root(["rm", "-rf", "--", "/etc/systemd/system/user-0.slice.d"], check=False)
+        host.close()
+
+
+def test_systemd_tasks_max_is_a_drop_in_of_its_own_that_restore_takes_away(
+        systemd_host, perfpipe_env):
+    """Where systemd runs, TasksMax is perfpipe's own drop-in, loaded by a daemon-reload and
+    read back from systemd; restore removes it, and the folder it made, and reloads, so the
+    unit is as its owner configured it (`systemctl set-property` would have left a
+    50-TasksMax.conf pinning the old value). An owner's drop-in beside it stays, and its
+    value is the one back."""
+    from tasks.tuning import runner
+    from tasks.tuning.profile import TuningProfile
+
+    host, folder = systemd_host, "/etc/systemd/system/user-0.slice.d"
+    profile = TuningProfile(name="tasks", tasks_max={"user": "root", "value": 65536})
+
+    def loaded() -> str:
+        return host.run(["systemctl", "show", "-p", "TasksMax", "--value", "user-0.slice"]).stdout.strip()
+
+    def listing() -> list[str]:
+        return host.run(["sh", "-c", "ls -A /etc/systemd/system 2>/dev/null; ls -A "
+                         f"{folder} 2>/dev/null || true"]).stdout.split()
+
+    for owners in (None, "[Slice]\nTasksMax=4242\n"):
+        if owners:
+            host.as_root(["mkdir", "-p", folder])
+            host.write_root_file(f"{folder}/10-owner.conf", owners)
+            host.as_root(["systemctl", "daemon-reload"])
+        before, files = loaded(), listing()
+        entries = runner.tune(host, profile, mode="apply", allow=[], state_dir=perfpipe_env)
+        assert [(e.before, e.after, e.action, e.note) for e in entries] == [
+            (before, "65536", "applied", "systemd")]
+        assert host.read_root_file(f"{folder}/90-perfpipe.conf") == (
+            "# written by perfpipe, profile tasks\n[Slice]\nTasksMax=65536\n")
+        restored = runner.restore(host, state_dir=perfpipe_env)
+        assert [(e.kind, e.after, e.ok) for e in restored] == [
+            ("file", "(removed)", True), ("tasks_max", before, True)]
+        assert (loaded(), listing()) == (before, files)
+    assert before == "4242"
+
+
 def test_a_nofile_limit_above_nr_open_is_refused_before_anything_is_written(
         lab, perfpipe_env):
     """pam_limits cannot set it, and PAM then refuses every login it applies to, ssh

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
 
 from ..brokers import activemq, mqxr, qmini
 from ..hosts import Host, HostError
@@ -64,9 +65,24 @@ def allowed(key: str, patterns: list[str]) -> bool:
 
 
 # ---- files -----------------------------------------------------------------------------
+_FIRST_MISSING = ('d=$(dirname -- "$1"); m=; '
+                  'while [ ! -d "$d" ]; do m=$d; d=$(dirname -- "$d"); done; printf %s "$m"')
+
+
+def first_missing_dir(host: Host, path: str) -> str | None:
+    """The outermost folder on the way to `path` that does not exist (None: its folder
+    does): what writing the file would make, and its restore removes."""
+    made = host.as_root(["sh", "-c", _FIRST_MISSING, "sh", path]).stdout
+    return made or None
+
+
 def remember_file(host: Host, undo: Undo, path: str) -> None:
+    """Record a file's content before it is written; for a file that is not there, also
+    the folders its writing makes (`made`), so a restore leaves none of them behind."""
     if not undo._has("file", path):
-        undo.remember("file", path, content=host.read_root_file(path))
+        content = host.read_root_file(path)
+        made = first_missing_dir(host, path) if content is None else None
+        undo.remember("file", path, content=content, **({"made": made} if made else {}))
 
 
 def write_file(host: Host, undo: Undo, path: str, content: str) -> bool:
@@ -79,11 +95,18 @@ def write_file(host: Host, undo: Undo, path: str, content: str) -> bool:
     return True
 
 
-def restore_file(host: Host, path: str, content: str | None) -> None:
-    if content is None:
-        host.as_root(["rm", "-f", "--", path])
-    else:
+def restore_file(host: Host, path: str, content: str | None, made: str | None = None) -> None:
+    """Put a file back as recorded: its content, or gone, with the folders its writing
+    made (`made` and those in it on the way to the file) where they are empty again."""
+    if content is not None:
         host.write_root_file(path, content)
+        return
+    host.as_root(["rm", "-f", "--", path])
+    folder = PurePosixPath(path).parent
+    while made and folder.is_relative_to(made):
+        if not host.as_root(["rmdir", "--", str(folder)], check=False).ok:
+            break  # not empty: something else is in it now, and stays
+        folder = folder.parent
 
 
 # ---- sysctl ----------------------------------------------------------------------------
@@ -198,6 +221,13 @@ def _tasks_max_target(host: Host, spec: TasksMax) -> tuple[str, str]:
     return "cgroup", f"/sys/fs/cgroup/pids/perfpipe-user-{uid}/pids.max"
 
 
+def systemd_dropin(unit: str) -> str:
+    """perfpipe's own drop-in for a unit: a file of its own, recorded and put back like the
+    sysctl and limits ones (not `systemctl set-property`'s 50-TasksMax.conf, which a
+    restore could only overwrite with the old value, pinned for good)."""
+    return f"/etc/systemd/system/{unit}.d/90-perfpipe.conf"
+
+
 def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
     if mode == "systemd":
         out = host.run(["systemctl", "show", "-p", "TasksMax", "--value", target], check=False)
@@ -206,16 +236,22 @@ def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
     return text.strip() if text is not None else None
 
 
-def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, apply: bool) -> list[Entry]:
+def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, profile: str,
+                    apply: bool) -> list[Entry]:
     mode, target = _tasks_max_target(host, spec)
     wanted = str(spec.value)
     before = read_tasks_max(host, mode, target)
     action = "unchanged" if before == wanted else "check-only"
     if before != wanted and apply:
-        undo.remember("tasks_max", target, mode=mode, before=before)
         if mode == "systemd":
-            host.as_root(["systemctl", "set-property", target, f"TasksMax={wanted}"])
+            # recorded before the drop-in's own record: restored after it, newest first
+            dropin = systemd_dropin(target)
+            undo.remember("tasks_max", target, mode=mode, before=before, dropin=dropin)
+            write_file(host, undo, dropin, f"# written by perfpipe, profile {profile}\n"
+                                           f"[Slice]\nTasksMax={wanted}\n")
+            host.as_root(["systemctl", "daemon-reload"])
         else:
+            undo.remember("tasks_max", target, mode=mode, before=before)
             host.as_root(["mkdir", "-p", target.rsplit("/", 1)[0]])
             host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", wanted, target])
         action = "applied"
@@ -224,8 +260,14 @@ def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, apply: bool) -> list
 
 
 def restore_tasks_max(host: Host, record: dict) -> None:
+    """Put a TasksMax back. systemd: its drop-in's own record has put the file back (or
+    removed it), and systemd reloads its units' files; a record from before perfpipe had a
+    drop-in of its own (no `dropin`) sets the old value with `set-property`, as it was
+    applied."""
     target = record["key"]
-    if record["mode"] == "systemd":
+    if record["mode"] == "systemd" and record.get("dropin"):
+        host.as_root(["systemctl", "daemon-reload"])
+    elif record["mode"] == "systemd":
         host.as_root(["systemctl", "set-property", target, f"TasksMax={record['before'] or 'infinity'}"])
     elif record["before"] is None:
         host.as_root(["rmdir", "--", target.rsplit("/", 1)[0]])

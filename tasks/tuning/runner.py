@@ -66,7 +66,7 @@ def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
     if profile.limits:
         entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
     if profile.tasks_max:
-        entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, apply)
+        entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, profile.name, apply)
     if profile.qm_ini:
         entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
     if profile.jvm_heap:
@@ -85,7 +85,7 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
             host.as_root(["sysctl", "-q", "-w", f"{record['key']}={record['before']}"])
             after = kinds.read_sysctl(host, record["key"])
         elif record["kind"] == "file":
-            kinds.restore_file(host, record["key"], record["content"])
+            kinds.restore_file(host, record["key"], record["content"], record.get("made"))
             now = host.read_root_file(record["key"])
             after = ("(removed)" if now is None else "(restored)" if now == record["content"]
                      else "(differs from the record)")
@@ -95,7 +95,7 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
         else:
             continue
         wanted = record.get("before")
-        if record["kind"] == "tasks_max" and record["mode"] == "systemd":
+        if record["kind"] == "tasks_max" and record["mode"] == "systemd" and not record.get("dropin"):
             wanted = wanted or "infinity"  # what `restore_tasks_max` sets for a value unread
         if record["kind"] == "file":
             wanted = "(removed)" if record["content"] is None else "(restored)"
