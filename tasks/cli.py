@@ -212,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
                      help="what the run is stored as: a release run stays out of the rolling "
                      "history and always posts a Slack summary (default: manual)")
     run.add_argument("--release-label", metavar="LABEL",
-                     help="with --kind release: the release the run measures, e.g. 9.4.5")
+                     help="required with --kind release: the release the run measures, e.g. 9.4.5")
     run.add_argument("--baseline", metavar="LABEL",
                      help="with --kind release: compare with 'rolling' history or a release "
                      "label pinned for this broker kind (refused at plan otherwise); default: "
@@ -220,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--broker-version", metavar="VERSION",
                      help="the version the broker must report (default: not checked)")
     run.add_argument("--promote", action="store_true",
-                     help="with --kind release and --release-label: pin the run as its "
+                     help="with --kind release: pin the run as its "
                      "label's baseline if it ends ok")
     tune = _command(sub, "tune", "check, apply or restore a tuning profile on the hosts",
                     "Host tuning (PERFPIPE_TUNING_DIR, default infra/tuning/): check a "

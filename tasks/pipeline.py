@@ -60,18 +60,18 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
 
 
 def check_release_choices(kind: str, release_label: str | None, options: dict) -> None:
-    """A ConfigError before anything runs for a trigger choice only a release run can take
-    (named as `perfpipe run` spells it). The release DAG's Params give a release run its
-    label; a baseline of another run's kind would judge it against a release while it
+    """A ConfigError before anything runs for a release run without its label, as the
+    release DAG's Params require one, or a trigger choice only a release run can take
+    (named as `perfpipe run` spells it). A baseline of another run's kind would judge it against a release while it
     still fed the rolling history, where a flagged value stayed held out under an alert
     filed against the release."""
     if kind == "release":
-        if release_label is not None and not is_release_label(release_label):
+        if not release_label:  # the release DAG's Param requires one too
+            raise ConfigError("--kind release: a release run is named by the release it "
+                              "measures; add --release-label LABEL, e.g. 9.4.5")
+        if not is_release_label(release_label):
             raise ConfigError(f"--release-label {release_label!r}: give a release such as "
                               f"9.4.5 ({RELEASE_LABEL_RULE})")
-        if options.get("promote") and not release_label:
-            raise ConfigError("--promote: only a release run with its label is pinned; add "
-                              "--release-label LABEL")
         return
     for name, given in (("--release-label", release_label), ("--baseline", options.get("baseline")),
                         ("--promote", options.get("promote"))):

@@ -150,8 +150,9 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
     refused = {("--promote",): "--promote: only a release run takes it; add --kind release",
                ("--baseline", "9.4.5"): "--baseline: only a release run takes it",
                ("--release-label", "9.4.5"): "--release-label: only a release run takes it",
-               (*release, "--promote"): "--promote: only a release run with its label is "
-               "pinned; add --release-label LABEL",
+               (*release, "--promote"): "--kind release: a release run is named by the "
+               "release it measures; add --release-label LABEL",
+               tuple(release): "add --release-label LABEL",
                (*release, "--release-label", "rolling"): "--release-label 'rolling': give a "
                "release such as 9.4.5"}
     for options, said in refused.items():
@@ -176,5 +177,5 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
         assert main(given + [*release, "--release-label", "9.4.7", "--baseline", baseline]) == 0
         (stage,) = store.stages(store.latest_runs(1)[0]["run_id"])
         assert {c["detail"]["baseline"] for c in stage["comparisons"]} == {judged}, baseline
-    assert main(given + [*release, "--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
+    assert main(given + [*release, "--release-label", "9.4.8", "--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
     assert "baseline: no release '9.9.9' is pinned" in capsys.readouterr().err

@@ -516,7 +516,7 @@ def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
                          "broker: {kind: mosquitto, host: localhost, managed: false, address: "
                          f"127.0.0.1, port: {broker.port}}}\n")
     code = main(["run", "--suite", _one_stage_suite(tiny_suite), "--inventory", str(inventory),
-                 "--kind", "release"])
+                 "--kind", "release", "--release-label", "2.0.18"])
     said = capsys.readouterr().out
     assert code == 5, said
     (run,) = Store(load_settings().database_url()).latest_runs(5)
@@ -525,7 +525,7 @@ def test_a_run_slack_refused_ends_ok_with_a_warning_and_its_own_exit_code(
                               "(HTTP 200); 0 alert(s) kept for the next run")
     assert f"warning: {run['warning']}" in said  # in the run's summary
     kept = json.loads((Path(run["artifact_dir"]) / "slack_message.json").read_text())
-    assert kept["posted"] is False and kept["text"].startswith("perfpipe release run ")
+    assert kept["posted"] is False and kept["text"].startswith("perfpipe release 2.0.18 run ")
     assert [c.method for c in slack.calls] == ["chat.postMessage"]
 
 
