@@ -225,7 +225,10 @@ def parser() -> argparse.ArgumentParser:
     tune = _command(sub, "tune", "check, apply or restore a tuning profile on the hosts",
                     "Host tuning (PERFPIPE_TUNING_DIR, default infra/tuning/): check a "
                     "profile's values on each host, "
-                    "apply them (recording what they were), or restore what was applied.",
+                    "apply them (recording what they were), or restore what was applied. "
+                    "Prints a table of each value wanted, before and after, and under it "
+                    "each value's note: how it was read back, or the commands to run for "
+                    "one perfpipe does not set (IBM MQ's MQXR heap).",
                     _tune)
     tune.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
     tune.add_argument("--profile", help="a profile's name, NAME for <tuning dir>/NAME.yml "

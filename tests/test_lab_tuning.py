@@ -52,8 +52,15 @@ def tune(mode: str, capsys, *extra: str) -> tuple[int, str, str]:
 
 
 def rows(output: str) -> list[list[str]]:
+    """The table's rows (its columns two spaces apart), not the notes under it."""
     return [line.split() for line in output.splitlines()
-            if line.split() and line.split()[0] in ("broker1", "driver1", "driver2")]
+            if line.startswith(("broker1  ", "driver1  ", "driver2  "))]
+
+
+def notes(output: str) -> list[str]:
+    """The lines under the table: a host, a value's kind and key, its note."""
+    return [line for line in output.splitlines()
+            if line[:8] in ("broker1 ", "driver1 ", "driver2 ") and line[8:9] != " "]
 
 
 @pytest.mark.slow  # about 13 s
@@ -382,9 +389,17 @@ def systemd_host(lab):
     touched. The stand-in loads the units once, as at boot."""
     host = lab_hosts()[0]
     standin = Path(__file__).with_name("systemctl_standin.py")
-    host.as_root(["mount", "-t", "tmpfs", "pplab-systemd", "/run/systemd"])
-    host.as_root(["mount", "-t", "tmpfs", "pplab-sbin", "/usr/local/sbin"])
+
+    def take_away() -> None:  # after the test, and before it: one killed midway left them
+        for mounted in ("/usr/local/sbin", "/run/systemd"):
+            if host.run(["mountpoint", "-q", mounted], check=False).ok:
+                host.as_root(["umount", mounted])
+        host.as_root(["rm", "-rf", "--", "/etc/systemd/system/user-0.slice.d"])
+
+    take_away()
     try:
+        host.as_root(["mount", "-t", "tmpfs", "pplab-systemd", "/run/systemd"])
+        host.as_root(["mount", "-t", "tmpfs", "pplab-sbin", "/usr/local/sbin"])
         host.as_root(["mkdir", "/run/systemd/system"])
         host.put(standin, "/usr/local/sbin/systemctl")
         host.as_root(["chmod", "755", "/usr/local/sbin/systemctl"])
@@ -393,9 +408,7 @@ def systemd_host(lab):
         host.as_root(["systemctl", "daemon-reload"])
         yield host
     finally:
-        host.as_root(["umount", "/usr/local/sbin"], check=False)
-        host.as_root(["umount", "/run/systemd"], check=False)
-        host.as_root(["rm", "-rf", "--", "/etc/systemd/system/user-0.slice.d"], check=False)
+        take_away()
         host.close()
 
 
@@ -427,7 +440,7 @@ def test_systemd_tasks_max_is_a_drop_in_of_its_own_that_restore_takes_away(
         before, files = loaded(), listing()
         entries = runner.tune(host, profile, mode="apply", allow=[], state_dir=perfpipe_env)
         assert [(e.before, e.after, e.action, e.note) for e in entries] == [
-            (before, "65536", "applied", "systemd")]
+            (before, "65536", "applied", f"systemd: {folder}/90-perfpipe.conf")]
         assert host.read_root_file(f"{folder}/90-perfpipe.conf") == (
             "# written by perfpipe, profile tasks\n[Slice]\nTasksMax=65536\n")
         restored = runner.restore(host, state_dir=perfpipe_env)
@@ -435,6 +448,26 @@ def test_systemd_tasks_max_is_a_drop_in_of_its_own_that_restore_takes_away(
             ("file", "(removed)", True), ("tasks_max", before, True)]
         assert (loaded(), listing()) == (before, files)
     assert before == "4242"
+
+
+def test_tune_prints_each_value_s_note_the_mqxr_heap_commands_among_them(
+        lab, perfpipe_env, tmp_path, monkeypatch, capsys):
+    """IBM MQ cannot run here, and perfpipe does not set its MQXR heap: it gives the runmqsc
+    commands that do. `perfpipe tune` prints them under its table, with every value's note:
+    here TasksMax's, a cgroup of its own on a host without systemd, which limits no
+    process, and says so."""
+    (tmp_path / "mq.yml").write_text(
+        "name: mq\njvm_heap: {service: mqxr, queue_manager: PERF0, xms: 4096M, xmx: 4096M}\n"
+        "tasks_max: {user: root, value: 65536}\n")
+    monkeypatch.setenv("PERFPIPE_TUNING_DIR", str(tmp_path))
+    code, out, err = tune("check", capsys, "--profile", "mq", "--host", "broker1")
+    assert code == 0, out + err
+    said = notes(out)
+    assert said[0].startswith("broker1 tasks_max root (/sys/fs/cgroup/pids/perfpipe-user-0/"
+                               "pids.max): cgroup (no systemd): ") and "limits none" in said[0]
+    assert said[1].startswith("broker1 jvm_heap mqxr -Xms: run with runmqsc PERF0: "
+                               "STOP SERVICE(SYSTEM.MQXR.SERVICE) ; ALTER SERVICE(")
+    assert '-J "-Xms4096M" -J "-Xmx4096M"' in said[1] and len(said) == 3, out
 
 
 def test_a_nofile_limit_above_nr_open_is_refused_before_anything_is_written(

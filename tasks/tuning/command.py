@@ -1,4 +1,6 @@
-"""`perfpipe tune`: a per-host table of key, wanted, before, after, ok; one line per failed host."""
+"""`perfpipe tune`: a per-host table of key, wanted, before, after, ok; a line per value's
+note (how it was read back, the commands to run for one perfpipe cannot set); one line per
+failed host."""
 
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ def tune_command(settings: Settings, *, inventory: Path, profile: str | None, mo
              "before": e.before, "after": e.after, "ok": "yes" if e.ok else "NO",
              "action": e.action} for r in results for e in r.entries]
     print(table(rows))
+    for r in results:  # what a value's row cannot hold: how it was read, what to run
+        for e in r.entries:
+            if e.note:
+                print(f"{r.host} {e.kind} {e.key}: {e.note}")
     for r in results:
         if r.error:
             print(f"{r.host}: ERROR {r.error}", file=sys.stderr)

@@ -255,8 +255,19 @@ def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, profile: str,
             host.as_root(["mkdir", "-p", target.rsplit("/", 1)[0]])
             host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", wanted, target])
         action = "applied"
+    note = (f"systemd: {systemd_dropin(target)}" if mode == "systemd" else
+            "cgroup (no systemd): a pids cgroup of perfpipe's own, into which no process is "
+            "moved, so it limits none here")
     return [Entry("tasks_max", f"{spec.user} ({target})", wanted, before,
-                  read_tasks_max(host, mode, target), action, mode)]
+                  read_tasks_max(host, mode, target), action, note)]
+
+
+def tasks_max_restored(record: dict) -> str | None:
+    """The TasksMax a restore of `record` puts back: its before-value; `infinity` for one
+    unread that `set-property` sets (a record from before the drop-in of perfpipe's own)."""
+    if record["mode"] == "systemd" and not record.get("dropin"):
+        return record["before"] or "infinity"
+    return record["before"]
 
 
 def restore_tasks_max(host: Host, record: dict) -> None:
@@ -268,7 +279,7 @@ def restore_tasks_max(host: Host, record: dict) -> None:
     if record["mode"] == "systemd" and record.get("dropin"):
         host.as_root(["systemctl", "daemon-reload"])
     elif record["mode"] == "systemd":
-        host.as_root(["systemctl", "set-property", target, f"TasksMax={record['before'] or 'infinity'}"])
+        host.as_root(["systemctl", "set-property", target, f"TasksMax={tasks_max_restored(record)}"])
     elif record["before"] is None:
         host.as_root(["rmdir", "--", target.rsplit("/", 1)[0]])
     else:

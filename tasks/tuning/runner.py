@@ -95,8 +95,8 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
         else:
             continue
         wanted = record.get("before")
-        if record["kind"] == "tasks_max" and record["mode"] == "systemd" and not record.get("dropin"):
-            wanted = wanted or "infinity"  # what `restore_tasks_max` sets for a value unread
+        if record["kind"] == "tasks_max":
+            wanted = kinds.tasks_max_restored(record)
         if record["kind"] == "file":
             wanted = "(removed)" if record["content"] is None else "(restored)"
         entry = kinds.Entry(record["kind"], record["key"], wanted, None, after, "restored")
