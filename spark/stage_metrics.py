@@ -22,6 +22,7 @@ from tasks.analysis.validity import (
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
+    fan_out,
     process_cpu_pct,
     promised_qos,
 )
@@ -88,9 +89,9 @@ def traffic_metrics(stage: StageFiles, per_second: dict[int, tuple[int, int]]) -
         "throughput_cv": _cv(delivered),
         "messages_delivered": sum(delivered),
     }
-    target, expected = stage.doc.get("target_publish_rate"), stage.doc.get("expected_delivery_rate")
-    if target and expected is not None:
-        owed = backlog(published, delivered, expected / target)
+    deliveries_each = fan_out(stage.doc.get("expected_delivery_rate"), stage.doc.get("target_publish_rate"))
+    if deliveries_each is not None:
+        owed = backlog(published, delivered, deliveries_each)
         metrics["backlog_max"] = max([0.0, *owed])
         metrics["backlog_slope"] = slope(owed)
     series = {"seconds": seconds, "delivered_per_s": delivered, "published_per_s": published}

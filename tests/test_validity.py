@@ -6,6 +6,7 @@ from spark.stage_files import StageFiles
 from spark.stage_metrics import loss_metrics, qos_metrics
 from tasks.analysis.validity import (
     backlog_rising,
+    fan_out,
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
@@ -13,8 +14,8 @@ from tasks.analysis.validity import (
     stage_notes,
 )
 
-GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "delivered_rate": 1000.0,
-        "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
+GOOD = {"achieved_ratio": 1.0, "target_rate": 1000.0, "expected_delivery_rate": 1000.0,
+        "delivered_rate": 1000.0, "throughput_cv": 0.02, "errors": 0, "lost": 0, "duplicated": 0}
 KEEPING_UP = {"published_per_s": [1000] * 5, "delivered_per_s": [1000, 990, 1010, 1000, 1000]}
 
 
@@ -182,3 +183,24 @@ def test_a_backlog_rising_through_the_window_invalidates_the_stage():
     fan = {"published_per_s": [100] * 4, "delivered_per_s": [1000] * 4}
     assert backlog_rising(fan, fan_out=10.0) is None
     assert backlog_rising(KEEPING_UP, fan_out=1.0) is None
+
+
+def test_a_hold_the_search_saw_keep_up_is_not_made_to_fall_behind_by_rounding():
+    """A capacity night of the slowdown test (2026-12-03): a 2 s hold at 2077.5 msg/s
+    delivered 2077 then 1988 a second. The search saw the backlog rise in 1 second of 2 and
+    kept the rate; the gates, reading the fan-out as delivered rate / achieved ratio /
+    target rate from the rounded stored metrics (1 + 1e-11), saw the first second owe
+    2e-8 messages, called it rising (2 of 2) and made the night invalid. A second rises
+    by half a message or more, and the fan-out is the one the search reads."""
+    series = {"published_per_s": [2077, 2077], "delivered_per_s": [2077, 1988]}
+    stored = {**GOOD, "target_rate": 2077.516784, "expected_delivery_rate": 2077.516784,
+              "delivered_rate": 2032.5, "achieved_ratio": 0.9783314462, "throughput_cv": 0.022}
+    assert judge(stored, qos=0, aggregation_status="ok", problems=[], series=series) == (
+        "valid", [])
+    assert backlog_rising(series, fan_out=1.0 + 1e-11) is None
+    assert backlog_rising(series, fan_out(2077.5167842339424, 2077.5167842339424)) is None
+    # the same growth, rising in both seconds, still falls behind
+    behind = {"published_per_s": [2077, 2077], "delivered_per_s": [2030, 2035]}
+    assert backlog_rising(behind, fan_out=1.0) == (
+        "backlog rose in 2 of 2 seconds, by 89 messages (2.1% of the window's deliveries): "
+        "the broker fell behind")
