@@ -22,7 +22,7 @@ from tasks.analysis.validity import (
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
-    fan_out,
+    deliveries_per_message,
     process_cpu_pct,
     promised_qos,
 )
@@ -89,9 +89,10 @@ def traffic_metrics(stage: StageFiles, per_second: dict[int, tuple[int, int]]) -
         "throughput_cv": _cv(delivered),
         "messages_delivered": sum(delivered),
     }
-    deliveries_each = fan_out(stage.doc.get("expected_delivery_rate"), stage.doc.get("target_publish_rate"))
-    if deliveries_each is not None:
-        owed = backlog(published, delivered, deliveries_each)
+    per_message = deliveries_per_message(stage.doc.get("expected_delivery_rate"),
+                                         stage.doc.get("target_publish_rate"))
+    if per_message is not None:
+        owed = backlog(published, delivered, per_message)
         metrics["backlog_max"] = max([0.0, *owed])
         metrics["backlog_slope"] = slope(owed)
     series = {"seconds": seconds, "delivered_per_s": delivered, "published_per_s": published}

@@ -62,9 +62,9 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
 def check_release_choices(kind: str, release_label: str | None, options: dict) -> None:
     """A ConfigError before anything runs for a release run without its label, as the
     release DAG's Params require one, or a trigger choice only a release run can take
-    (named as `perfpipe run` spells it). A baseline of another run's kind would judge it against a release while it
-    still fed the rolling history, where a flagged value stayed held out under an alert
-    filed against the release."""
+    (named as `perfpipe run` spells it). A baseline of another run's kind would judge it
+    against a release while it still fed the rolling history, where a flagged value
+    stayed held out under an alert filed against the release."""
     if kind == "release":
         if not release_label:  # the release DAG's Param requires one too
             raise ConfigError("--kind release: a release run is named by the release it "

@@ -177,5 +177,6 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
         assert main(given + [*release, "--release-label", "9.4.7", "--baseline", baseline]) == 0
         (stage,) = store.stages(store.latest_runs(1)[0]["run_id"])
         assert {c["detail"]["baseline"] for c in stage["comparisons"]} == {judged}, baseline
-    assert main(given + [*release, "--release-label", "9.4.8", "--baseline", "9.9.9"]) == 2  # never pinned: refused at plan
+    # a baseline never pinned: refused at plan
+    assert main(given + [*release, "--release-label", "9.4.8", "--baseline", "9.9.9"]) == 2
     assert "baseline: no release '9.9.9' is pinned" in capsys.readouterr().err

@@ -426,7 +426,8 @@ def test_systemd_tasks_max_is_a_drop_in_of_its_own_that_restore_takes_away(
     profile = TuningProfile(name="tasks", tasks_max={"user": "root", "value": 65536})
 
     def loaded() -> str:
-        return host.run(["systemctl", "show", "-p", "TasksMax", "--value", "user-0.slice"]).stdout.strip()
+        return host.run(["systemctl", "show", "-p", "TasksMax", "--value",
+                         "user-0.slice"]).stdout.strip()
 
     def listing() -> list[str]:
         return host.run(["sh", "-c", "ls -A /etc/systemd/system 2>/dev/null; ls -A "

@@ -46,6 +46,12 @@ A_NIGHTS, B_NIGHTS = 5, 2
 # (marked beyond doubt once), the second a `regression`. How small a step the detector
 # catches, and at which noise, is bench/bench_capacity.py's and bench_detector.py's job.
 CAUGHT = ["learning", "regression"]  # the B nights' verdicts
+# A history night the hypervisor disturbed is not a quiet A night: on the shared VMs this
+# runs on, two clean clones of 2026-12-03 each had one whose host_steal_pct was 47 and 58
+# (0-15 on the others) and the broker's cost 2.4x the rest, which kept the learning rule
+# from calling +500% beyond doubt. Such a night is excluded and measured again.
+STOLEN_PCT = 30.0  # % of a CPU
+REMEASURED = 2  # nights measured again, at most, per call of run_nights
 TOPIC, PAYLOAD, PUBLISHERS = "perfpipe/slowdown", 256, 10
 PACKET = len(Template(TOPIC, 0, PAYLOAD, 0, 0).packet)  # a QoS 0 delivery, as sent
 CAPACITY = 2_000  # msg/s the proxy lets the broker deliver to the one subscriber
@@ -122,13 +128,30 @@ def verdicts(run_id: str) -> dict[str, dict]:
 def run_nights(suite: str, inventories: list[Path], slack, first: int = 1) -> list[dict]:
     """Nights `first`, `first` + 1, ... in order; Slack must stay quiet through the A nights
     (whatever a short history's verdicts) and the first B night (a suspicion waits for the
-    next night)."""
-    nights = []
+    next night). An A night whose host's CPUs the hypervisor took (`STOLEN_PCT`) is
+    excluded, as its operator would exclude it, and measured again (`REMEASURED` times a
+    call at most), saying so."""
+    nights, again = [], 0
     for number, inventory in enumerate(inventories, first):
-        nights.append(verdicts(night(suite, inventory)))
+        tonight = verdicts(night(suite, inventory))
+        while (number <= A_NIGHTS and again < REMEASURED
+               and (stolen := tonight["stage"]["metrics"].get("host_steal_pct") or 0) > STOLEN_PCT):
+            again += 1
+            print(f"night {number}: the hypervisor took {stolen:.0f}% of a CPU (host_steal_pct): "
+                  "excluded, measured again")
+            exclude(tonight["stage"]["run_id"], f"host steal {stolen:.0f}% of a CPU")
+            tonight = verdicts(night(suite, inventory))
+        nights.append(tonight)
         if number <= A_NIGHTS + 1:
             assert slack.posts() == [], f"night {number} alerted: {slack.posts()[-1].body}"
     return nights
+
+
+def exclude(run_id: str, reason: str) -> None:
+    from tasks.settings import load_settings
+
+    store = Store(load_settings().database_url())
+    store.finish_run(run_id, store.run(run_id)["status"], excluded=True, reason=reason)
 
 
 def last_run_dir() -> Path:

@@ -6,7 +6,7 @@ from spark.stage_files import StageFiles
 from spark.stage_metrics import loss_metrics, qos_metrics
 from tasks.analysis.validity import (
     backlog_rising,
-    fan_out,
+    deliveries_per_message,
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
@@ -198,7 +198,8 @@ def test_a_hold_the_search_saw_keep_up_is_not_made_to_fall_behind_by_rounding():
     assert judge(stored, qos=0, aggregation_status="ok", problems=[], series=series) == (
         "valid", [])
     assert backlog_rising(series, fan_out=1.0 + 1e-11) is None
-    assert backlog_rising(series, fan_out(2077.5167842339424, 2077.5167842339424)) is None
+    exact = deliveries_per_message(2077.5167842339424, 2077.5167842339424)
+    assert backlog_rising(series, exact) is None
     # the same growth, rising in both seconds, still falls behind
     behind = {"published_per_s": [2077, 2077], "delivered_per_s": [2030, 2035]}
     assert backlog_rising(behind, fan_out=1.0) == (

@@ -28,7 +28,8 @@ class Gates:
     rising_share: float = 0.8
 
 
-def fan_out(expected_delivery_rate: float | None, target_rate: float | None) -> float | None:
+def deliveries_per_message(expected_delivery_rate: float | None,
+                           target_rate: float | None) -> float | None:
     """Deliveries expected per message published: the stage's expected delivery rate over
     its publish rate (None where either is unknown), as the search, the gates and the
     aggregation's backlog read it."""
@@ -42,10 +43,10 @@ RISE = 0.5  # messages: a backlog that grew less in a second did not rise (round
 
 def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str | None:
     """Why the subscription backlog kept rising over the window, or None. `fan_out`:
-    deliveries expected per message published (`fan_out`). A second counts as rising when
-    the backlog grew by `RISE` or more: a fan-out read from rounded rates is a hair off 1,
-    and a second that owed 1e-8 messages more once counted, turning a hold that kept up
-    into one that fell behind (the search and the gates disagreed on it)."""
+    deliveries expected per message published (`deliveries_per_message`). A second counts
+    as rising when the backlog grew by `RISE` or more: a fan-out read from rounded rates
+    is a hair off 1, and a second that owed 1e-8 messages more once counted, turning a
+    hold that kept up into one that fell behind (the search and the gates disagreed)."""
     published, delivered = series.get("published_per_s") or [], series.get("delivered_per_s") or []
     if len(published) < 2 or len(published) != len(delivered) or fan_out <= 0:
         return None
@@ -175,8 +176,10 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
     cv = metrics.get("throughput_cv")
     if cv is not None and cv > gates.max_throughput_cv:
         reasons.append(f"throughput unstable over the window (CV {cv:.2f} > {gates.max_throughput_cv})")
-    if (deliveries_each := fan_out(metrics.get("expected_delivery_rate"), metrics.get("target_rate"))):
-        backlog = backlog_rising(series or {}, deliveries_each, gates)
+    per_message = deliveries_per_message(metrics.get("expected_delivery_rate"),
+                                         metrics.get("target_rate"))
+    if per_message:
+        backlog = backlog_rising(series or {}, per_message, gates)
         if backlog:
             reasons.append(backlog)
     if limited := driver_limit(metrics, gates):

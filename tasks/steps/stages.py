@@ -19,7 +19,12 @@ from datetime import datetime, timezone
 
 from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
-from ..analysis.validity import backlog_rising, drivers_cpus_used_pct, fan_out, process_cpu_pct
+from ..analysis.validity import (
+    backlog_rising,
+    deliveries_per_message,
+    drivers_cpus_used_pct,
+    process_cpu_pct,
+)
 from ..brokers import ADAPTERS
 from ..catalog.cpus import kept_on, others, parse, pinned
 from ..catalog.placement import (
@@ -308,14 +313,14 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
     expected = ran["expected_delivery_rate"] * seconds
     series = {"published_per_s": [s["published"] for s in per_second.values()],
               "delivered_per_s": [s["received"] - s["duplicated"] for s in per_second.values()]}
-    deliveries_each = fan_out(ran["expected_delivery_rate"], stage.target_publish_rate)
+    per_message = deliveries_per_message(ran["expected_delivery_rate"], stage.target_publish_rate)
     return ProbeResult(rate=stage.target_publish_rate,
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
                        connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
                                            for s in summaries),
-                       backlog=backlog_rising(series, deliveries_each) if deliveries_each else None,
+                       backlog=backlog_rising(series, per_message) if per_message else None,
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))
 

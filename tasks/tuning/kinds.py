@@ -279,7 +279,8 @@ def restore_tasks_max(host: Host, record: dict) -> None:
     if record["mode"] == "systemd" and record.get("dropin"):
         host.as_root(["systemctl", "daemon-reload"])
     elif record["mode"] == "systemd":
-        host.as_root(["systemctl", "set-property", target, f"TasksMax={tasks_max_restored(record)}"])
+        host.as_root(["systemctl", "set-property", target,
+                      f"TasksMax={tasks_max_restored(record)}"])
     elif record["before"] is None:
         host.as_root(["rmdir", "--", target.rsplit("/", 1)[0]])
     else:
