@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
 from tasks.analysis.validity import (
+    deliveries_per_message,
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
-    deliveries_per_message,
     process_cpu_pct,
     promised_qos,
 )

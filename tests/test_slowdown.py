@@ -49,7 +49,8 @@ CAUGHT = ["learning", "regression"]  # the B nights' verdicts
 # A history night the hypervisor disturbed is not a quiet A night: on the shared VMs this
 # runs on, two clean clones of 2026-12-03 each had one whose host_steal_pct was 47 and 58
 # (0-15 on the others) and the broker's cost 2.4x the rest, which kept the learning rule
-# from calling +500% beyond doubt. Such a night is excluded and measured again.
+# from calling +500% beyond doubt. Such a night is excluded and measured again. Only the
+# managed test's rated stage records the host's steal; a search stage does not.
 STOLEN_PCT = 30.0  # % of a CPU
 REMEASURED = 2  # nights measured again, at most, per call of run_nights
 TOPIC, PAYLOAD, PUBLISHERS = "perfpipe/slowdown", 256, 10
@@ -128,9 +129,9 @@ def verdicts(run_id: str) -> dict[str, dict]:
 def run_nights(suite: str, inventories: list[Path], slack, first: int = 1) -> list[dict]:
     """Nights `first`, `first` + 1, ... in order; Slack must stay quiet through the A nights
     (whatever a short history's verdicts) and the first B night (a suspicion waits for the
-    next night). An A night whose host's CPUs the hypervisor took (`STOLEN_PCT`) is
-    excluded, as its operator would exclude it, and measured again (`REMEASURED` times a
-    call at most), saying so."""
+    next night). An A night whose host's CPUs the hypervisor took (`STOLEN_PCT`, on a
+    stage that records the host's steal: the rated one) is excluded, as its operator
+    would exclude it, and measured again (`REMEASURED` times a call at most), saying so."""
     nights, again = [], 0
     for number, inventory in enumerate(inventories, first):
         tonight = verdicts(night(suite, inventory))

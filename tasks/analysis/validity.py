@@ -45,7 +45,7 @@ def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str 
     """Why the subscription backlog kept rising over the window, or None. `fan_out`:
     deliveries expected per message published (`deliveries_per_message`). A second counts
     as rising when the backlog grew by `RISE` or more: a fan-out read from rounded rates
-    is a hair off 1, and a second that owed 1e-8 messages more once counted, turning a
+    is a hair off 1, and a second that owed 2e-7 messages more once counted, turning a
     hold that kept up into one that fell behind (the search and the gates disagreed)."""
     published, delivered = series.get("published_per_s") or [], series.get("delivered_per_s") or []
     if len(published) < 2 or len(published) != len(delivered) or fan_out <= 0:
