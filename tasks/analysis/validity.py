@@ -41,15 +41,15 @@ def deliveries_per_message(expected_delivery_rate: float | None,
 RISE = 0.5  # messages: a backlog that grew less in a second did not rise (rounding)
 
 
-def backlog_rising(series: dict, fan_out: float, gates: Gates = Gates()) -> str | None:
+def backlog_rising(series: dict, fan_out: float | None, gates: Gates = Gates()) -> str | None:
     """Why the subscription backlog kept rising over the window, or None. `fan_out`:
     deliveries expected per message published (`deliveries_per_message`). A second counts
     as rising when the backlog grew by `RISE` or more: a fan-out read from rounded rates
     is a hair off 1, and a second that owed 2e-7 messages more once counted, turning a
     hold that kept up into one that fell behind (the search and the gates disagreed)."""
     published, delivered = series.get("published_per_s") or [], series.get("delivered_per_s") or []
-    if len(published) < 2 or len(published) != len(delivered) or fan_out <= 0:
-        return None
+    if len(published) < 2 or len(published) != len(delivered) or fan_out is None or fan_out <= 0:
+        return None  # fan_out None: the stage's rates unknown
     owed = backlog(published, delivered, fan_out)
     expected = sum(published) * fan_out
     growth = owed[-1]
@@ -176,12 +176,10 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
     cv = metrics.get("throughput_cv")
     if cv is not None and cv > gates.max_throughput_cv:
         reasons.append(f"throughput unstable over the window (CV {cv:.2f} > {gates.max_throughput_cv})")
-    per_message = deliveries_per_message(metrics.get("expected_delivery_rate"),
-                                         metrics.get("target_rate"))
-    if per_message:
-        backlog = backlog_rising(series or {}, per_message, gates)
-        if backlog:
-            reasons.append(backlog)
+    backlog = backlog_rising(series or {}, deliveries_per_message(
+        metrics.get("expected_delivery_rate"), metrics.get("target_rate")), gates)
+    if backlog:
+        reasons.append(backlog)
     if limited := driver_limit(metrics, gates):
         what, add = limited
         reasons.append(f"{what} while publishing (over {gates.max_driver_cpu_pct:.0f}%): the "

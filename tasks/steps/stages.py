@@ -313,14 +313,14 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
     expected = ran["expected_delivery_rate"] * seconds
     series = {"published_per_s": [s["published"] for s in per_second.values()],
               "delivered_per_s": [s["received"] - s["duplicated"] for s in per_second.values()]}
-    per_message = deliveries_per_message(ran["expected_delivery_rate"], stage.target_publish_rate)
     return ProbeResult(rate=stage.target_publish_rate,
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
                        connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
                                            for s in summaries),
-                       backlog=backlog_rising(series, per_message) if per_message else None,
+                       backlog=backlog_rising(series, deliveries_per_message(
+                           ran["expected_delivery_rate"], stage.target_publish_rate)),
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))
 

@@ -65,6 +65,12 @@ def allowed(key: str, patterns: list[str]) -> bool:
 
 
 # ---- files -----------------------------------------------------------------------------
+def written_by(profile: str) -> str:
+    """The first line of every file perfpipe writes whole (its sysctl, limits and systemd
+    drop-ins): whose it is, and which profile wrote it."""
+    return f"# written by perfpipe, profile {profile}\n"
+
+
 _FIRST_MISSING = ('d=$(dirname -- "$1"); m=; '
                   'while [ ! -d "$d" ]; do m=$d; d=$(dirname -- "$d"); done; printf %s "$m"')
 
@@ -121,7 +127,7 @@ def apply_sysctl(host: Host, values: dict[str, str], allow: list[str], undo: Und
     applicable = {k: v for k, v in values.items() if allowed(k, allow)}
     if apply and applicable:
         body = "".join(f"{k} = {v}\n" for k, v in applicable.items())
-        write_file(host, undo, SYSCTL_FILE, f"# written by perfpipe, profile {profile}\n{body}")
+        write_file(host, undo, SYSCTL_FILE, written_by(profile) + body)
     for key, wanted in values.items():
         before = read_sysctl(host, key)
         action = "unchanged" if before == wanted else "check-only"
@@ -143,7 +149,7 @@ _ULIMIT_FLAGS = {("nofile", "soft"): "-Sn", ("nofile", "hard"): "-Hn",
 
 def limits_text(entries: list[LimitEntry], profile: str) -> str:
     lines = [f"{e.domain} {e.type} {e.item} {e.value}" for e in entries]
-    return f"# written by perfpipe, profile {profile}\n" + "\n".join(lines) + "\n"
+    return written_by(profile) + "\n".join(lines) + "\n"
 
 
 def _login_limit(host: Host, entry: LimitEntry, kind: str) -> str | None:
@@ -239,23 +245,22 @@ def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
 def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, profile: str,
                     apply: bool) -> list[Entry]:
     mode, target = _tasks_max_target(host, spec)
+    dropin = systemd_dropin(target) if mode == "systemd" else None
     wanted = str(spec.value)
     before = read_tasks_max(host, mode, target)
     action = "unchanged" if before == wanted else "check-only"
     if before != wanted and apply:
         if mode == "systemd":
             # recorded before the drop-in's own record: restored after it, newest first
-            dropin = systemd_dropin(target)
             undo.remember("tasks_max", target, mode=mode, before=before, dropin=dropin)
-            write_file(host, undo, dropin, f"# written by perfpipe, profile {profile}\n"
-                                           f"[Slice]\nTasksMax={wanted}\n")
+            write_file(host, undo, dropin, written_by(profile) + f"[Slice]\nTasksMax={wanted}\n")
             host.as_root(["systemctl", "daemon-reload"])
         else:
             undo.remember("tasks_max", target, mode=mode, before=before)
             host.as_root(["mkdir", "-p", target.rsplit("/", 1)[0]])
             host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", wanted, target])
         action = "applied"
-    note = (f"systemd: {systemd_dropin(target)}" if mode == "systemd" else
+    note = (f"systemd: {dropin}" if dropin else
             "cgroup (no systemd): a pids cgroup of perfpipe's own, into which no process is "
             "moved, so it limits none here")
     return [Entry("tasks_max", f"{spec.user} ({target})", wanted, before,
