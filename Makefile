@@ -43,7 +43,7 @@ airflow: deps
 TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 
 # Two tests at a time (pytest-xdist): most of them wait on a stage's window, SSH or a broker's
-# start. Tests marked `alone` (timing, rates, CPU cost, a stage's validity) run by themselves, and
+# start. Tests marked `alone` (timing, rates, CPU cost, a stage's validity) measure by themselves, and
 # tests sharing state keep to one worker: tests/parallel.py. TEST_WORKERS=0 runs one at a time.
 TEST_WORKERS ?= 2
 test: lint os-deps venv $(TEST_AIRFLOW_HOME)/.migrated  # not make run's Airflow home
@@ -84,14 +84,19 @@ $(STATE)/.os-deps: Makefile
 	@touch $@
 
 # The venv: uv installs the exact pins of requirements.txt (the lock of pyproject.toml's
-# dependencies and dev extra); the project itself is editable. Then uv's cache is pruned:
-# every install builds pyspark's sdist anew beside the old builds (2.4 GB a venv, never
-# reclaimed), which filled this machine's disk after a few dozen fresh clones.
+# dependencies and dev extra); the project itself is editable. uv's cache is tried first,
+# offline: online, uv fetches pyspark's sdist again and builds it anew on every install
+# (24 s of a fresh clone's 38 s here: the package index's replies do not let uv keep the
+# download), beside the old builds (2.4 GB a venv, never reclaimed, which filled this
+# machine's disk after a few dozen fresh clones), so uv's cache is pruned after. A pin
+# missing from the cache (a fresh machine, a new pin) fails the offline try at once, with
+# nothing installed, and the online install runs.
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	@[ -x $(UV) ] || $(PY) -m pip install -q uv==$(UV_VERSION)
-	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --compile-bytecode -r requirements.txt
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --compile-bytecode --offline -r requirements.txt 2>/dev/null \
+	  || VIRTUAL_ENV=$(VENV) $(UV) pip install -q --compile-bytecode -r requirements.txt
 	VIRTUAL_ENV=$(VENV) $(UV) pip install -q --no-deps -e .
 	$(UV) cache prune -q
 	@touch $@

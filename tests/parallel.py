@@ -1,15 +1,21 @@
-"""Two tests at a time, except the ones that measure.
+"""Two tests at a time, except while one measures.
 
 `make test` runs the suite on two pytest-xdist workers: most tests spend their time waiting
 (a stage's window, an SSH round trip, a broker's start), so two of them overlap well on two
 cores. A test marked `alone` asserts on timing, rates, CPU cost or a stage's validity,
-which a busy neighbour would move; it runs with no other test beside it, its fixtures'
-setup and teardown included. Tests that share state (the lab, the tests' Airflow metadata
-DB) are pinned to one worker with `xdist_group` instead (`--dist loadgroup`).
+which a busy neighbour would move: its call (the test function) runs with no other test
+beside it. Its fixtures' setup and teardown measure nothing (they start and stop brokers,
+Airflow, a RabbitMQ node), so they run beside the other worker's tests; but only one
+`alone` test at a time is anywhere between its setup and its teardown, so no other one's
+fixtures (a busy process, a scheduler) run while it measures. Tests that share state (the
+lab, the tests' Airflow metadata DB) are pinned to one worker with `xdist_group` instead
+(`--dist loadgroup`).
 
-The rule is a readers-writer lock over two files shared by the run's workers: every test
-takes the room shared, an `alone` test takes it exclusive; both pass a gate first, which an
-`alone` test holds while it waits, so the other worker cannot keep the room by starting
+The rule is a readers-writer lock over files shared by the run's workers: an unmarked test
+takes the room shared for its whole run; an `alone` test first takes its own lock (one
+`alone` test at a time), then the room shared for its setup, exclusive for its call and
+shared again for its teardown. Each turn at the room passes a gate first, which a test
+waiting for the room exclusive holds, so the other worker cannot keep the room by starting
 test after test. Without workers (a plain `pytest`), tests run one at a time anyway and no
 lock is taken.
 """
@@ -30,8 +36,9 @@ MARK = "alone"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; runs "
-                   "with no other test beside it under make test's workers (tests/parallel.py)")
+        "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; its call "
+                   "runs with no other test beside it under make test's workers "
+                   "(tests/parallel.py)")
 
 
 def _lock_dir(config: pytest.Config) -> Path | None:
@@ -45,6 +52,7 @@ def _lock_dir(config: pytest.Config) -> Path | None:
 
 @contextmanager
 def _turn(folder: Path, exclusive: bool) -> Iterator[None]:
+    """A turn at the room: shared, or exclusive (no other turn at once)."""
     folder.mkdir(exist_ok=True)
     with open(folder / "gate", "a") as gate, open(folder / "room", "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
@@ -58,8 +66,62 @@ def _turn(folder: Path, exclusive: bool) -> Iterator[None]:
             fcntl.flock(room, fcntl.LOCK_UN)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
+@contextmanager
+def _one_alone(folder: Path) -> Iterator[None]:
+    """One `alone` test at a time between its setup and its teardown. Taken before any turn
+    at the room and never while holding one, so the two locks cannot deadlock."""
+    folder.mkdir(exist_ok=True)
+    with open(folder / "alone", "a") as alone:
+        fcntl.flock(alone, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(alone, fcntl.LOCK_UN)
+
+
+def _is_alone(item: pytest.Item) -> bool:
+    return item.get_closest_marker(MARK) is not None
+
+
+@contextmanager
+def _journaled(folder: Path, exclusive: bool, phase: str, nodeid: str) -> Iterator[None]:
+    """A turn at the room, and one line for it in the run's journal (start, end, worker,
+    alone or shared, phase, test): which tests ran beside which, when a result needs
+    explaining. An unmarked test's phase is `test` (one turn for all of it)."""
+    with _turn(folder, exclusive):
+        began = time.time()
+        try:
+            yield
+        finally:
+            line = (f"{began:.3f} {time.time():.3f} {os.environ['PYTEST_XDIST_WORKER']} "
+                    f"{MARK if exclusive else 'shared'} {phase} {nodeid}\n")
+            with open(folder / "journal", "a") as journal:
+                journal.write(line)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    folder = _lock_dir(item.config)
+    if folder is None:
+        return (yield)
+    if _is_alone(item):
+        with _one_alone(folder):  # its phases take their turns below
+            return (yield)
+    with _journaled(folder, False, "test", item.nodeid):
+        return (yield)
+
+
+def _phase(item: pytest.Item, phase: str):
+    """An `alone` test's phase, in its turn: exclusive for the call, shared otherwise."""
+    folder = _lock_dir(item.config)
+    if folder is None or not _is_alone(item):
+        return (yield)
+    with _journaled(folder, phase == "call", phase, item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
     """Under `--dist loadgroup`, xdist tells the scheduler a test's group by appending it to
     the test's ID; where that does not take, groups split silently (two workers bringing
     the lab up at once, say): fail such a test, saying why."""
@@ -69,27 +131,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail("xdist_group did not take under this pytest: its tests may run on both "
                     "workers (see pytest-dev/pytest-xdist#1386 and pyproject.toml's pytest "
                     "pin)", pytrace=False)
+    return (yield from _phase(item, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    folder = _lock_dir(item.config)
-    if folder is None:
-        return (yield)
-    exclusive = item.get_closest_marker(MARK) is not None
-    with _turn(folder, exclusive):
-        began = time.time()
-        try:
-            return (yield)
-        finally:
-            _journal(folder, began, exclusive, item.nodeid)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _phase(item, "call"))
 
 
-def _journal(folder: Path, began: float, exclusive: bool, nodeid: str) -> None:
-    """One line per test in the run's journal (start, end, worker, alone or not, test): which
-    tests ran beside which, when a result needs explaining."""
-    line = (f"{began:.3f} {time.time():.3f} {os.environ['PYTEST_XDIST_WORKER']} "
-            f"{MARK if exclusive else 'shared'} {nodeid}\n")
-    with open(folder / "journal", "a") as journal:
-        journal.write(line)
-
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    return (yield from _phase(item, "teardown"))

@@ -154,29 +154,38 @@ def column(path: Path, name: str) -> dict[str, float]:
         return {r["second"]: float(r[name]) for r in csv.DictReader(handle) if r[name]}
 
 
-def test_a_node_reachable_only_over_the_network_is_costed_from_its_prometheus_endpoint(
-        rabbit_suite, tmp_path: Path, spark_connect):
-    """Somebody else's node (started here with the adapter, outside any run), no broker host
-    in the inventory: the sampler reads the node's Prometheus endpoint from a driver host."""
+@pytest.fixture
+def someone_elses_node(tmp_path: Path):
+    """A node started here with the adapter, outside any run (in the fixture: its start
+    measures nothing, so it runs beside other tests); its port and the adapter's record."""
     from tasks.brokers.rabbitmq import RabbitMQ
     from tasks.hosts import LocalHost
-    from tasks.pipeline import run_pipeline
-    from tasks.settings import load_settings
 
     host = LocalHost()
     adapter, port = RabbitMQ(host), host.free_port()
     node = adapter.start(str(tmp_path / "someone-elses-node"), "127.0.0.1", port)
     try:
-        inventory = tmp_path / "inventory.yml"
-        inventory.write_text(
-            "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
-            f"broker: {{kind: rabbitmq, managed: false, address: 127.0.0.1, port: {port}, "
-            f"metrics_url: 'http://127.0.0.1:{node['metrics_port']}/metrics'}}\n")
-        outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory,
-                               say=lambda _: None)
-        assert listening(port), "perfpipe stopped a broker it did not start"
+        yield port, node
     finally:
         adapter.stop(node["group_pid"])
+
+
+def test_a_node_reachable_only_over_the_network_is_costed_from_its_prometheus_endpoint(
+        rabbit_suite, tmp_path: Path, spark_connect, someone_elses_node):
+    """Somebody else's node, no broker host in the inventory: the sampler reads the node's
+    Prometheus endpoint from a driver host."""
+    from tasks.pipeline import run_pipeline
+    from tasks.settings import load_settings
+
+    port, node = someone_elses_node
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "hosts: [{name: localhost, transport: local, roles: [driver], procs: 1}]\n"
+        f"broker: {{kind: rabbitmq, managed: false, address: 127.0.0.1, port: {port}, "
+        f"metrics_url: 'http://127.0.0.1:{node['metrics_port']}/metrics'}}\n")
+    outcome = run_pipeline(load_settings(), suite="tiny", inventory=inventory,
+                           say=lambda _: None)
+    assert listening(port), "perfpipe stopped a broker it did not start"
     stages = assert_plausible(Store(load_settings().database_url()), outcome.run_id)
     for stage in stages:
         metrics = stage["metrics"]
