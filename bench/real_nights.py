@@ -23,7 +23,7 @@ copy of the store (STATE/rejudged.db: the verdicts the runs recorded are kept), 
 prints:
 - the plain nights past learning: every change verdict (suspected, regression,
   improvement) on a judged metric, beside how many stage-nights it was judged on and how
-  many were not judged as their host ran off its pace: what a user would have been shown
+  many were not judged as their host was off its usual (pace, steal): what a user would have been shown
   on an unchanged broker;
 - for the broker's cost, judged across the stages too: on the plain nights past learning,
   the rank correlations of the stages' changes and the robust sigma of each change over
@@ -59,6 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
+from tasks.analysis.host_gates import GATED_DETAILS  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
 from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.catalog.cpus import CPUS_FOR  # noqa: E402
@@ -179,14 +180,15 @@ def plain_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> No
                 row = stage["verdicts"].get(m, {})
                 if row.get("verdict") in ("unchanged",) + NOTABLE:
                     seen[m] += 1
-                off[m] += "off_pace_pct" in (row.get("detail") or {})
+                off[m] += bool(set(GATED_DETAILS) & set(row.get("detail") or {}))
                 if row.get("verdict") in NOTABLE:
                     changes[row["verdict"]][m] += 1
                     shown.append(f"  night {i + 1} {key} {m}: {_said(row)}")
     print("\nplain nights: change verdicts on an unchanged broker past learning "
-          "(stage-nights judged), and nights not judged as their host ran off its pace")
+          "(stage-nights judged), and nights not judged as their host was off its usual "
+          "(pace, steal)")
     print(f"{'metric':30} {'judged':>7} " + " ".join(f"{v:>11}" for v in NOTABLE)
-          + f" {'off pace':>9}")
+          + f" {'off usual':>9}")
     for m in metrics:
         print(f"{m:30} {seen[m]:7d} " + " ".join(f"{changes[v][m]:11d}" for v in NOTABLE)
               + f" {off[m]:9d}")
@@ -250,10 +252,12 @@ def _said(row: dict) -> str:
     """A verdict row as a line: the verdict, the change and the MDE reported beside it."""
     detail = row.get("detail") or {}
     change, mde, off = row.get("change_pct"), detail.get("mde_pct"), detail.get("off_pace_pct")
+    steal = detail.get("steal_over_pct")
     across = detail.get("across")
     return (f"{row['verdict']:11} change " + (f"{change:+.1f}%" if change is not None else "-")
             + (f", MDE {mde:.1f}%" if mde is not None else "")
             + (f", not judged: the host's pace {off:+.0f}%" if off is not None else "")
+            + (f", not judged: the host's steal +{steal:.0f} points" if steal is not None else "")
             + (f"; {across_note(detail, short=True)}, MDE {across['mde_pct']:.1f}% on all"
                if across else ""))
 

@@ -20,11 +20,10 @@ class MetricDef:
     # a recorded metric that shares this one's night-to-night noise: judged at tonight's
     # value of it, along the slope its nights show (`tasks.analysis.covariate`)
     adjusted_by: str | None = None
-    # a recorded measure of the host's pace: on a night the host ran more than
-    # `Policy.pace_gate` off its usual pace (the median of its recent nights'), slower or
-    # faster, this metric is not judged, and such nights stay out of its baseline
-    # (`tasks.analysis.detector`, "Host pace")
-    gated_by: str | None = None
+    # recorded figures of the broker's host (its pace, its steal): on a night one was far
+    # off the host's usual, this metric is not judged, and such nights stay out of its
+    # baseline (`tasks.analysis.host_gates`)
+    gated_by: tuple[str, ...] = ()
     # a figure of the broker itself, the same on every stage it serves: also judged across
     # the run's stages on one fingerprint, their changes pooled (`tasks.analysis.across`)
     across_stages: bool = False
@@ -33,9 +32,13 @@ class MetricDef:
 # The driver processes' CPU a message where they share the broker's host: the covariate
 # the broker's cost and e2e p50 are judged at (`MetricDef.adjusted_by`)
 DRIVER_CPU = "driver_cpu_s_per_10k"
-# The CPU time a fixed piece of work took on the broker's host (`tasks.driver.pace`): what
-# the latency metrics are gated by (`MetricDef.gated_by`)
+# The CPU time a fixed piece of work took on the broker's host (`tasks.driver.pace`), and
+# the time the hypervisor took its virtual CPUs: what the metrics a slower host moves are
+# gated by (`MetricDef.gated_by`, `tasks.analysis.host_gates`): latency by both, the
+# broker's CPU a message and its capacity by the steal
 HOST_PACE = "host_pace_us"
+HOST_STEAL = "host_steal_pct"
+HOST_DISTURBED = (HOST_PACE, HOST_STEAL)
 
 LATENCY_KINDS = ("e2e", "pub_ack", "connect", "subscribe", "pub_delay")
 LATENCY_STATS = ("avg", "p50", "p95", "p99", "p99_9", "max", "stddev")
@@ -102,9 +105,10 @@ _DEFS: list[MetricDef] = [
     # A broker that costs more a message costs more on every stage: judged across the run's
     # stages too (`across_stages`; on 32 real nights past learning the stages' changes at
     # the driver's CPU, as judged, had rank correlations of -0.14 to +0.03 from stage to
-    # stage: bench/README.md real_nights.py).
+    # stage: bench/README.md real_nights.py). Not judged on a night the hypervisor took far
+    # more of the host than usual (`gated_by`: 2.4x its cost on two such nights).
     MetricDef("broker_cpu_s_per_10k", "CPU-s", "lower", 0.05, adjusted_by=DRIVER_CPU,
-              across_stages=True),
+              gated_by=(HOST_STEAL,), across_stages=True),
     # The same for the driver's processes (each over its publish phase), where every one
     # runs on the broker's host (`spark.stage_metrics.relative_cost`); null on other
     # topologies. Recorded, the covariate of broker_cpu_s_per_10k and e2e_latency_p50: on
@@ -137,13 +141,14 @@ _DEFS: list[MetricDef] = [
     # metrics are not judged on a night it is far off its usual (`gated_by`)
     MetricDef(HOST_PACE, "us", "none"),
     # the mean over the window of the time the host's virtual CPUs were ready to run while the
-    # hypervisor ran something else (% of one core; 0 on bare metal): suspected of raising the
-    # broker's CPU per message, not yet shown (bench/README.md, host_pace.py); recorded, not
-    # judged
-    MetricDef("host_steal_pct", "%", "none"),
+    # hypervisor ran something else (% of one core; 0 on bare metal; a search's: over its
+    # probes and holds); recorded, not judged; the latency metrics, the broker's CPU a
+    # message and its capacity are not judged on a night it is far above its usual
+    # (`gated_by`)
+    MetricDef(HOST_STEAL, "%", "none"),
     # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.
-    MetricDef("max_rate", "msg/s", "higher", 0.05),
+    MetricDef("max_rate", "msg/s", "higher", 0.05, gated_by=(HOST_STEAL,)),
     # Over the hold that confirmed a search's answer: the broker's CPU as % of the cores its
     # work can use (`tasks.analysis.capacity.broker_cores`: 1 for Mosquitto's one event
     # loop, the CPUs `broker.cpus` keeps it on, else those perfpipe may use on its host, for
@@ -178,14 +183,15 @@ for _kind in LATENCY_KINDS:
         # no slope that held on every stage (bench/README.md): judged as they are.
         _by = DRIVER_CPU if (_kind, _stat) == ("e2e", "p50") else None
         _DEFS.append(MetricDef(f"{_kind}_latency_{_stat}", "us", "lower", _effect,
-                               adjusted_by=_by, gated_by=HOST_PACE))
+                               adjusted_by=_by, gated_by=HOST_DISTURBED))
 
 # Per-second tails and stalls of the tail kinds (`tasks.analysis.tails`, which says which
 # one is judged and why).
 for _kind in TAIL_KINDS:
-    _DEFS += [MetricDef(f"{_kind}_latency_p99_typical", "us", "lower", gated_by=HOST_PACE),
+    _DEFS += [MetricDef(f"{_kind}_latency_p99_typical", "us", "lower",
+                        gated_by=HOST_DISTURBED),
               MetricDef(f"{_kind}_latency_p99_no_stall", "us", "lower", 0.10,
-                        gated_by=HOST_PACE),
+                        gated_by=HOST_DISTURBED),
               MetricDef(f"{_kind}_stall_seconds", "s", "lower"),
               MetricDef(f"{_kind}_stall_longest", "us", "lower")]
 
@@ -197,7 +203,8 @@ def check_covariates(defs: dict[str, MetricDef]) -> None:
     recorded, not judged (a judged covariate would move its own verdicts with the other's):
     a name that is not there would leave the metric judged as it is, unseen."""
     for m in defs.values():
-        for field_name, by in (("adjusted_by", m.adjusted_by), ("gated_by", m.gated_by)):
+        for field_name, by in [("adjusted_by", m.adjusted_by),
+                               *(("gated_by", gate) for gate in m.gated_by)]:
             if by is not None and (by not in defs or defs[by].better != "none"):
                 raise ValueError(f"tasks.metrics: {m.name}.{field_name} = {by!r} is not a "
                                  "recorded, never judged metric: name one defined here with "

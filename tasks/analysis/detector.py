@@ -2,7 +2,7 @@
 
 The rules are told here whole; this module decides the verdicts (`compare_stage`,
 `compare_metric`) with its parts beside it: `policy` (the settings), `nights` (which
-earlier nights a metric is judged on: held out, the pace gate, the covariate), `noise`
+earlier nights a metric is judged on: held out, the host's gates, the covariate), `noise`
 (their noise, pooled over the run's stages by how likely they share it) and `thresholds`
 (what a change over its sd means under no change); `across` judges the broker's own
 figures across the run's stages after this module.
@@ -55,13 +55,17 @@ better-direction and a minimum practical effect) of a valid stage:
   fewer), the baseline is moved to tonight's covariate (the baseline value the verdict
   shows), and the slope's own error adds to tonight's sd. Peers pool their noise the same
   way (`noise.Peers.adjusted`); a learning stage and its doubt floor use the values as they are.
-- **Host pace.** A metric gated by the host's pace (`MetricDef.gated_by`: the latency
-  metrics, on `host_pace_us`) is not judged on a night whose host ran more than
-  `Policy.pace_gate` off its usual pace (the median of the newest `window` nights', once
-  `min_history` have one), or against a release whose night did: `no_baseline`, with the
-  reason; and such nights stay out of its baseline, noise and change point (`nights.off_pace`: a
-  stage whose nights at the usual pace are fewer than `min_history` is learning again).
-  On this machine's real nights (bench/README.md, real_nights.py) every false change
+- **Host pace, host steal.** A metric gated by figures of its host (`MetricDef.gated_by`,
+  `tasks.analysis.host_gates`: the latency metrics by `host_pace_us` and
+  `host_steal_pct`, the broker's CPU a message and `max_rate` by the steal) is not judged
+  on a night whose host ran more than `Policy.pace_gate` off its usual pace (the median
+  of the newest `window` nights', once `min_history` have one), or whose hypervisor took
+  more than `Policy.steal_gate` points of a core above its usual steal (their median; 0
+  before any night recorded one), or against a release whose night did: `no_baseline`,
+  with the reason; and such nights stay out of its baseline, noise and change point
+  (`nights.at_usual`: a stage whose usual nights are fewer than `min_history` is learning
+  again). Two nights of the slowdown test whose host lost 47% and 58% of a core (0-15%
+  on the other nights) cost the broker 2.4x its CPU a message. On this machine's real nights (bench/README.md, real_nights.py) every false change
   verdict of 20 unchanged nights fell on such a night: the host 27% to 62% slower, e2e
   p50 up 18% to 37%, more than the driver's CPU it is judged at explains (along a slope
   fitted on usual nights, where the driver's own noise flattens it); on 20 nights after,
@@ -138,7 +142,8 @@ from ..metrics import FLAGGED, METRICS, against_release
 from .capacity import cpu_to_spare
 from .changepoint import change_points
 from .covariate import Fit, log_of
-from .nights import at_usual_pace, judged_logs, off_pace, usable_nights, usual_pace
+from .host_gates import GATES
+from .nights import at_usual, judged_logs, usable_nights
 from .noise import Noise, Peers, noise_of, pooled_with_peers
 from .policy import Policy, judged_metrics
 from .thresholds import (
@@ -234,14 +239,14 @@ def _pred_factor(n: int, release: bool) -> float:
 def _shift(metric: str, history: list[dict], value: float, run_id: str | None,
            fitted: Fit | None, covariate: float | None, policy: Policy) -> dict | None:
     """Where the latest level shift began, over every recent value (held-out ones too, not
-    those of a night its host ran off its pace, for a metric gated by it); when the metric
+    those of a night its host was off its usual, for a metric gated by it); when the metric
     is judged at its covariate (`fitted`), over the nights that have it, each moved along
     the slope as the judged ones are (a shift of the host's pace alone is no shift of the
     metric)."""
     by = METRICS[metric].adjusted_by
     recorded = [h for h in reversed(history) if (h["metrics"].get(metric) or 0) > 0
                 and (fitted is None or log_of(h["metrics"].get(by)) is not None)]
-    past = at_usual_pace(metric, recorded, history, policy)
+    past = at_usual(metric, recorded, history, policy)
     labels = [h.get("run_id") for h in past] + [run_id or "tonight"]
     logs = [math.log(h["metrics"][metric]) for h in past] + [math.log(value)]
     if fitted is not None:
@@ -346,25 +351,23 @@ def _too_noisy(metric: str, mde: float, base: Reference, policy: Policy) -> str 
             f"{100 * effect:.0f}% that matters")
 
 
-def _off_pace_verdict(stage_id: str, metric: str, value: float, history: list[dict],
-                      release: dict | None, kind: str, pace: float | None,
-                      policy: Policy) -> Verdict | None:
-    """`no_baseline`, saying why, for a metric gated by the host's pace when tonight's host
-    (or the release night's, against a release) ran off the usual pace of `history`."""
-    gate = METRICS[metric].gated_by
-    usual = usual_pace(history, gate, policy) if gate else None
-    for night, its_pace in (("tonight", pace),
-                            ("on the release night",
-                             (release or {}).get("metrics", {}).get(gate))):
-        off = off_pace(its_pace, usual, policy)
-        if off is not None:
-            median = its_pace / math.exp(off)
-            return Verdict(stage_id, metric, "no_baseline", value, None, None, None, {
-                "history": len(usable_nights(metric, history, policy)), "baseline": kind,
-                "off_pace_pct": round(100 * math.expm1(off), 1), "note": (
-                    f"not judged: {night} the host ran {abs(math.expm1(off)):.0%} "
-                    f"{'slower' if off > 0 else 'faster'} than on its usual nights "
-                    f"({gate} {its_pace:.4g} against their median {median:.4g})")})
+def _gated_verdict(stage_id: str, metric: str, value: float, history: list[dict],
+                   release: dict | None, kind: str, host: dict[str, float | None],
+                   policy: Policy) -> Verdict | None:
+    """`no_baseline`, saying why, for a metric gated by figures of its host
+    (`MetricDef.gated_by`) when tonight's host (or the release night's, against a release)
+    was far off its usual by one of them (`tasks.analysis.host_gates`)."""
+    for figure in METRICS[metric].gated_by:
+        gate = GATES[figure]
+        usual = gate.usual(history, policy)
+        for night, its_value in (("tonight", host.get(figure)),
+                                 ("on the release night",
+                                  (release or {}).get("metrics", {}).get(figure))):
+            off = gate.off(its_value, usual, policy)
+            if off is not None:
+                return Verdict(stage_id, metric, "no_baseline", value, None, None, None, {
+                    "history": len(usable_nights(metric, history, policy)), "baseline": kind,
+                    **gate.detail(off), "note": gate.note(night, its_value, off)})
     return None
 
 
@@ -380,19 +383,18 @@ def compare_metric(stage_id: str, metric: str, value: float | None, history: lis
                    policy: Policy, *, previous: dict | None = None,
                    release: dict | None = None, run_id: str | None = None,
                    peers: Peers | None = None, covariate: float | None = None,
-                   pace: float | None = None) -> Verdict | None:
+                   host: dict[str, float | None] | None = None) -> Verdict | None:
     """One metric's verdict. `previous`: the last comparable night's verdict of this stage
     and metric ({"verdict", "detail"}), which tonight confirms or clears; `peers`: the
     metric's noise pooled over the run's other stages on this fingerprint; `covariate`:
     tonight's value of the metric's covariate (`MetricDef.adjusted_by`), if it has one;
-    `pace`: tonight's value of the host pace it is gated by (`MetricDef.gated_by`)."""
+    `host`: tonight's values of the host's figures it is gated by (`MetricDef.gated_by`)."""
     if value is None:
         return None
     kind = against_release(release.get("label")) if release else "rolling"
-    off_pace_verdict = _off_pace_verdict(stage_id, metric, value, history, release, kind,
-                                         pace, policy)
-    if off_pace_verdict is not None:
-        return off_pace_verdict
+    gated = _gated_verdict(stage_id, metric, value, history, release, kind, host or {}, policy)
+    if gated is not None:
+        return gated
     base = baseline_for(metric, history, release, policy, peers, covariate)
     if base is None:
         return Verdict(stage_id, metric, "no_baseline", value, None, None, None,
@@ -467,11 +469,11 @@ def compare_stage(stage_id: str, metrics: dict, validity: str, history: list[dic
         return [Verdict(stage_id, m, "invalid", metrics[m], None, None, None, {}) for m in names]
     out = []
     for m in names:
-        by, gate = METRICS[m].adjusted_by, METRICS[m].gated_by
+        by = METRICS[m].adjusted_by
         v = compare_metric(stage_id, m, metrics[m], history, policy,
                            previous=(previous or {}).get(m), release=release, run_id=run_id,
                            peers=(peers or {}).get(m), covariate=metrics.get(by) if by else None,
-                           pace=metrics.get(gate) if gate else None)
+                           host={gate: metrics.get(gate) for gate in METRICS[m].gated_by})
         if v is not None and v.verdict == "no_baseline" and new_history:
             v.detail["new_history"] = new_history
         if v is not None and m == "max_rate" and (spare := cpu_to_spare(metrics)):

@@ -1,6 +1,7 @@
 """Step load_metrics: the Spark job's per-stage metrics, judged by the validity gates, into
-SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate` and what
-its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`)."""
+SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate`, what
+its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`) and the
+host's steal over the search (`search_steal`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from ..analysis.validity import judge, stage_notes
 from ..brokers import ADAPTERS
 from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
-from ..catalog.stages import probe_id
+from ..catalog.stages import probe_id, probes_of
+from ..metrics import HOST_STEAL
 from ..run_context import RunContext
 from . import Call
 from .provision import host_cpus, run_fingerprint, usable_cpus
@@ -112,6 +114,15 @@ def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
             "host_cpu_used_pct": cpu_used_pct(at_capacity.get("host_cpu_avg"), host_cores)}
 
 
+def search_steal(template_id: str, results: dict[str, dict]) -> float | None:
+    """The host's steal over a search (`HOST_STEAL`, the gate of its max_rate and cost): the
+    mean of its probes' and holds' that recorded one. A probe the hypervisor slowed may have
+    sent the search lower, so its steal counts as the hold's does."""
+    stolen = [value for stage_id in probes_of(template_id, results)
+              if (value := results[stage_id].get("metrics", {}).get(HOST_STEAL)) is not None]
+    return sum(stolen) / len(stolen) if stolen else None
+
+
 def confirming_hold(template_id: str, outcome: dict) -> str | None:
     """The stage id of the hold that confirmed a search's max rate (`outcome`, as
     `RateSearch.outcome` gives it): its first hold that kept up; None without one."""
@@ -161,7 +172,8 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
-                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use)}
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use),
+                   HOST_STEAL: search_steal(template_id, results)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=reason)
         rows.append({"stage_id": template_id, "validity": validity,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..metrics import NOT_JUDGED, VERDICTS, compared_release
 from .tables import (
-    OFF_PACE,
+    HOST_OFF,
     in_run_order,
     invalid_reasons,
     metrics_rows,
@@ -21,7 +21,7 @@ from .tables import (
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
-COUNTED = VERDICTS + (OFF_PACE,)  # the short summary's counts, in this order
+COUNTED = VERDICTS + (HOST_OFF,)  # the short summary's counts, in this order
 NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
                "compared (the next run compares against this one)")
 NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage feeds no "
@@ -99,7 +99,7 @@ def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
         lines.append(table(metrics_rows(stages)))
     if not verdicts:
         lines.append(f"no verdicts: the run ended before {'compare' if stages else 'load_metrics'}")
-    elif set(counts) <= {*NOT_JUDGED, OFF_PACE}:
+    elif set(counts) <= {*NOT_JUDGED, HOST_OFF}:
         lines.append(f"verdicts: none, {_no_baseline(run, stages)}")
     else:
         said = ", ".join(f"{counts[v]} {v}" for v in COUNTED if counts[v])

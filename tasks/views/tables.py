@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from ..analysis.host_gates import GATED_DETAILS
 from ..metrics import flagged_across
 from ..rundir import STAGE_METRICS
 
-# How a metric not judged tonight because its host ran off its usual pace is counted for a
-# person (its verdict is no_baseline: `tasks.analysis.detector`, "Host pace")
-OFF_PACE = "not judged (host off its pace)"
+# How a metric not judged tonight because its host was far off its usual (its pace, its
+# steal) is counted for a person (its verdict is no_baseline: `tasks.analysis.host_gates`)
+HOST_OFF = "not judged (host off its usual)"
 
 
 def _cell(value) -> str:
@@ -120,6 +121,8 @@ def _judged_note(comparison: dict, *, short: bool) -> str:
                                      else detail["too_noisy"]) if n)
     if "off_pace_pct" in detail and short:
         return f"host off its pace {detail['off_pace_pct']:+.0f}%"
+    if "steal_over_pct" in detail and short:
+        return f"host's steal +{detail['steal_over_pct']:.0f} points of a core"
     if comparison["verdict"] == "no_baseline":  # why: a history anew, or tonight not judged
         return detail.get("new_history") or detail.get("note") or ""
     if comparison["verdict"] == "learning":
@@ -184,8 +187,8 @@ def mde_text(detail: dict) -> str:
 
 def verdict_counts(comparisons: Iterable[dict]) -> Counter:
     """Verdicts counted as a person reads them: a metric not judged as its host ran off its
-    usual pace (`OFF_PACE`) apart from a history with no baseline yet."""
-    return Counter(OFF_PACE if "off_pace_pct" in (c.get("detail") or {}) else c["verdict"]
+    usual (`HOST_OFF`) apart from a history with no baseline yet."""
+    return Counter(HOST_OFF if set(GATED_DETAILS) & set(c.get("detail") or {}) else c["verdict"]
                    for c in comparisons)
 
 
