@@ -17,7 +17,8 @@ takes the room shared for its whole run; an `alone` test first takes its own loc
 shared again for its teardown. Each turn at the room passes a gate first, which a test
 waiting for the room exclusive holds, so the other worker cannot keep the room by starting
 test after test. Without workers (a plain `pytest`), tests run one at a time anyway and no
-lock is taken.
+lock is taken. Under workers the `alone` tests are collected after the others, so they
+seldom wait for a running one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{MARK}: asserts on timing, rates, CPU cost or a stage's validity; its call "
                    "runs with no other test beside it under make test's workers "
                    "(tests/parallel.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under workers, the unmarked tests first, the `alone` ones after them (a stable sort,
+    the same on every worker, which xdist requires). An `alone` call among them waits for
+    the other worker's running test with its own worker idle (114 s of 1087 in a clean
+    clone's run at 27c7160); after them, one `alone` test follows another, and waiting
+    costs nothing the other worker could have done."""
+    if _lock_dir(config) is not None:
+        items.sort(key=_is_alone)
 
 
 def _lock_dir(config: pytest.Config) -> Path | None:

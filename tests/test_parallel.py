@@ -145,3 +145,20 @@ def test_an_alone_tests_setup_runs_beside_others_and_its_call_beside_none(
                     max(t[1] for t in turns if t[4] == name))
              for name in ("test_measures", "test_alone_too")}
     assert not overlap(*spans.values()), spans
+
+
+def test_under_workers_the_alone_tests_are_collected_after_the_others(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makepyfile(test_order="import pytest\n"
+                        "@pytest.mark.alone\ndef test_a1(): pass\n"
+                        "def test_s1(): pass\n"
+                        "@pytest.mark.alone\ndef test_a2(): pass\n"
+                        "def test_s2(): pass\n")
+
+    def order() -> list[str]:
+        result = pytester.runpytest_subprocess("--collect-only", "-q", "-p", "tests.parallel")
+        return [line.split("::")[1] for line in result.outlines if "::" in line]
+    assert order() == ["test_a1", "test_s1", "test_a2", "test_s2"]  # one at a time: as written
+    pytester.makeconftest("import os\nos.environ['PYTEST_XDIST_WORKER'] = 'gw0'\n")  # a worker
+    assert order() == ["test_s1", "test_s2", "test_a1", "test_a2"]
