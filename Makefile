@@ -45,9 +45,11 @@ TEST_AIRFLOW_HOME := $(STATE)/airflow-test
 # Two tests at a time (pytest-xdist): most of them wait on a stage's window, SSH or a broker's
 # start. Tests marked `alone` (timing, rates, CPU cost, a stage's validity) measure by themselves, and
 # tests sharing state keep to one worker: tests/parallel.py. TEST_WORKERS=0 runs one at a time.
+# The groups go out in the order tests/parallel.py collects them (the alone tests last), not
+# the largest first (--no-loadscope-reorder).
 TEST_WORKERS ?= 2
 test: lint os-deps venv $(TEST_AIRFLOW_HOME)/.migrated  # not make run's Airflow home
-	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	AIRFLOW_HOME=$(TEST_AIRFLOW_HOME) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 deps: os-deps venv airflow-db
 

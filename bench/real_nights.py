@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sql import Store  # noqa: E402
-from tasks.analysis.host_gates import GATED_DETAILS  # noqa: E402
+from tasks.analysis.host_gates import gated_note  # noqa: E402
 from tasks.analysis.noise import noise_sigma  # noqa: E402
 from tasks.analysis.policy import Policy, judged_metrics  # noqa: E402
 from tasks.catalog.cpus import CPUS_FOR  # noqa: E402
@@ -180,7 +180,7 @@ def plain_verdicts(nights: list[dict], judged: dict[str, dict[str, dict]]) -> No
                 row = stage["verdicts"].get(m, {})
                 if row.get("verdict") in ("unchanged",) + NOTABLE:
                     seen[m] += 1
-                off[m] += bool(set(GATED_DETAILS) & set(row.get("detail") or {}))
+                off[m] += gated_note(row.get("detail") or {}) is not None
                 if row.get("verdict") in NOTABLE:
                     changes[row["verdict"]][m] += 1
                     shown.append(f"  night {i + 1} {key} {m}: {_said(row)}")
@@ -251,13 +251,11 @@ def shared_host(nights: list[dict[str, dict]], keys: list[str], metric: str) -> 
 def _said(row: dict) -> str:
     """A verdict row as a line: the verdict, the change and the MDE reported beside it."""
     detail = row.get("detail") or {}
-    change, mde, off = row.get("change_pct"), detail.get("mde_pct"), detail.get("off_pace_pct")
-    steal = detail.get("steal_over_pct")
+    change, mde, off = row.get("change_pct"), detail.get("mde_pct"), gated_note(detail)
     across = detail.get("across")
     return (f"{row['verdict']:11} change " + (f"{change:+.1f}%" if change is not None else "-")
             + (f", MDE {mde:.1f}%" if mde is not None else "")
-            + (f", not judged: the host's pace {off:+.0f}%" if off is not None else "")
-            + (f", not judged: the host's steal +{steal:.0f} points" if steal is not None else "")
+            + (f", not judged: {off}" if off is not None else "")
             + (f"; {across_note(detail, short=True)}, MDE {across['mde_pct']:.1f}% on all"
                if across else ""))
 
@@ -336,7 +334,8 @@ def report(state: Path, policy: Policy) -> None:
     nights = json.loads((state / NIGHTS_FILE).read_text())
     variants = Counter(n["variant"] for n in nights if n["run_id"])
     print(f"nights stored: {dict(variants)}; judged again in order with the detector as it "
-          f"is now, pace_gate {policy.pace_gate}, across_level {policy.across_level:g} "
+          f"is now, pace_gate {policy.pace_gate}, steal_gate {policy.steal_gate:g}, "
+          f"across_level {policy.across_level:g} "
           f"({state / REJUDGED})")
     judged = rejudge(state, nights, policy)
     kinds = sorted({bool(n.get("pinned")) for n in nights})
@@ -378,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace-gate", type=float, default=Policy().pace_gate,
                         help="the detector's pace_gate when judging again (latency is not "
                              "judged on a host this far off its usual pace; 10: no gate)")
+    parser.add_argument("--steal-gate", type=float, default=Policy().steal_gate,
+                        help="the detector's steal_gate when judging again (latency, the "
+                             "broker's cost and max_rate are not judged on a host whose "
+                             "steal is this many %% of a core above its usual; 1000: no gate)")
     parser.add_argument("--across-level", type=float, default=Policy().across_level,
                         help="the detector's across_level when judging again (the share of a "
                              "metric's false-alarm budget its test across stages spends; 0: "
@@ -388,8 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.pace_gate:
         parser.error(f"--pace-gate {args.pace_gate}: give a positive fraction (0.2: 20%; "
                      "10: no gate)")
+    if not 0 < args.steal_gate:
+        parser.error(f"--steal-gate {args.steal_gate}: give a positive number of % of a core "
+                     "(20; 1000: no gate)")
     try:  # the policy's own check of across_level, before any night runs
-        policy = Policy(pace_gate=args.pace_gate, across_level=args.across_level)
+        policy = Policy(pace_gate=args.pace_gate, steal_gate=args.steal_gate,
+                        across_level=args.across_level)
     except ValueError as exc:
         parser.error(f"--across-level: {exc}")
     if not args.analyse_only:

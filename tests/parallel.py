@@ -17,8 +17,11 @@ takes the room shared for its whole run; an `alone` test first takes its own loc
 shared again for its teardown. Each turn at the room passes a gate first, which a test
 waiting for the room exclusive holds, so the other worker cannot keep the room by starting
 test after test. Without workers (a plain `pytest`), tests run one at a time anyway and no
-lock is taken. Under workers the `alone` tests are collected after the others, so they
-seldom wait for a running one.
+lock is taken. Under workers the `alone` tests are collected after the others, and
+`make test` hands the tests and groups out in that order (pytest-xdist's
+`--no-loadscope-reorder`: by default it sends the largest groups first, `alone` tests or
+not), so they seldom wait for a running one. An `alone` test's fixtures must outlive such
+a wait.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under workers, the unmarked tests first, the `alone` ones after them (a stable sort,
-    the same on every worker, which xdist requires). An `alone` call among them waits for
-    the other worker's running test with its own worker idle (114 s of 1087 in a clean
-    clone's run at 27c7160); after them, one `alone` test follows another, and waiting
-    costs nothing the other worker could have done."""
+    the same on every worker, which xdist requires; a group's tests stay in one unit, sent
+    where its first test falls). An `alone` call among the others waits for the other
+    worker's running test with its own worker idle (114 s of 1087 in a clean clone's run
+    at 27c7160); after them, one `alone` test follows another, and waiting costs nothing
+    the other worker could have done."""
     if _lock_dir(config) is not None:
         items.sort(key=_is_alone)
 

@@ -14,12 +14,13 @@ import random
 import pytest
 
 from tasks.analysis.detector import compare_stage
+from tasks.analysis.host_gates import check_gates
 from tasks.analysis.noise import pooled_noise
 from tasks.analysis.policy import Policy
 from tasks.metrics import DRIVER_CPU, HOST_PACE, HOST_STEAL, METRICS, MetricDef, check_covariates
 from tasks.views.tables import HOST_OFF, verdict_counts, verdict_note
 
-P50, COST, RATE = "e2e_latency_p50", "broker_cpu_s_per_10k", "delivered_rate"
+P50, COST, RATE, MAX = "e2e_latency_p50", "broker_cpu_s_per_10k", "delivered_rate", "max_rate"
 NO_GATE = Policy(pace_gate=10.0)  # the pace gate out of reach: the detector as it was
 NO_STEAL_GATE = Policy(steal_gate=1000.0)  # the steal gate out of reach
 
@@ -183,9 +184,8 @@ def test_only_steal_well_above_the_hosts_usual_gates():
     assert verdicts(stolen(60, cost=2.0), steady(steal=35))[COST].verdict == "no_baseline"
     # less steal than usual disturbs nothing
     assert verdicts(stolen(0), steady(steal=35))[COST].verdict == "unchanged"
-    # before any night recorded its steal, the host's usual is none
-    assert verdicts(stolen(25, cost=1.5), quiet())[COST].verdict == "no_baseline"
-    assert verdicts(stolen(15), quiet())[COST].verdict == "unchanged"
+    # before any night recorded its steal, the host has no usual to be off
+    assert "steal_over_pct" not in verdicts(stolen(60, cost=1.5), quiet())[COST].detail
 
 
 def test_nights_the_hypervisor_took_stay_out_of_the_cost_baseline():
@@ -198,13 +198,30 @@ def test_nights_the_hypervisor_took_stay_out_of_the_cost_baseline():
     assert gated.detail["mde_pct"] < kept.detail["mde_pct"]
 
 
-def test_a_search_s_steal_is_over_its_probes_and_holds():
-    from tasks.steps.load_metrics import search_steal
+def test_a_capacity_measured_while_the_hypervisor_took_the_host_is_not_judged():
+    rng = random.Random(8)
+    nights = [{HOST_STEAL: 3 + rng.random(), MAX: 2000 * math.exp(rng.gauss(0, 0.01))}
+              for _ in range(20)]
+    tonight = {HOST_STEAL: 45.0, MAX: 1400.0}  # the broker starved of its CPUs
+    assert verdicts(tonight, nights)[MAX].verdict == "no_baseline"
+    assert verdicts(tonight, nights, NO_STEAL_GATE)[MAX].verdict == "regression"
 
-    results = {"s.search.p1": {"metrics": {HOST_STEAL: 10.0}},
-               "s.search.p2": {"metrics": {HOST_STEAL: None}},
-               "s.search.h1": {"metrics": {HOST_STEAL: 40.0}},
-               "s.search.h1x": {"metrics": {HOST_STEAL: 90.0}},  # not a probe's id
-               "other.search.p1": {"metrics": {HOST_STEAL: 90.0}}}
-    assert search_steal("s.search", results) == 25.0
-    assert search_steal("t.search", results) is None
+
+def test_against_a_release_with_no_usual_steal_each_night_is_judged_against_the_other():
+    def judged(tonight: float, pinned: float):
+        release = {"label": "v1", "run_id": "r1", "metrics": stolen(pinned)}
+        return {v.metric: v for v in compare_stage("s", stolen(tonight), "valid", [],
+                                                    Policy(), release=release)}[COST]
+    assert verdict_note(judged(60, 3).to_dict()).startswith(
+        "not judged: tonight the hypervisor took 60% of a core from the host, 57 points more "
+        "than on the night it is compared with (host_steal_pct 60 against 3)")
+    assert verdict_note(judged(3, 60).to_dict()).startswith(
+        "not judged: on the release night the hypervisor took 60% of a core")
+    assert "steal_over_pct" not in judged(35, 30).detail  # a host losing a third of a core
+
+
+def test_a_gate_has_a_rule():
+    bad = {**METRICS, "x": MetricDef("x", "us", "lower", 0.1, gated_by=("host_cpu_avg",))}
+    check_covariates(bad)  # a recorded, never judged metric ...
+    with pytest.raises(ValueError, match=r"\['host_cpu_avg'\].*add a HostGate to GATES"):
+        check_gates(bad)  # ... with no rule of how far off its usual a night is

@@ -80,7 +80,8 @@ def meets_a_neighbour():
     (HERE / "setup-began").touch()
     assert wait_for("neighbour-ran"), "no test ran beside this alone test's setup"
     yield
-    time.sleep(0.3)
+    time.sleep(1.0)  # longer than test_later: without the alone lock, test_alone_too's
+    # setup would run beside it
 
 
 @pytest.mark.alone
@@ -150,6 +151,7 @@ def test_an_alone_tests_setup_runs_beside_others_and_its_call_beside_none(
 def test_under_workers_the_alone_tests_are_collected_after_the_others(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # this test's own worker's
     pytester.makepyfile(test_order="import pytest\n"
                         "@pytest.mark.alone\ndef test_a1(): pass\n"
                         "def test_s1(): pass\n"

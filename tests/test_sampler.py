@@ -23,6 +23,9 @@ from tasks.driver.broker_stats import PrometheusReader, evaluate, parse_promethe
 from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE
 
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+# the stand-in broker lives until its fixture's teardown kills it (10 minutes at most): an
+# `alone` test's call may wait for the other worker's test once its setup is done
+FIXTURE_S = 600
 
 
 def _child_runs(parent: int, program: bytes) -> bool:
@@ -43,11 +46,12 @@ def spinning(tmp_path: Path):
     # a name of its own: another worker's test may run its own fake broker meanwhile
     script = tmp_path / f"fake-broker-{secrets.token_hex(4)}.py"
     script.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
-                      f"'import time; time.sleep(30)'])\n{SPIN}")
+                      f"'import time; time.sleep({FIXTURE_S})'])\n"
+                      + SPIN.replace("+ 30", f"+ {FIXTURE_S}"))
     process = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     (tmp_path / "broker.pid").write_text(f"{process.pid}\n")
     deadline = time.monotonic() + 20
-    while not _child_runs(process.pid, b"time.sleep(30)"):  # forked, and its own program
+    while not _child_runs(process.pid, f"time.sleep({FIXTURE_S})".encode()):  # forked, exec'd
         assert time.monotonic() < deadline and process.poll() is None, "no child started"
         time.sleep(0.02)
     yield process, tmp_path

@@ -60,8 +60,9 @@ better-direction and a minimum practical effect) of a valid stage:
   `host_steal_pct`, the broker's CPU a message and `max_rate` by the steal) is not judged
   on a night whose host ran more than `Policy.pace_gate` off its usual pace (the median
   of the newest `window` nights', once `min_history` have one), or whose hypervisor took
-  more than `Policy.steal_gate` points of a core above its usual steal (their median; 0
-  before any night recorded one), or against a release whose night did: `no_baseline`,
+  more than `Policy.steal_gate` points of a core above its usual steal (their median,
+  once a night has one), or against a release whose night did (with too few nights for a
+  usual, each of the two nights against the other): `no_baseline`,
   with the reason; and such nights stay out of its baseline, noise and change point
   (`nights.at_usual`: a stage whose usual nights are fewer than `min_history` is learning
   again). Two nights of the slowdown test whose host lost 47% and 58% of a core (0-15%
@@ -142,7 +143,7 @@ from ..metrics import FLAGGED, METRICS, against_release
 from .capacity import cpu_to_spare
 from .changepoint import change_points
 from .covariate import Fit, log_of
-from .host_gates import GATES
+from .host_gates import GATES, USUAL_NIGHTS
 from .nights import at_usual, judged_logs, usable_nights
 from .noise import Noise, Peers, noise_of, pooled_with_peers
 from .policy import Policy, judged_metrics
@@ -356,18 +357,22 @@ def _gated_verdict(stage_id: str, metric: str, value: float, history: list[dict]
                    policy: Policy) -> Verdict | None:
     """`no_baseline`, saying why, for a metric gated by figures of its host
     (`MetricDef.gated_by`) when tonight's host (or the release night's, against a release)
-    was far off its usual by one of them (`tasks.analysis.host_gates`)."""
+    was far off its usual by one of them (`tasks.analysis.host_gates`); against a release
+    with too few nights for a usual, far off the other night compared."""
     for figure in METRICS[metric].gated_by:
         gate = GATES[figure]
         usual = gate.usual(history, policy)
-        for night, its_value in (("tonight", host.get(figure)),
-                                 ("on the release night",
-                                  (release or {}).get("metrics", {}).get(figure))):
-            off = gate.off(its_value, usual, policy)
+        tonight = host.get(figure)
+        pinned = (release or {}).get("metrics", {}).get(figure)
+        for night, its_value, other in (("tonight", tonight, pinned),
+                                        ("on the release night", pinned, tonight)):
+            against = USUAL_NIGHTS if usual is not None else "on the night it is compared with"
+            base = usual if usual is not None or release is None else gate.scale(other)
+            off = gate.off(its_value, base, policy)
             if off is not None:
                 return Verdict(stage_id, metric, "no_baseline", value, None, None, None, {
                     "history": len(usable_nights(metric, history, policy)), "baseline": kind,
-                    **gate.detail(off), "note": gate.note(night, its_value, off)})
+                    **gate.gated(night, its_value, off, against)})
     return None
 
 

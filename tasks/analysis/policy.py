@@ -28,8 +28,9 @@ class Policy:
     doubt_nights: int = 5  # ... shown by at least this many nights
     doubt_level: float = 4e-5  # ... and two nights beyond the peers' noise this unlikely
     too_noisy: float = 3.0  # warn when the MDE is above this x the minimum effect
-    pace_gate: float = 0.2  # a gated metric is not judged on a host this much off its pace
-    steal_gate: float = 20.0  # ... nor on one whose steal is this many % of a core above usual
+    pace_gate: float = 0.2  # a pace-gated metric is not judged on a host this much off its pace
+    steal_gate: float = 20.0  # a steal-gated one, on a host whose steal is this many % of a
+    # core above its usual (`tasks.analysis.host_gates`)
     across_level: float = 1e-4  # a metric judged across stages too: that test's share of
     # false_alarm_level (its own nights' test has the rest: `tasks.analysis.across`)
     min_effect: dict[str, float] = field(default_factory=dict)  # overrides tasks.metrics

@@ -1,7 +1,6 @@
 """Step load_metrics: the Spark job's per-stage metrics, judged by the validity gates, into
-SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate`, what
-its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`) and the
-host's steal over the search (`search_steal`)."""
+SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate` and what
+its confirming hold measured of the broker and its host (`AT_CAPACITY`, `cpu_at_capacity`)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from ..analysis.validity import judge, stage_notes
 from ..brokers import ADAPTERS
 from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
-from ..catalog.stages import probe_id, probes_of
+from ..catalog.stages import probe_id
 from ..metrics import HOST_STEAL
 from ..run_context import RunContext
 from . import Call
@@ -96,9 +95,10 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity
-# (and, from `cpu_at_capacity`, the CPU it and its host used of what they have).
+# (and, from `cpu_at_capacity`, the CPU it and its host used of what they have), and the
+# host's steal there, which gates the cost and max_rate (`tasks.analysis.host_gates`).
 AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
-               "broker_rss_per_1k_conn")
+               "broker_rss_per_1k_conn", HOST_STEAL)
 
 
 def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
@@ -112,15 +112,6 @@ def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
                          len(parse(kept_on)) if kept_on else None)
     return {"broker_cpu_used_pct": cpu_used_pct(at_capacity.get("broker_cpu_avg"), cores),
             "host_cpu_used_pct": cpu_used_pct(at_capacity.get("host_cpu_avg"), host_cores)}
-
-
-def search_steal(template_id: str, results: dict[str, dict]) -> float | None:
-    """The host's steal over a search (`HOST_STEAL`, the gate of its max_rate and cost): the
-    mean of its probes' and holds' that recorded one. A probe the hypervisor slowed may have
-    sent the search lower, so its steal counts as the hold's does."""
-    stolen = [value for stage_id in probes_of(template_id, results)
-              if (value := results[stage_id].get("metrics", {}).get(HOST_STEAL)) is not None]
-    return sum(stolen) / len(stolen) if stolen else None
 
 
 def confirming_hold(template_id: str, outcome: dict) -> str | None:
@@ -172,8 +163,7 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
-                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use),
-                   HOST_STEAL: search_steal(template_id, results)}
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=reason)
         rows.append({"stage_id": template_id, "validity": validity,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from ..analysis.host_gates import GATED_DETAILS
+from ..analysis.host_gates import gated_note
 from ..metrics import flagged_across
 from ..rundir import STAGE_METRICS
 
@@ -89,8 +89,8 @@ def metrics_rows(stages: list[dict]) -> list[dict]:
 def verdict_note(comparison: dict, *, short: bool = False) -> str:
     """What a person should know beside a verdict: the metric is too noisy to guard (and
     why, unless `short`), its history is still learning the noise, or why it has none
-    (its setup or the fingerprint changed) or was not judged tonight (its host ran far off
-    its usual pace), or that its baseline is what its nights say it is at tonight's value
+    (its setup or the fingerprint changed) or was not judged tonight (its host was far off
+    its usual: its pace, its steal), or that its baseline is what its nights say it is at tonight's value
     of its covariate (`tasks.analysis.covariate`); first, that the run's stages together
     flagged it (`tasks.analysis.across`); then, that a release baseline ran on another
     fingerprint (`release_note`); last, that a capacity came with CPU to spare
@@ -119,10 +119,8 @@ def _judged_note(comparison: dict, *, short: bool) -> str:
     if detail.get("too_noisy"):  # a step on every stage may still be seen: `flagged` says so
         return "; ".join(n for n in (flagged, "too noisy to guard" if short
                                      else detail["too_noisy"]) if n)
-    if "off_pace_pct" in detail and short:
-        return f"host off its pace {detail['off_pace_pct']:+.0f}%"
-    if "steal_over_pct" in detail and short:
-        return f"host's steal +{detail['steal_over_pct']:.0f} points of a core"
+    if short and (gated := gated_note(detail)):
+        return gated
     if comparison["verdict"] == "no_baseline":  # why: a history anew, or tonight not judged
         return detail.get("new_history") or detail.get("note") or ""
     if comparison["verdict"] == "learning":
@@ -188,7 +186,7 @@ def mde_text(detail: dict) -> str:
 def verdict_counts(comparisons: Iterable[dict]) -> Counter:
     """Verdicts counted as a person reads them: a metric not judged as its host ran off its
     usual (`HOST_OFF`) apart from a history with no baseline yet."""
-    return Counter(HOST_OFF if set(GATED_DETAILS) & set(c.get("detail") or {}) else c["verdict"]
+    return Counter(HOST_OFF if gated_note(c.get("detail") or {}) else c["verdict"]
                    for c in comparisons)
 
 
