@@ -48,7 +48,10 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
         say(f"run id: {run_id}  (files: {settings.run_dir(run_id)})")
         ctx = RunContext.load(settings, run_id)
         results: dict[str, object] = {}
-        _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
+        try:
+            _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
+        finally:
+            ctx.close_hosts()
     closed = results["teardown"]
     if closed["stored"]:  # else teardown said why and how to store it later
         show_run(ctx.store(), run_id, say)

@@ -6,6 +6,7 @@ directory (its layout is `tasks.rundir`) and in the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -83,12 +84,22 @@ class RunContext:
         return [s for s in self.stages if s.search is None] + probes
 
     def host(self, name: str) -> Host:
-        """The host, over one connection reused for the rest of this step."""
+        """The host, over one connection reused until `close_hosts` (the end of the step
+        for a DAG task or `perfpipe step`, of the run for `perfpipe run`)."""
         cache = self.__dict__.setdefault("_hosts", {})
         if name not in cache:
             cache[name] = connect(self.inventory, name, work_root=str(self.run_dir),
                                   keep_env=self.password_envs)
         return cache[name]
+
+    def close_hosts(self) -> None:
+        """Close the connections `host` opened. A process that runs several steps (the CLI,
+        a DAG run in one process) otherwise keeps every SSH connection and its thread open
+        until it exits; processes a step started on a host do not depend on them (they run
+        in sessions of their own)."""
+        for host in self.__dict__.pop("_hosts", {}).values():
+            with contextlib.suppress(Exception):  # a host already gone has nothing to close
+                host.close()
 
     @property
     def password_envs(self) -> tuple[str, ...]:

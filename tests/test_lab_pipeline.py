@@ -41,6 +41,15 @@ def run_dag(dag_id: str, kind: str, conf: dict) -> tuple[str, str]:
     return new_run_id(kind, f"{dag_id}/{airflow_run}"), state
 
 
+def ssh_threads() -> int:
+    """Live SSH connections of this process: paramiko runs a thread for each."""
+    import threading
+
+    import paramiko
+
+    return sum(isinstance(t, paramiko.Transport) for t in threading.enumerate())
+
+
 def assert_spread_over_the_lab(run_dir: Path, stages: list[dict]) -> None:
     cpus = json.loads((run_dir / "hosts" / "driver2.json").read_text())["usable_cpus"]
     for stage in stages:
@@ -64,11 +73,14 @@ def test_a_release_runs_the_rated_suite_over_ssh_on_the_lab(lab, perfpipe_env, s
     caplog.set_level("DEBUG", logger="slack_sdk")
     settings = load_settings()
     store = Store(settings.database_url())
+    ssh_before = ssh_threads()
     release, state = run_dag("mqtt_perf_release", "release",
                              {"release_label": "lab-rc1", "suite": "rated", "promote": True,
                               "inventory": str(INVENTORY), "broker_version": "2.0.11"})
     assert state == "success"
     assert store.run(release)["status"] == "ok"
+    # each task closed the SSH connections it opened (dag.test runs them in this process)
+    assert ssh_threads() <= ssh_before
     print(check_rated_suite(settings, release))
     stages = store.stages(release)
     assert all(s["metrics"]["broker_cpu_avg"] is not None for s in stages)  # sampled on broker1

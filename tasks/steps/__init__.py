@@ -125,7 +125,11 @@ def _context(run_id: str) -> RunContext:
 
 def run_step(name: str, run_id: str, call: Call = Call()) -> Any:
     """One step of an existing run, by its id: what a DAG task and `perfpipe step` call."""
-    return execute(name, _context(run_id), call)
+    ctx = _context(run_id)
+    try:
+        return execute(name, ctx, call)
+    finally:
+        ctx.close_hosts()
 
 
 def mark_finished(name: str, run_id: str, host: str | None = None) -> None:
