@@ -141,8 +141,8 @@ _DEFS: list[MetricDef] = [
     # metrics are not judged on a night it is far off its usual (`gated_by`)
     MetricDef(HOST_PACE, "us", "none"),
     # the mean over the window of the time the host's virtual CPUs were ready to run while the
-    # hypervisor ran something else (% of one core; 0 on bare metal; a search's: its
-    # confirming hold's); recorded, not judged; the latency metrics, the broker's CPU a
+    # hypervisor ran something else (% of one core; 0 on bare metal; a search's: the most
+    # its probes and holds saw); recorded, not judged; the latency metrics, the broker's CPU a
     # message and its capacity are not judged on a night it is far above its usual
     # (`gated_by`)
     MetricDef(HOST_STEAL, "%", "none"),

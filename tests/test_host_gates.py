@@ -167,9 +167,12 @@ def test_the_cost_on_a_night_the_hypervisor_took_the_host_is_not_judged_and_says
         assert judged[metric].verdict == "no_baseline", judged[metric]
         assert judged[metric].detail["steal_over_pct"] == pytest.approx(48, abs=2)
     note = verdict_note(judged[COST].to_dict())
-    assert note.startswith("not judged: tonight the hypervisor took 50% of a core from the "
-                           "host, 48 points more than on its usual nights (host_steal_pct 50")
-    assert verdict_note(judged[COST].to_dict(), short=True) == "host's steal +48 points of a core"
+    over = judged[COST].detail["steal_over_pct"]
+    assert note.startswith(f"not judged: tonight the hypervisor took 50.0% of a core from the "
+                           f"host, {over:.1f} points more than on its usual nights "
+                           f"(host_steal_pct 50 against their median {50 - over:.3g}")
+    assert verdict_note(judged[COST].to_dict(), short=True) == (
+        f"host's steal +{over:.1f} points of a core")
     assert judged[RATE].verdict == "unchanged"  # not gated by the steal
     assert verdict_counts(v.to_dict() for v in judged.values())[HOST_OFF] == len(
         [m for m in judged if HOST_STEAL in METRICS[m].gated_by])
@@ -213,10 +216,10 @@ def test_against_a_release_with_no_usual_steal_each_night_is_judged_against_the_
         return {v.metric: v for v in compare_stage("s", stolen(tonight), "valid", [],
                                                     Policy(), release=release)}[COST]
     assert verdict_note(judged(60, 3).to_dict()).startswith(
-        "not judged: tonight the hypervisor took 60% of a core from the host, 57 points more "
+        "not judged: tonight the hypervisor took 60.0% of a core from the host, 57.0 points more "
         "than on the night it is compared with (host_steal_pct 60 against 3)")
     assert verdict_note(judged(3, 60).to_dict()).startswith(
-        "not judged: on the release night the hypervisor took 60% of a core")
+        "not judged: on the release night the hypervisor took 60.0% of a core")
     assert "steal_over_pct" not in judged(35, 30).detail  # a host losing a third of a core
 
 
@@ -225,3 +228,32 @@ def test_a_gate_has_a_rule():
     check_covariates(bad)  # a recorded, never judged metric ...
     with pytest.raises(ValueError, match=r"\['host_cpu_avg'\].*add a HostGate to GATES"):
         check_gates(bad)  # ... with no rule of how far off its usual a night is
+
+
+def test_one_night_of_steal_is_a_usual():
+    nights = quiet()
+    nights[-1] = {**nights[-1], HOST_STEAL: 3.0}  # the newest: the only one that recorded it
+    assert verdicts(stolen(40, cost=1.5), nights)[COST].detail["steal_over_pct"] == 37.0
+
+
+def test_against_a_release_with_no_usual_pace_each_night_is_judged_against_the_other():
+    release = {"label": "v1", "run_id": "r1",
+               "metrics": night(slow=math.log(1.35), latency=math.log(1.2))}
+    judged = {v.metric: v for v in compare_stage("s", night(), "valid", history(quiet(5)),
+                                                  Policy(), release=release)}[P50]
+    # the pace gates either way: tonight's usual host is the one off the slow release night
+    assert verdict_note(judged.to_dict()).startswith(
+        "not judged: tonight the host ran 26% faster than on the night it is compared with "
+        f"({HOST_PACE} 250 against 337.5)")
+
+
+def test_a_search_s_steal_is_the_most_its_probes_and_holds_saw():
+    from tasks.steps.load_metrics import search_steal
+
+    results = {"s.search.p1": {"metrics": {HOST_STEAL: 10.0}},
+               "s.search.p2": {"metrics": {HOST_STEAL: None}},
+               "s.search.h1": {"metrics": {HOST_STEAL: 40.0}},
+               "s.search.h1x": {"metrics": {HOST_STEAL: 90.0}},  # not a probe's id
+               "other.search.p1": {"metrics": {HOST_STEAL: 90.0}}}
+    assert search_steal("s.search", results) == 40.0
+    assert search_steal("t.search", results) is None

@@ -23,8 +23,9 @@ from tasks.driver.broker_stats import PrometheusReader, evaluate, parse_promethe
 from tasks.driver.output import HOST_COLUMNS, HOST_FILE, SAMPLER_COLUMNS, SAMPLER_FILE
 
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
-# the stand-in broker lives until its fixture's teardown kills it (10 minutes at most): an
-# `alone` test's call may wait for the other worker's test once its setup is done
+# the stand-in broker lives until its fixture's teardown kills it (10 minutes at most, and
+# no longer than the worker that started it): an `alone` test's call may wait for the
+# other worker's test once its setup is done
 FIXTURE_S = 600
 
 
@@ -47,7 +48,9 @@ def spinning(tmp_path: Path):
     script = tmp_path / f"fake-broker-{secrets.token_hex(4)}.py"
     script.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
                       f"'import time; time.sleep({FIXTURE_S})'])\n"
-                      + SPIN.replace("+ 30", f"+ {FIXTURE_S}"))
+                      "import os, time\nparent = os.getppid()\n"
+                      f"end = time.time() + {FIXTURE_S}\n"
+                      "while time.time() < end and os.getppid() == parent: pass\n")
     process = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     (tmp_path / "broker.pid").write_text(f"{process.pid}\n")
     deadline = time.monotonic() + 20

@@ -29,6 +29,8 @@ from ..metrics import HOST_PACE, HOST_STEAL, METRICS, MetricDef
 from .covariate import log_of
 from .policy import Policy
 
+USUAL_NIGHTS = "on its usual nights"  # what a night is compared with, given a usual
+
 
 class HostGate:
     """One figure of the host that gates a metric: its usual over the recent nights, how far
@@ -87,17 +89,11 @@ class HostGate:
         """The detail of a verdict not judged: how far off, and why in words. `night`:
         'tonight' or 'on the release night'; `against`: what the usual was ('on its usual
         nights', 'on the night it is compared with')."""
-        scaled = self.scale(value)
-        usual = value if scaled is None else self.unscale(scaled - off)
+        usual = self.unscale(self.scale(value) - off)
         median = "their median " if against == USUAL_NIGHTS else ""
         return {self.detail_key: self.amount(off), "note": (
             f"not judged: {night} {self.said(value, off)} than {against} ({self.figure} "
             f"{value:.4g} against {median}{usual:.4g})")}
-
-
-
-USUAL_NIGHTS = "on its usual nights"
-
 
 class PaceGate(HostGate):
     figure, detail_key = HOST_PACE, "off_pace_pct"
@@ -144,11 +140,11 @@ class StealGate(HostGate):
         return round(off, 1)
 
     def said(self, value: float, off: float) -> str:
-        return (f"the hypervisor took {value:.0f}% of a core from the host, {off:.0f} points "
+        return (f"the hypervisor took {value:.1f}% of a core from the host, {off:.1f} points "
                 "more")
 
     def short(self, amount: float) -> str:
-        return f"host's steal +{amount:.0f} points of a core"
+        return f"host's steal +{amount:.1f} points of a core"
 
 
 GATES: dict[str, HostGate] = {gate.figure: gate for gate in (PaceGate(), StealGate())}

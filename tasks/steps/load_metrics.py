@@ -1,6 +1,7 @@
 """Step load_metrics: the Spark job's per-stage metrics, judged by the validity gates, into
-SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate` and what
-its confirming hold measured of the broker and its host (`AT_CAPACITY`, `cpu_at_capacity`)."""
+SQL; each max-rate search becomes a stage of its own whose metrics are `max_rate`, what
+its confirming hold measured of the broker (`AT_CAPACITY`, `cpu_at_capacity`) and the
+host's steal over the search (`search_steal`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ..analysis.validity import judge, stage_notes
 from ..brokers import ADAPTERS
 from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
-from ..catalog.stages import probe_id
+from ..catalog.stages import probe_id, probes_of
 from ..metrics import HOST_STEAL
 from ..run_context import RunContext
 from . import Call
@@ -95,10 +96,20 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
 
 
 # What a search stage records of its hold, beside max_rate: the broker's cost at capacity
-# (and, from `cpu_at_capacity`, the CPU it and its host used of what they have), and the
-# host's steal there, which gates the cost and max_rate (`tasks.analysis.host_gates`).
+# (and, from `cpu_at_capacity`, the CPU it and its host used of what they have).
 AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
-               "broker_rss_per_1k_conn", HOST_STEAL)
+               "broker_rss_per_1k_conn")
+
+
+def search_steal(template_id: str, results: dict[str, dict]) -> float | None:
+    """The host's steal over a search (`HOST_STEAL`, which gates its max_rate and cost:
+    `tasks.analysis.host_gates`): the most any of its probes and holds saw. A probe the
+    hypervisor starved at the true capacity can send the search lower, and the holds then
+    run where it left them; a mean over them would hide one such probe, or a burst under
+    the hold the cost is measured on."""
+    stolen = [value for stage_id in probes_of(template_id, results)
+              if (value := results[stage_id].get("metrics", {}).get(HOST_STEAL)) is not None]
+    return max(stolen, default=None)
 
 
 def cpu_at_capacity(at_capacity: dict, broker_kind: str, host_cores: int | None,
@@ -163,7 +174,8 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
-                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use)}
+                   **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use),
+                   HOST_STEAL: search_steal(template_id, results)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=reason)
         rows.append({"stage_id": template_id, "validity": validity,
