@@ -95,6 +95,7 @@ class HostGate:
             f"not judged: {night} {self.said(value, off)} than {against} ({self.figure} "
             f"{value:.4g} against {median}{usual:.4g})")}
 
+
 class PaceGate(HostGate):
     figure, detail_key = HOST_PACE, "off_pace_pct"
 
