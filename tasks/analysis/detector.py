@@ -62,15 +62,16 @@ better-direction and a minimum practical effect) of a valid stage:
   of the newest `window` nights', once `min_history` have one), or whose hypervisor took
   more than `Policy.steal_gate` points of a core above its usual steal (their median,
   once a night has one), or against a release whose night did (with too few nights for a
-  usual, each of the two nights against the other): `no_baseline`,
-  with the reason; and such nights stay out of its baseline, noise and change point
-  (`nights.at_usual`: a stage whose usual nights are fewer than `min_history` is learning
-  again). Two nights of the slowdown test whose host lost 47% and 58% of a core (0-15%
-  on the other nights) cost the broker 2.4x its CPU a message. On this machine's real nights (bench/README.md, real_nights.py) every false change
-  verdict of 20 unchanged nights fell on such a night: the host 27% to 62% slower, e2e
-  p50 up 18% to 37%, more than the driver's CPU it is judged at explains (along a slope
-  fitted on usual nights, where the driver's own noise flattens it); on 20 nights after,
-  the gate took the change verdicts from 11 (1 regression) to 5 suspected.
+  usual, each of the two nights against the other): `no_baseline`, with the reason; and
+  such nights stay out of its baseline, noise and change point (`nights.at_usual`: a
+  stage whose usual nights are fewer than `min_history` is learning again). Two nights
+  of the slowdown test whose host lost 47% and 58% of a core (0-15% on the other nights)
+  cost the broker 2.4x its CPU a message. On this machine's real nights (bench/README.md,
+  real_nights.py) every false change verdict of 20 unchanged nights fell on a night off
+  the usual pace: the host 27% to 62% slower, e2e p50 up 18% to 37%, more than the
+  driver's CPU it is judged at explains (along a slope fitted on usual nights, where the
+  driver's own noise flattens it); on 20 nights after, the pace gate took the change
+  verdicts from 11 (1 regression) to 5 suspected.
 - **Bad nights.** The nights' noise is taken to be a Student t with `Policy.tail_dof`
   degrees of freedom (heavy tails: the sd of the machine's latency and CPU figures is 1.2
   to 2.4 times their robust sigma), and the sigma an estimate with the d.o.f. above. A night
