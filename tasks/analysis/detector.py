@@ -365,9 +365,9 @@ def _gated_verdict(stage_id: str, metric: str, value: float, history: list[dict]
         usual = gate.usual(history, policy)
         tonight = host.get(figure)
         pinned = (release or {}).get("metrics", {}).get(figure)
+        against = USUAL_NIGHTS if usual is not None else "on the night it is compared with"
         for night, its_value, other in (("tonight", tonight, pinned),
                                         ("on the release night", pinned, tonight)):
-            against = USUAL_NIGHTS if usual is not None else "on the night it is compared with"
             base = usual if usual is not None or release is None else gate.scale(other)
             off = gate.off(its_value, base, policy)
             if off is not None:
