@@ -45,10 +45,10 @@ with DAG(
 
     @task(doc_md="Validate parameters, suite and inventory; expand stages; create the run row.")
     def plan(params: dict | None = None) -> str:
-        from tasks.steps.plan import plan_run
+        from tasks.steps.plan import plan_run, release_choices
 
-        options = {"baseline": params["baseline"] or None, "promote": params["promote"],
-                   "broker_version": params["broker_version"] or None}
+        options = release_choices(params["baseline"], params["promote"],
+                                  params["broker_version"])
         return plan_run(kind="release", suite=params["suite"],
                         inventory=params["inventory"] or None, dag_run_id=dag_run_id(),
                         release_label=params["release_label"], options=options)

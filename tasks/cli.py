@@ -41,10 +41,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def run_options(args: argparse.Namespace) -> dict:
     """The release DAG's trigger choices from `perfpipe run`'s options, as plan.json's
-    options (an empty value is none, as the DAG's empty Params are); `run_pipeline`
-    refuses those that cannot apply."""
-    return {"baseline": args.baseline or None, "promote": args.promote,
-            "broker_version": args.broker_version or None}
+    options; `run_pipeline` refuses those that cannot apply."""
+    from .steps.plan import release_choices
+
+    return release_choices(args.baseline, args.promote, args.broker_version)
 
 
 def _nightly(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from .metrics import RELEASE_LABEL_RULE, is_release_label
 from .run_context import RunContext
 from .settings import Settings
 from .steps import STEPS, Call, execute, lab_lock
-from .steps.plan import plan_run
+from .steps.plan import cli_option, plan_run
 
 
 @dataclass
@@ -76,10 +76,11 @@ def check_release_choices(kind: str, release_label: str | None, options: dict) -
             raise ConfigError(f"--release-label {release_label!r}: give a release such as "
                               f"9.4.5 ({RELEASE_LABEL_RULE})")
         return
-    for name, given in (("--release-label", release_label), ("--baseline", options.get("baseline")),
-                        ("--promote", options.get("promote"))):
+    for name, given in (("release_label", release_label), ("baseline", options.get("baseline")),
+                        ("promote", options.get("promote"))):
         if given:
-            raise ConfigError(f"{name}: only a release run takes it; add --kind release")
+            raise ConfigError(f"{cli_option(name)}: only a release run takes it; add --kind "
+                              "release")
 
 
 def _promoted(settings: Settings, run_id: str, label: str, stored: bool) -> str:

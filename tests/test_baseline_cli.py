@@ -121,7 +121,8 @@ def test_a_release_trigger_naming_a_baseline_not_pinned_for_its_broker_is_refuse
         with pytest.raises(ConfigError) as err:
             plan_run(kind="release", options={"baseline": label})
         assert str(err.value) == (
-            f"baseline: no release '{label}' is pinned for mosquitto (pinned: '9.4.5'); give "
+            f"baseline (--baseline of perfpipe run): no release '{label}' is pinned for "
+            f"mosquitto (pinned: '9.4.5'); give "
             f"'rolling' or one of those, or pin a run first: perfpipe baseline promote "
             f"RUN_ID --label {label}")
     assert (sorted(runs.iterdir()) if runs.exists() else []) == before
@@ -170,7 +171,11 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
     # a run that fails (the broker is not the version asked for) is not pinned, and says so
     assert main(given + [*release, "--release-label", "9.4.6", "--promote",
                          "--broker-version", "0.0.0"]) == 1
-    assert "not promoted: run release-" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "not promoted: run release-" in said
+    # the error names the option that asked, as the release DAG's Param and the CLI spell it
+    assert ("but the run asked for 0.0.0 (fix the host's broker, or broker_version "
+            "(--broker-version of perfpipe run))") in said
     assert store.release_baseline("9.4.6") is None
     # the trigger's baseline: a pinned label, 'rolling' (which a release run has none of)
     for baseline, judged in (("9.4.5", "release:9.4.5"), ("rolling", "rolling")):
@@ -179,4 +184,4 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
         assert {c["detail"]["baseline"] for c in stage["comparisons"]} == {judged}, baseline
     # a baseline never pinned: refused at plan
     assert main(given + [*release, "--release-label", "9.4.8", "--baseline", "9.9.9"]) == 2
-    assert "baseline: no release '9.9.9' is pinned" in capsys.readouterr().err
+    assert "--baseline of perfpipe run): no release '9.9.9' is pinned" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from ..catalog import cpus as cpu_lists
 from ..hosts import Host
 from ..run_context import RunContext
 from . import Call
+from .plan import choice_named
 
 
 def tls_wanted(ctx: RunContext) -> dict | None:
@@ -194,7 +195,8 @@ def run(ctx: RunContext, call: Call) -> dict:
     expected = ctx.plan.get("options", {}).get("broker_version")
     if expected and expected != state["version"]:
         raise BrokerError(f"{config.host}: {config.kind} is version {state['version']}, but the "
-                          f"run asked for {expected} (fix the broker_version parameter or the host)")
+                          f"run asked for {expected} (fix the host's broker, or "
+                          f"{choice_named('broker_version')})")
     if config.managed:
         if (ctx.run_dir / rundir.BROKER).exists():  # a retried task: stop what it started
             stop_broker(ctx)

@@ -53,6 +53,26 @@ def check_plan(settings: Settings, suite: str, inventory: Path
     return scenarios, inv, stages
 
 
+def release_choices(baseline: str | None, promote: bool, broker_version: str | None) -> dict:
+    """plan.json's options from a release trigger's choices, the release DAG's Params and
+    `perfpipe run`'s options alike: an empty value is none, as the DAG's empty Params are.
+    Later steps read them: the baseline to compare with ("rolling" or a pinned release
+    label), promote on success, the broker version expected (checked at the broker step)."""
+    return {"baseline": baseline or None, "promote": bool(promote),
+            "broker_version": broker_version or None}
+
+
+def cli_option(choice: str) -> str:
+    """A trigger choice (or the release label) as `perfpipe run` spells it."""
+    return "--" + choice.replace("_", "-")
+
+
+def choice_named(choice: str) -> str:
+    """A trigger choice as an error names it: the release DAG's Param and `perfpipe run`'s
+    option, since either may have given it."""
+    return f"{choice} ({cli_option(choice)} of perfpipe run)"
+
+
 def check_baseline(choice: str | None, pinned: list[dict], broker_kind: str) -> None:
     """A ConfigError, before the run is created, when the trigger names a release baseline
     that is not pinned for this broker kind: every stage would be compared with nothing
@@ -60,9 +80,9 @@ def check_baseline(choice: str | None, pinned: list[dict], broker_kind: str) -> 
     if not choice or choice == "rolling" or any(b["label"] == choice for b in pinned):
         return
     listed = ", ".join(repr(b["label"]) for b in pinned) or "none"
-    raise ConfigError(f"baseline: no release {choice!r} is pinned for {broker_kind} (pinned: "
-                      f"{listed}); give 'rolling' or one of those, or pin a run first: "
-                      f"perfpipe baseline promote RUN_ID --label {choice}")
+    raise ConfigError(f"{choice_named('baseline')}: no release {choice!r} is pinned for "
+                      f"{broker_kind} (pinned: {listed}); give 'rolling' or one of those, or "
+                      f"pin a run first: perfpipe baseline promote RUN_ID --label {choice}")
 
 
 def plan_run(settings: Settings | None = None, *, suite: str | None = None,
@@ -71,9 +91,8 @@ def plan_run(settings: Settings | None = None, *, suite: str | None = None,
              options: dict | None = None) -> str:
     """Create the run directory, plan.json and the run row; returns the run id.
 
-    `options` are the run's choices that later steps read from plan.json: the baseline to
-    compare with ("rolling" or a pinned release label), the broker version expected
-    (checked at the broker step), promote on success.
+    `options` are the run's choices that later steps read from plan.json
+    (`release_choices`).
     """
     settings = settings or load_settings()
     if kind not in RUN_KINDS:
