@@ -227,7 +227,7 @@ class Engine:
             self._failed(error)
         acct.tracks = [c.tracks for c in sessions.conns if c.role == "sub" and c.tracks]
         totals = acct.totals()
-        if self.status == "ok" and totals["errors"]:
+        if self.status == "ok" and (totals["errors"] or totals["connects_failed"]):
             self.status = "partial"
         publishers = [c for c in sessions.conns if c.role == "pub"]
         first, last = sessions.first_connect_at, sessions.last_connack_at

@@ -23,8 +23,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               loss is computed from expected minus unique deliveries
                   duplicated  messages whose sequence number a subscriber had already seen
                   out_of_order  messages that filled an earlier gap
-                  errors      client errors (refused/dropped connections, failed publishes;
-                              not a client still without a CONNACK at the connect deadline)
+                  errors      client errors on connections the broker accepted (dropped
+                              connections, refused subscriptions, failed publishes); a
+                              connect that failed counts in connects_failed alone
                   inflight_full  messages held back because their publisher's QoS 1/2
                               in-flight window (``max_inflight``) was full, each counted once
                               (they are sent when acks free the window, late: ``pub_delay``)

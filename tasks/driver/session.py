@@ -169,7 +169,6 @@ class Sessions:
             conn.client.connect(broker.host, broker.port, keepalive=self.spec.keepalive_s)
         except (OSError, ssl.SSLError, ValueError) as exc:
             self.acct.count(C_CONNECTS_FAILED)
-            self.acct.count(C_ERRORS)
             self.acct.event("connect_failed", conn.spec.client_id,
                             code=getattr(exc, "errno", None) or 0,
                             error=f"{type(exc).__name__}: {exc}")
@@ -207,7 +206,6 @@ class Sessions:
         self.connecting -= 1
         if reason.is_failure:
             self.acct.count(C_CONNECTS_FAILED, now_ns=now)
-            self.acct.count(C_ERRORS, now_ns=now)
             self.acct.event("connect_refused", conn.spec.client_id, code=int(reason.value),
                             reason=str(reason))
             self.drop(conn)
@@ -408,14 +406,15 @@ class Sessions:
                     self.lost(conn, int(rc), mqtt.error_string(rc))
 
     def lost(self, conn: Conn, code: int, reason: str = "") -> None:
-        """A connection the broker refused, closed or dropped: an error, and an event."""
+        """A connection the broker refused (a failed connect), or closed or dropped once
+        established (an error), with its event."""
         if conn.state == DEAD or conn.closing:
             return
-        self.acct.count(C_ERRORS)
         if conn.state == CONNECTING:  # e.g. refused: the TCP connect completes asynchronously
             self.acct.count(C_CONNECTS_FAILED)
             self.acct.event("connect_failed", conn.spec.client_id, code=int(code), error=reason)
         else:
+            self.acct.count(C_ERRORS)
             self.acct.event("connection_lost", conn.spec.client_id, code=int(code),
                             reason=reason)
         self.drop(conn)
