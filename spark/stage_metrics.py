@@ -25,6 +25,7 @@ from tasks.analysis.validity import (
     drivers_cpus_used_pct,
     process_cpu_pct,
     promised_qos,
+    throughput_cv,
 )
 from tasks.driver.histogram import summarize
 from tasks.driver.output import STAGE_FILE, SUMMARY_FILE
@@ -68,12 +69,6 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def _cv(values: list[int]) -> float | None:
-    if len(values) < 2 or not statistics.fmean(values):
-        return None
-    return statistics.pstdev(values) / statistics.fmean(values)
-
-
 def traffic_metrics(stage: StageFiles, per_second: dict[int, tuple[int, int]]) -> tuple[dict, dict]:
     """Rates and the per-second series of the measure window (seconds without rows are 0)."""
     start, end = stage.window
@@ -86,7 +81,7 @@ def traffic_metrics(stage: StageFiles, per_second: dict[int, tuple[int, int]]) -
         "delivered_rate": delivered_rate,
         "published_rate": _ratio(sum(published), measure_s),
         "achieved_ratio": _ratio(delivered_rate, stage.doc.get("expected_delivery_rate")),
-        "throughput_cv": _cv(delivered),
+        "throughput_cv": throughput_cv(delivered),
         "messages_delivered": sum(delivered),
     }
     per_message = deliveries_per_message(stage.doc.get("expected_delivery_rate"),

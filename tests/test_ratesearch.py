@@ -484,3 +484,42 @@ def test_warm_started_nights_see_a_5pct_loss_and_a_coarse_search_is_refused():
         validate(SearchSettings, {"precision": 0.1}, "x.yml")
     assert (SearchSettings().precision, SearchSettings().max_probes) == (0.02, 14)
     assert validate(SearchSettings, {"precision": 0.025}, "x.yml").precision == 0.025
+
+
+def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
+    """A hold whose deliveries swung over its window (the validity gates' throughput CV
+    over 0.25) has not shown the rate sustained, though it delivered what was asked in
+    all: its stage would be invalid, and with it the night's capacity. It fails as one
+    that fell behind does, and the next hold goes lower."""
+    from tasks.driver.output import COUNTER_COLUMNS
+    from tasks.steps.stages import probe_outcome
+
+    def hold(delivered_per_s: list[int]) -> ProbeResult:
+        window = {"measure_start": 100, "measure_end": 100 + len(delivered_per_s)}
+        rows = [[second, 1_000, 0, delivered] + [0] * (len(COUNTER_COLUMNS) - 4)
+                for second, delivered in enumerate(delivered_per_s, 100)]
+        counters = "\n".join(",".join(map(str, row)) for row in [COUNTER_COLUMNS, *rows])
+        return probe_outcome(1_000.0, 1_000.0, window, [counters], [{}])
+
+    assert COUNTER_COLUMNS[:4] == ("second", "published", "acked", "received")
+    steady = hold([990, 1_010, 1_000, 1_000])
+    assert steady.keeps_up(0.05) and steady.unstable is None
+    swinging = hold([1_600, 400, 1_700, 300])  # all 4,000 delivered, a CV of 0.65
+    assert (swinging.sent_ratio, swinging.received_ratio) == (1.0, 1.0)
+    assert not swinging.keeps_up(0.05)
+    assert swinging.reason(0.05) == "throughput unstable over the window (CV 0.65 > 0.25)"
+    assert hold([1_000]).unstable is None  # one second has no spread to judge
+
+    search = RateSearch(1_000, SearchPolicy(precision=0.02, hold_s=4))
+    for rate in (1_000, 2_000):
+        search.record(ProbeResult(rate, 1.0, 1.0 if rate == 1_000 else 0.5))
+    while (rate := search.next_rate()) is not None:
+        search.record(ProbeResult(rate, 1.0, 1.0 if rate <= 1_000 else 0.5))
+    first = search.next_hold()
+    search.record_hold(replace(swinging, rate=first))
+    second = search.next_hold()
+    assert second is not None and second < first
+    search.record_hold(ProbeResult(second, 1.0, 1.0))
+    outcome = search.outcome()
+    assert outcome["converged"] and outcome["max_rate"] == second
+    assert outcome["holds"][0]["why"].startswith("throughput unstable over the window")

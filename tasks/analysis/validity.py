@@ -5,6 +5,7 @@ Pure: metrics in, (validity, reasons) out.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -36,6 +37,22 @@ def deliveries_per_message(expected_delivery_rate: float | None,
     if expected_delivery_rate is None or not target_rate:
         return None
     return expected_delivery_rate / target_rate
+
+
+def throughput_cv(delivered_per_s: list[int]) -> float | None:
+    """How unstable a window's deliveries were: the coefficient of variation of its
+    per-second deliveries (the aggregation's `throughput_cv`, and a search's probes and
+    holds as they end); None under two seconds or with nothing delivered."""
+    if len(delivered_per_s) < 2 or not statistics.fmean(delivered_per_s):
+        return None
+    return statistics.pstdev(delivered_per_s) / statistics.fmean(delivered_per_s)
+
+
+def unstable(cv: float | None, gates: Gates = Gates()) -> str | None:
+    """Why the deliveries were too unstable over the window (`throughput_cv`), or None."""
+    if cv is not None and cv > gates.max_throughput_cv:
+        return f"throughput unstable over the window (CV {cv:.2f} > {gates.max_throughput_cv})"
+    return None
 
 
 RISE = 0.5  # messages: a backlog that grew less in a second did not rise (rounding)
@@ -173,9 +190,8 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
     elif abs(ratio - 1.0) > gates.rate_tolerance:
         reasons.append(f"delivered {ratio:.1%} of the expected delivery rate "
                        f"(allowed {1 - gates.rate_tolerance:.0%}..{1 + gates.rate_tolerance:.0%})")
-    cv = metrics.get("throughput_cv")
-    if cv is not None and cv > gates.max_throughput_cv:
-        reasons.append(f"throughput unstable over the window (CV {cv:.2f} > {gates.max_throughput_cv})")
+    if shaky := unstable(metrics.get("throughput_cv"), gates):
+        reasons.append(shaky)
     backlog = backlog_rising(series or {}, deliveries_per_message(
         metrics.get("expected_delivery_rate"), metrics.get("target_rate")), gates)
     if backlog:

@@ -4,15 +4,20 @@ not rising). Pure: no I/O.
 
 A probe is one short stage at one rate. It *keeps up* when the publishers sent what they
 were asked to (no send backlog building up in the driver) and the subscribers received
-what was expected, both within `tolerance`, with no client errors and a subscription
-backlog that did not keep rising. The search grows the rate by `growth` until a probe
-fails, backs off by the same factor while the first one fails, and then narrows the
-bracket between the highest probe that kept up and the lowest that did not until they are
-within `precision` of each other (or `max_probes` ran). Narrowing bisects geometrically,
-but a probe that fell behind also says what the broker did deliver: when that estimate
-lies inside the bracket, the next probe goes just below it (a broker that fell behind at
-8,000 msg/s having delivered 5,100 is next probed near 5,100, not at 5,700), and no rate
-above delivered / (1 - tolerance) can keep up, which bounds the bracket from above.
+what was expected, both within `tolerance`, with no client errors, no failed connect, a
+subscription backlog that did not keep rising and deliveries stable over its window (the
+validity gates' throughput CV; a window of one second has none). A hold the gates would
+call unstable has not shown the rate sustained, so the search holds lower, as for one
+that fell behind, rather than vouch for a rate its stage is then invalid at.
+
+The search grows the rate by `growth` until a probe fails, backs off by the same factor
+while the first one fails, and then narrows the bracket between the highest probe that
+kept up and the lowest that did not until they are within `precision` of each other (or
+`max_probes` ran). Narrowing bisects geometrically, but a probe that fell behind also says
+what the broker did deliver: when that estimate lies inside the bracket, the next probe
+goes just below it (a broker that fell behind at 8,000 msg/s having delivered 5,100 is
+next probed near 5,100, not at 5,700), and no rate above delivered / (1 - tolerance) can
+keep up, which bounds the bracket from above.
 
 With `hold_s`, the answer is then held: one more probe at the rate found, `hold_s` seconds
 long; when it does not keep up over that longer window, the rate steps down (by
@@ -79,13 +84,15 @@ class ProbeResult:
     # clients that never connected (a stage's validity gate too): the probe ran less load
     connects_failed: int = 0
     backlog: str | None = None  # why the subscription backlog kept rising, if it did
+    unstable: str | None = None  # why its deliveries were too unstable, if they were
     driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
     # a host's driver processes over the CPUs they may run on, %, the highest host's
     drivers_cpus_used: float | None = None
 
     def keeps_up(self, tolerance: float) -> bool:
         return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
-                and self.errors == 0 and self.connects_failed == 0 and self.backlog is None)
+                and self.errors == 0 and self.connects_failed == 0 and self.backlog is None
+                and self.unstable is None)
 
     @property
     def delivered_rate(self) -> float:
@@ -106,6 +113,8 @@ class ProbeResult:
             parts.append(f"{self.connects_failed} connections failed")
         if self.backlog:
             parts.append(self.backlog)
+        if self.unstable:
+            parts.append(self.unstable)
         return "; ".join(parts)
 
 

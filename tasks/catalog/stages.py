@@ -7,8 +7,6 @@ Where each stage's clients run is `tasks.catalog.placement`.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
 from .scenarios import Scenario, rate_for, warmup_for
@@ -133,12 +131,6 @@ def is_probe(row: dict) -> bool:
 def probe_id(template_id: str, number: int, hold: bool = False) -> str:
     """The stage id of probe `number` (from 1) of a search template, or of its hold."""
     return f"{template_id}.{'h' if hold else 'p'}{number}"
-
-
-def probes_of(template_id: str, stage_ids: Iterable[str]) -> list[str]:
-    """The ids among `stage_ids` of a search template's probes and holds (`probe_id`)."""
-    named = re.compile(re.escape(template_id) + r"\.[ph]\d+")
-    return [stage_id for stage_id in stage_ids if named.fullmatch(stage_id)]
 
 
 def probe(template: Stage, rate: float, number: int, hold_s: int = 0) -> Stage:

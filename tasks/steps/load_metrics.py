@@ -14,7 +14,7 @@ from ..analysis.validity import judge, stage_notes
 from ..brokers import ADAPTERS
 from ..catalog.cpus import parse
 from ..catalog.placement import recorded_params
-from ..catalog.stages import probe_id, probes_of
+from ..catalog.stages import probe_id
 from ..metrics import HOST_STEAL
 from ..run_context import RunContext
 from . import Call
@@ -101,14 +101,24 @@ AT_CAPACITY = ("broker_cpu_avg", "broker_cpu_s_per_10k", "broker_rss_avg",
                "broker_rss_per_1k_conn")
 
 
-def search_steal(template_id: str, results: dict[str, dict]) -> float | None:
+def search_steal(template_id: str, outcome: dict, results: dict[str, dict]) -> float | None:
     """The host's steal over a search (`HOST_STEAL`, which gates its max_rate and cost:
-    `tasks.analysis.host_gates`): the most any of its probes and holds saw. A probe the
-    hypervisor starved at the true capacity can send the search lower, and the holds then
-    run where it left them; a mean over them would hide one such probe, or a burst under
-    the hold the cost is measured on."""
-    stolen = [value for stage_id in probes_of(template_id, results)
-              if (value := results[stage_id].get("metrics", {}).get(HOST_STEAL)) is not None]
+    `tasks.analysis.host_gates`): the most seen by the probes and holds that could have
+    set its answer, as `RateSearch.outcome` lists them (`outcome`): those that fell behind
+    (a probe the hypervisor starved at the true capacity sends the search lower, a hold
+    it sank steps the answer down) and the hold that confirmed it, whose cost is the
+    search's. Steal over a probe that kept up changed no answer: the broker kept up
+    anyway. The most, not a mean, which would hide one such probe. None where none of
+    them has the figure."""
+    deciding = [probe_id(template_id, number, hold=hold)
+                for hold, listed in ((False, outcome.get("probes", [])),
+                                     (True, outcome.get("holds", [])))
+                for number, ran in enumerate(listed, 1) if not ran["kept_up"]]
+    if held := confirming_hold(template_id, outcome):
+        deciding.append(held)
+    stolen = [value for stage_id in deciding
+              if (value := results.get(stage_id, {}).get("metrics", {}).get(HOST_STEAL))
+              is not None]
     return max(stolen, default=None)
 
 
@@ -175,7 +185,7 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},
                    **cpu_at_capacity(at_capacity, broker.kind, host_cores, kept_on, may_use),
-                   HOST_STEAL: search_steal(template_id, results)}
+                   HOST_STEAL: search_steal(template_id, outcome, results)}
         store.record_results(ctx.run_id, template_id, metrics=metrics, series={},
                              validity=validity, reason=reason)
         rows.append({"stage_id": template_id, "validity": validity,

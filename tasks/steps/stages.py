@@ -24,6 +24,8 @@ from ..analysis.validity import (
     deliveries_per_message,
     drivers_cpus_used_pct,
     process_cpu_pct,
+    throughput_cv,
+    unstable,
 )
 from ..brokers import ADAPTERS
 from ..catalog.cpus import kept_on, others, parse, pinned
@@ -292,35 +294,44 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
 
 
 def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
-    """How a probe stage went, from its processes' per-second counters over the measure
-    window, and their summaries' clients that never connected (read straight from the
-    hosts: the search decides before the next probe)."""
-    first, last = ran["windows"]["measure_start"], ran["windows"]["measure_end"]
+    """How a probe stage went (`probe_outcome`), from its processes' counters and summaries
+    read straight from the hosts: the search decides before the next probe."""
+    counters = [ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
+                for host_name, out_dir in ran["out_dirs"]]
+    summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
+                 for host_name, out_dir in ran["out_dirs"]]
+    return probe_outcome(stage.target_publish_rate, ran["expected_delivery_rate"],
+                         ran["windows"], counters, summaries)
+
+
+def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: list[str],
+                  summaries: list[dict]) -> ProbeResult:
+    """A probe at `rate` (msg/s offered) from its processes' per-second counters (the CSV
+    texts) over the measure window in `windows`, and their summaries' clients that never
+    connected and CPU. Pure."""
+    first, last = windows["measure_start"], windows["measure_end"]
     columns = ("published", "received", "duplicated", "errors")
     per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
-    for host_name, out_dir in ran["out_dirs"]:
-        text = ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
+    for text in counters:
         for row in csv.DictReader(io.StringIO(text)):
             if int(row["second"]) in per_second:
                 for name in columns:
                     per_second[int(row["second"])][name] += int(row[name])
     totals = {name: sum(s[name] for s in per_second.values()) for name in columns}
-    summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
-                 for host_name, out_dir in ran["out_dirs"]]
     busiest = [pct for pct in map(process_cpu_pct, summaries) if pct is not None]
     seconds = last - first
-    offered = stage.target_publish_rate * seconds
-    expected = ran["expected_delivery_rate"] * seconds
+    offered = rate * seconds
+    expected = expected_rate * seconds
     series = {"published_per_s": [s["published"] for s in per_second.values()],
               "delivered_per_s": [s["received"] - s["duplicated"] for s in per_second.values()]}
-    return ProbeResult(rate=stage.target_publish_rate,
+    return ProbeResult(rate=rate,
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
                        connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
                                            for s in summaries),
-                       backlog=backlog_rising(series, deliveries_per_message(
-                           ran["expected_delivery_rate"], stage.target_publish_rate)),
+                       backlog=backlog_rising(series, deliveries_per_message(expected_rate, rate)),
+                       unstable=unstable(throughput_cv(series["delivered_per_s"])),
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))
 
