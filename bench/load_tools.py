@@ -57,7 +57,8 @@ class Perfpipe:
         (self.out / "start.json").write_text(json.dumps({"start_at": windows["start"]}))
 
     def result(self, windows: dict, column: str) -> dict:
-        """`column` counted in the measure window, errors, send lateness p50/p90/p99 (us),
+        """`column` counted in the measure window, errors (failed connects among them, as
+        MQTT.js counts its connect errors), send lateness p50/p90/p99 (us),
         the e2e p50 (us), the longest read hold (ms) and the share of kernel-stamped reads
         that may have taken more than one TCP segment (%, an upper bound: their older
         messages got a newer segment's arrival time); None where nothing was measured."""
@@ -67,7 +68,7 @@ class Perfpipe:
         with open(self.out / "counters.csv") as handle:
             rows = list(csv.DictReader(handle))
         count = sum(int(r[column]) for r in rows if int(r["second"]) in window)
-        errors = sum(int(r["errors"]) for r in rows)
+        errors = sum(int(r["errors"]) + int(r["connects_failed"]) for r in rows)
         delays: dict[int, int] = {}
         e2e: dict[int, int] = {}
         with open(self.out / "histograms.csv") as handle:

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from tasks.analysis.failfast import FailFast, breach
+from tasks.analysis.failfast import FailFast, breach, progress_line
 from tests.conftest import Broker, unmanaged_run
 
 
@@ -43,3 +43,11 @@ def test_a_broker_refusing_most_clients_stops_the_stage_at_the_barrier(tmp_path:
         assert reason == {"reason": result["stopped"]}
     assert any(line.startswith("    not starting the stage:") for line in said)
     assert took < 30  # far less than the stage's bound
+
+
+def test_the_progress_line_says_failed_connects_apart_from_errors():
+    quiet = [{"published": 500, "received": 500, "errors": 0}]
+    assert progress_line(quiet, 5.0) == \
+        "    t+   5s sent 500 (100 msg/s sent), received 500, errors 0"
+    refused = [{"published": 500, "received": 480, "errors": 0, "connects_failed": 2}] * 2
+    assert progress_line(refused, 5.0).endswith("received 960, errors 0, connects failed 4")

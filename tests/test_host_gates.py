@@ -250,25 +250,28 @@ def test_against_a_release_with_no_usual_pace_each_night_is_judged_against_the_o
 def test_a_search_s_steal_is_the_most_the_probes_and_holds_that_set_its_answer_saw():
     """Steal over the probes and holds that fell behind (it may have sunk them, and the
     answer with them) and over the hold that confirmed the answer (its cost is the
-    search's) gates the search; steal over a probe that kept up does not: the broker kept
-    up anyway. On a night of 2026-12-03 the hypervisor took 60% of a core during a first
-    probe at half the capacity, which kept up, and 0.5% during the hold."""
+    search's) gates the search; steal over a probe that kept up does not (the broker kept
+    up anyway), nor over one set aside and run again. On a night of 2026-12-03 the
+    hypervisor took 60% of a core during a first probe at half the capacity, which kept
+    up, and 0.5% during the hold."""
     from tasks.steps.load_metrics import search_steal
 
     def ran(*kept: bool) -> list[dict]:
         return [{"kept_up": k} for k in kept]
 
-    outcome = {"probes": ran(True, True, False, True), "holds": ran(False, True)}
+    outcome = {"probes": ran(True, True, False, True), "holds": ran(False, False, True)}
+    outcome["holds"][0]["retried"] = True  # set aside: its rerun, h2, counted
     results = {"s.search.p1": {"metrics": {HOST_STEAL: 60.0}},  # kept up: no matter
                "s.search.p2": {"metrics": {HOST_STEAL: None}},
                "s.search.p3": {"metrics": {HOST_STEAL: 6.0}},  # fell behind
                "s.search.p4": {"metrics": {HOST_STEAL: 50.0}},  # kept up: no matter
-               "s.search.h1": {"metrics": {HOST_STEAL: 12.0}},  # fell behind
-               "s.search.h2": {"metrics": {HOST_STEAL: 0.5}},  # confirmed the answer
-               "s.search.h2x": {"metrics": {HOST_STEAL: 90.0}},  # not a probe's id
+               "s.search.h1": {"metrics": {HOST_STEAL: 70.0}},  # run again: no matter
+               "s.search.h2": {"metrics": {HOST_STEAL: 12.0}},  # fell behind
+               "s.search.h3": {"metrics": {HOST_STEAL: 0.5}},  # confirmed the answer
+               "s.search.h3x": {"metrics": {HOST_STEAL: 90.0}},  # not a probe's id
                "other.search.p3": {"metrics": {HOST_STEAL: 90.0}}}
     assert search_steal("s.search", outcome, results) == 12.0
-    burst = {**results, "s.search.h2": {"metrics": {HOST_STEAL: 45.0}}}  # under the hold
+    burst = {**results, "s.search.h3": {"metrics": {HOST_STEAL: 45.0}}}  # under the hold
     assert search_steal("s.search", outcome, burst) == 45.0
     # no probe fell behind, no hold confirmed: no figure, as for a search of another id
     assert search_steal("s.search", {"probes": ran(True, True), "holds": []}, results) is None

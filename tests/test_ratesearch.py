@@ -487,19 +487,19 @@ def test_warm_started_nights_see_a_5pct_loss_and_a_coarse_search_is_refused():
 
 
 def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
-    """A hold whose deliveries swung over its window (the validity gates' throughput CV
+    """A hold whose deliveries swung over its window (the validity gate's throughput CV
     over 0.25) has not shown the rate sustained, though it delivered what was asked in
     all: its stage would be invalid, and with it the night's capacity. It fails as one
-    that fell behind does, and the next hold goes lower."""
+    that fell behind does, and the next hold goes lower. A probe is not judged on it."""
     from tasks.driver.output import COUNTER_COLUMNS
     from tasks.steps.stages import probe_outcome
 
-    def hold(delivered_per_s: list[int]) -> ProbeResult:
+    def hold(delivered_per_s: list[int], is_hold: bool = True) -> ProbeResult:
         window = {"measure_start": 100, "measure_end": 100 + len(delivered_per_s)}
         rows = [[second, 1_000, 0, delivered] + [0] * (len(COUNTER_COLUMNS) - 4)
                 for second, delivered in enumerate(delivered_per_s, 100)]
         counters = "\n".join(",".join(map(str, row)) for row in [COUNTER_COLUMNS, *rows])
-        return probe_outcome(1_000.0, 1_000.0, window, [counters], [{}])
+        return probe_outcome(1_000.0, 1_000.0, window, [counters], [{}], hold=is_hold)
 
     assert COUNTER_COLUMNS[:4] == ("second", "published", "acked", "received")
     steady = hold([990, 1_010, 1_000, 1_000])
@@ -509,6 +509,8 @@ def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
     assert not swinging.keeps_up(0.05)
     assert swinging.reason(0.05) == "throughput unstable over the window (CV 0.65 > 0.25)"
     assert hold([1_000]).unstable is None  # one second has no spread to judge
+    # a probe's few seconds are not judged on it: one catch-up burst is no swing
+    assert hold([1_600, 400, 1_700, 300], is_hold=False).keeps_up(0.05)
 
     search = RateSearch(1_000, SearchPolicy(precision=0.02, hold_s=4))
     for rate in (1_000, 2_000):

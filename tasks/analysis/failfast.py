@@ -41,5 +41,7 @@ def progress_line(progress: list[dict], elapsed_s: float) -> str:
     sent = sum(p.get("published", 0) for p in progress)
     received = sum(p.get("received", 0) for p in progress)
     errors = sum(p.get("errors", 0) for p in progress)
+    failed = sum(p.get("connects_failed", 0) for p in progress)
     rate = f" ({sent / elapsed_s:,.0f} msg/s sent)" if elapsed_s > 0 else ""
-    return f"    t+{elapsed_s:4.0f}s sent {sent:,}{rate}, received {received:,}, errors {errors}"
+    return (f"    t+{elapsed_s:4.0f}s sent {sent:,}{rate}, received {received:,}, errors {errors}"
+            + (f", connects failed {failed:,}" if failed else ""))

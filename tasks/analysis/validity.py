@@ -17,8 +17,8 @@ class Gates:
     rate_tolerance: float = 0.05  # delivered within 5% of target ("follows the theoretical max")
     max_throughput_cv: float = 0.25  # per-second delivered rate stable over the window
     max_errors: int = 0
-    # a client that never connected (refused, or no CONNACK by the connect deadline, which
-    # counts no error): the stage ran a smaller load than it planned
+    # a client that never connected (refused, or no CONNACK by the connect deadline; either
+    # counts here, not among the errors): the stage ran a smaller load than it planned
     max_connects_failed: int = 0
     # a driver process busier than this (% of a core), or a host's driver processes over
     # this share of the CPUs they may run on, may be the bottleneck

@@ -4,11 +4,12 @@ not rising). Pure: no I/O.
 
 A probe is one short stage at one rate. It *keeps up* when the publishers sent what they
 were asked to (no send backlog building up in the driver) and the subscribers received
-what was expected, both within `tolerance`, with no client errors, no failed connect, a
-subscription backlog that did not keep rising and deliveries stable over its window (the
-validity gates' throughput CV; a window of one second has none). A hold the gates would
-call unstable has not shown the rate sustained, so the search holds lower, as for one
-that fell behind, rather than vouch for a rate its stage is then invalid at.
+what was expected, both within `tolerance`, with no client errors, no failed connect and
+a subscription backlog that did not keep rising. A hold must also have delivered steadily
+over its window (`unstable`: the validity gate's throughput CV, which judges its stage):
+one the gate would call unstable has not shown the rate sustained, so the search holds
+lower, as for one that fell behind, rather than vouch for a rate its stage is then
+invalid at.
 
 The search grows the rate by `growth` until a probe fails, backs off by the same factor
 while the first one fails, and then narrows the bracket between the highest probe that
@@ -84,7 +85,7 @@ class ProbeResult:
     # clients that never connected (a stage's validity gate too): the probe ran less load
     connects_failed: int = 0
     backlog: str | None = None  # why the subscription backlog kept rising, if it did
-    unstable: str | None = None  # why its deliveries were too unstable, if they were
+    unstable: str | None = None  # a hold's: why its deliveries were too unstable, if they were
     driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
     # a host's driver processes over the CPUs they may run on, %, the highest host's
     drivers_cpus_used: float | None = None

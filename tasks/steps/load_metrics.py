@@ -108,12 +108,13 @@ def search_steal(template_id: str, outcome: dict, results: dict[str, dict]) -> f
     (a probe the hypervisor starved at the true capacity sends the search lower, a hold
     it sank steps the answer down) and the hold that confirmed it, whose cost is the
     search's. Steal over a probe that kept up changed no answer: the broker kept up
-    anyway. The most, not a mean, which would hide one such probe. None where none of
+    anyway; nor over one set aside and run again (`retried`), whose rerun counted. The most, not a mean, which would hide one such probe. None where none of
     them has the figure."""
     deciding = [probe_id(template_id, number, hold=hold)
                 for hold, listed in ((False, outcome.get("probes", [])),
                                      (True, outcome.get("holds", [])))
-                for number, ran in enumerate(listed, 1) if not ran["kept_up"]]
+                for number, ran in enumerate(listed, 1)
+                if not ran["kept_up"] and not ran.get("retried")]
     if held := confirming_hold(template_id, outcome):
         deciding.append(held)
     stolen = [value for stage_id in deciding
@@ -152,9 +153,9 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     as `load_results` recorded them; `cpus`: host -> the CPUs perfpipe may use there,
     `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`): valid
     only when the search converged and the hold that confirmed it passed the validity
-    gates (a probe keeps up on what it sent and received alone; a hold that lost messages
-    at QoS 1, aggregated in part or ran unstable would vouch for a rate and a cost it did
-    not show). Its probes are stages too, never compared."""
+    gates (a hold keeps up on what it sent and received and on its throughput's
+    stability; one that lost messages at QoS 1 or was aggregated in part would vouch for a
+    rate and a cost it did not show). Its probes are stages too, never compared."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     broker, record = ctx.inventory.broker, ctx.searches()
     host_cores = cores.get(broker.host) if broker.host else None

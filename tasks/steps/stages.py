@@ -293,22 +293,24 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
             "out_dirs": [(p.plan.host, p.out_dir) for p in launched]}
 
 
-def probe_result(ctx: RunContext, stage: Stage, ran: dict) -> ProbeResult:
-    """How a probe stage went (`probe_outcome`), from its processes' counters and summaries
-    read straight from the hosts: the search decides before the next probe."""
+def probe_result(ctx: RunContext, stage: Stage, ran: dict, hold: bool = False) -> ProbeResult:
+    """How a probe stage went, or a `hold` (`probe_outcome`), from its processes' counters
+    and summaries read straight from the hosts: the search decides before the next one."""
     counters = [ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
                 for host_name, out_dir in ran["out_dirs"]]
     summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
                  for host_name, out_dir in ran["out_dirs"]]
     return probe_outcome(stage.target_publish_rate, ran["expected_delivery_rate"],
-                         ran["windows"], counters, summaries)
+                         ran["windows"], counters, summaries, hold)
 
 
 def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: list[str],
-                  summaries: list[dict]) -> ProbeResult:
+                  summaries: list[dict], hold: bool = False) -> ProbeResult:
     """A probe at `rate` (msg/s offered) from its processes' per-second counters (the CSV
     texts) over the measure window in `windows`, and their summaries' clients that never
-    connected and CPU. Pure."""
+    connected and CPU. Pure. A `hold` is judged on its throughput's stability too, as the
+    validity gate judges its stage (the answer and its cost stand on it); a probe's few
+    seconds are too few to tell a swing from one catch-up burst."""
     first, last = windows["measure_start"], windows["measure_end"]
     columns = ("published", "received", "duplicated", "errors")
     per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
@@ -331,7 +333,8 @@ def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: li
                        connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
                                            for s in summaries),
                        backlog=backlog_rising(series, deliveries_per_message(expected_rate, rate)),
-                       unstable=unstable(throughput_cv(series["delivered_per_s"])),
+                       unstable=unstable(throughput_cv(series["delivered_per_s"]))
+                       if hold else None,
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))
 
@@ -362,10 +365,10 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
                  f"measured here, {last:,.0f} msg/s")
     record = ctx.searches()
 
-    def run_probe(stage: Stage, record_result) -> None:
+    def run_probe(stage: Stage, record_result, hold: bool = False) -> None:
         record["probes"].append(stage.to_dict())
         ctx.write_json(rundir.SEARCH, record)
-        result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress))
+        result = probe_result(ctx, stage, run_stage(ctx, stage, broker, progress), hold)
         kept = record_result(result)
         again = ("; against the capacity last measured here: run again" if search.retrying
                  else "")
@@ -377,7 +380,7 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
         run_probe(probe(template, rate, len(search.probes) + 1), search.record)
     while (rate := search.next_hold()) is not None:
         run_probe(probe(template, rate, len(search.held) + 1, hold_s=search.policy.hold_s),
-                  search.record_hold)
+                  search.record_hold, hold=True)
     record["outcomes"][template.stage_id] = search.outcome()
     record.setdefault("broker_cpus", {})[template.stage_id] = broker.get("cpus")
     ctx.write_json(rundir.SEARCH, record)
