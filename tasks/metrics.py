@@ -143,9 +143,8 @@ _DEFS: list[MetricDef] = [
     # the mean over the window of the time the host's virtual CPUs were ready to run while the
     # hypervisor ran something else (% of one core; 0 on bare metal; a search's: the most
     # its probes and holds that fell behind and its confirming hold saw, `search_steal`);
-    # recorded, not judged; the latency metrics, the broker's CPU a
-    # message and its capacity are not judged on a night it is far above its usual
-    # (`gated_by`)
+    # recorded, not judged; the latency metrics, the broker's CPU a message and its
+    # capacity are not judged on a night it is far above its usual (`gated_by`)
     MetricDef(HOST_STEAL, "%", "none"),
     # A max-rate search's answer (tasks/catalog/ratesearch.py): the highest offered rate the broker
     # kept up with; recorded on the search's own stage, whose probes are never compared.

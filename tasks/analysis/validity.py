@@ -41,8 +41,8 @@ def deliveries_per_message(expected_delivery_rate: float | None,
 
 def throughput_cv(delivered_per_s: list[int]) -> float | None:
     """How unstable a window's deliveries were: the coefficient of variation of its
-    per-second deliveries (the aggregation's `throughput_cv`, and a search's probes and
-    holds as they end); None under two seconds or with nothing delivered."""
+    per-second deliveries (the aggregation's `throughput_cv`, and a search's holds as
+    they end); None under two seconds or with nothing delivered."""
     if len(delivered_per_s) < 2 or not statistics.fmean(delivered_per_s):
         return None
     return statistics.pstdev(delivered_per_s) / statistics.fmean(delivered_per_s)

@@ -108,8 +108,9 @@ def search_steal(template_id: str, outcome: dict, results: dict[str, dict]) -> f
     (a probe the hypervisor starved at the true capacity sends the search lower, a hold
     it sank steps the answer down) and the hold that confirmed it, whose cost is the
     search's. Steal over a probe that kept up changed no answer: the broker kept up
-    anyway; nor over one set aside and run again (`retried`), whose rerun counted. The most, not a mean, which would hide one such probe. None where none of
-    them has the figure."""
+    anyway; nor over one set aside and run again (`retried`), whose rerun counted. The
+    most, not a mean, which would hide one such probe. None where none of them has the
+    figure."""
     deciding = [probe_id(template_id, number, hold=hold)
                 for hold, listed in ((False, outcome.get("probes", [])),
                                      (True, outcome.get("holds", [])))
