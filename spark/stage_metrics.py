@@ -20,9 +20,11 @@ from spark.stage_files import StageFiles, sample_values
 from tasks.analysis.tails import SecondTail, tail_metrics
 from tasks.analysis.validity import (
     deliveries_per_message,
+    delivered_qos,
     driver_hosts_idle_pct,
     driver_idle_note,
     drivers_cpus_used_pct,
+    message_loss,
     process_cpu_pct,
     promised_qos,
     throughput_cv,
@@ -135,20 +137,14 @@ def loss_metrics(stage: StageFiles, promised: int | None = None) -> dict:
     if stage.missing:
         stage.problem("loss not computed: processes without summary: " + ", ".join(stage.missing))
         return {}
-    receivers = stage.doc.get("receivers") or {}
-    expected = unique = 0
-    for summary in stage.summaries:
-        for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
-            if str(index) not in receivers:
-                stage.problem(f"publisher {index} of {summary.get('host')}/"
-                              f"{summary.get('proc')} has no receivers in {STAGE_FILE}")
-            expected += int(last_seq) * int(receivers.get(str(index), 0))
-        unique += int(summary.get("unique_received") or 0)
+    loss = message_loss(stage.summaries, stage.doc.get("receivers") or {})
+    for publisher in loss.unmatched:
+        stage.problem(f"{publisher} has no receivers in {STAGE_FILE}")
+    expected, unique, lost = loss.expected, loss.unique, loss.lost
     if unique > expected:  # a receiver the stage did not count: loss elsewhere is hidden
         stage.problem(f"{unique:,} unique deliveries where {expected:,} were expected: loss "
                       f"reads 0 and may hide loss of other streams; check the receivers "
                       f"{STAGE_FILE} counts for each publisher")
-    lost = max(0, expected - unique)
     if promised is None:
         promised = stage.doc.get("qos")
     if lost and promised == 0:  # QoS 1/2 loss fails a validity gate instead
@@ -166,10 +162,7 @@ def qos_metrics(stage: StageFiles) -> dict:
     SUBACKs), deliveries at less, QoS 2 publishes acknowledged with a PUBACK (RabbitMQ's
     MQTT plugin does all three for QoS 2)."""
     asked = stage.doc.get("qos")
-    seen = [int(qos) for summary in stage.summaries
-            for qos, entry in ((summary.get("qos_judgement") or {}).get("by_qos") or {}).items()
-            if entry.get("unique")]
-    delivered = max(seen, default=None)
+    delivered = delivered_qos(stage.summaries)
     if asked is None:
         return {"delivery_qos": delivered}
     granted: dict[int, int] = {}

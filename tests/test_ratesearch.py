@@ -486,6 +486,24 @@ def test_warm_started_nights_see_a_5pct_loss_and_a_coarse_search_is_refused():
     assert validate(SearchSettings, {"precision": 0.025}, "x.yml").precision == 0.025
 
 
+def _first_hold_failed(failed: ProbeResult) -> dict:
+    """The outcome of a search (kept up to 1,000 msg/s, fell behind above) whose first hold
+    went as `failed` did, at its rate: the next hold must go lower and confirm."""
+    search = RateSearch(1_000, SearchPolicy(precision=0.02, hold_s=4))
+    for rate in (1_000, 2_000):
+        search.record(ProbeResult(rate, 1.0, 1.0 if rate == 1_000 else 0.5))
+    while (rate := search.next_rate()) is not None:
+        search.record(ProbeResult(rate, 1.0, 1.0 if rate <= 1_000 else 0.5))
+    first = search.next_hold()
+    search.record_hold(replace(failed, rate=first))
+    second = search.next_hold()
+    assert second is not None and second < first
+    search.record_hold(ProbeResult(second, 1.0, 1.0))
+    outcome = search.outcome()
+    assert outcome["converged"] and outcome["max_rate"] == second
+    return outcome
+
+
 def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
     """A hold whose deliveries swung over its window (the validity gate's throughput CV
     over 0.25) has not shown the rate sustained, though it delivered what was asked in
@@ -495,11 +513,13 @@ def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
     from tasks.steps.stages import probe_outcome
 
     def hold(delivered_per_s: list[int], is_hold: bool = True) -> ProbeResult:
-        window = {"measure_start": 100, "measure_end": 100 + len(delivered_per_s)}
+        planned = {"target_publish_rate": 1_000.0, "expected_delivery_rate": 1_000.0,
+                   "qos": 0, "receivers": {"0": 1}, "windows": {
+                       "measure_start": 100, "measure_end": 100 + len(delivered_per_s)}}
         rows = [[second, 1_000, 0, delivered] + [0] * (len(COUNTER_COLUMNS) - 4)
                 for second, delivered in enumerate(delivered_per_s, 100)]
         counters = "\n".join(",".join(map(str, row)) for row in [COUNTER_COLUMNS, *rows])
-        return probe_outcome(1_000.0, 1_000.0, window, [counters], [{}], hold=is_hold)
+        return probe_outcome(planned, [counters], [{}], hold=is_hold)
 
     assert COUNTER_COLUMNS[:4] == ("second", "published", "acked", "received")
     steady = hold([990, 1_010, 1_000, 1_000])
@@ -512,16 +532,50 @@ def test_a_hold_that_delivered_all_but_unevenly_is_held_lower():
     # a probe's few seconds are not judged on it: one catch-up burst is no swing
     assert hold([1_600, 400, 1_700, 300], is_hold=False).keeps_up(0.05)
 
-    search = RateSearch(1_000, SearchPolicy(precision=0.02, hold_s=4))
-    for rate in (1_000, 2_000):
-        search.record(ProbeResult(rate, 1.0, 1.0 if rate == 1_000 else 0.5))
-    while (rate := search.next_rate()) is not None:
-        search.record(ProbeResult(rate, 1.0, 1.0 if rate <= 1_000 else 0.5))
-    first = search.next_hold()
-    search.record_hold(replace(swinging, rate=first))
-    second = search.next_hold()
-    assert second is not None and second < first
-    search.record_hold(ProbeResult(second, 1.0, 1.0))
-    outcome = search.outcome()
-    assert outcome["converged"] and outcome["max_rate"] == second
+    outcome = _first_hold_failed(swinging)
     assert outcome["holds"][0]["why"].startswith("throughput unstable over the window")
+
+
+def test_a_probe_or_hold_that_broke_its_qos_promise_did_not_keep_up():
+    """A broker that drops QoS 1 messages past a subscriber's queue can still deliver 99.75%
+    of them, within the search's tolerance: the search counted such a hold as kept up, then
+    the validity gate voided its stage (a message lost at QoS 1) and with it the night's
+    capacity. A probe or hold that lost a message at QoS 1 or 2 (whole-probe, from the
+    summaries, as the gate counts it), or saw a duplicate at QoS 2, now fails with the
+    gate's reason, and the next hold goes lower. QoS 0 promises nothing; a subscription
+    the broker granted QoS 0 is held to QoS 0's promise, as the gate holds it."""
+    from tasks.driver.output import COUNTER_COLUMNS
+    from tasks.steps.stages import probe_outcome
+
+    def probe(qos: int, unique: int, *, by_qos: int | None = None, duplicated: int = 0,
+              hold: bool = False, summary_missing: bool = False) -> ProbeResult:
+        planned = {"target_publish_rate": 1_000.0, "expected_delivery_rate": 1_000.0,
+                   "qos": qos, "receivers": {"0": 1, "1": 1},
+                   "windows": {"measure_start": 100, "measure_end": 104}}
+        rows = [[second, 1_000, 1_000, 1_000 - (second == 101) * (4_000 - unique)]
+                + [0] * (len(COUNTER_COLUMNS) - 4) for second in range(100, 104)]
+        counters = "\n".join(",".join(map(str, row)) for row in [COUNTER_COLUMNS, *rows])
+        publisher = {"last_seq": {"0": 2_000, "1": 2_000}, "totals": {"duplicated": 0}}
+        subscriber = {"unique_received": unique, "totals": {"duplicated": duplicated},
+                      "qos_judgement": {"by_qos": {str(qos if by_qos is None else by_qos):
+                                                   {"unique": unique}}}}
+        return probe_outcome(planned, [counters],
+                             [publisher, {} if summary_missing else subscriber], hold=hold)
+
+    lossy = probe(1, 3_990)
+    assert lossy.received_ratio == pytest.approx(0.9975)  # within any tolerance
+    assert not lossy.keeps_up(0.05)
+    assert lossy.reason(0.05) == "10 messages lost at QoS 1, which promises delivery"
+    assert not probe(1, 3_990, hold=True).keeps_up(0.05)
+    assert probe(1, 4_000).keeps_up(0.05)
+    assert probe(0, 3_990).keeps_up(0.05)  # QoS 0 allows loss: the aggregation notes it
+    assert probe(1, 3_990, by_qos=0).keeps_up(0.05)  # granted QoS 0: held to QoS 0
+    twice = probe(2, 4_000, duplicated=3)
+    assert twice.reason(0.05) == "3 duplicates at QoS 2, which promises exactly once"
+    assert probe(1, 4_000, duplicated=3).keeps_up(0.05)  # QoS 1 allows duplicates
+    # a process that left no summary: its deliveries unknown, loss is not counted (as the
+    # aggregation counts none); its counters still judge the probe
+    assert probe(1, 3_990, summary_missing=True).keeps_up(0.05)
+
+    outcome = _first_hold_failed(probe(1, 3_990, hold=True))
+    assert outcome["holds"][0]["why"] == "10 messages lost at QoS 1, which promises delivery"

@@ -178,6 +178,60 @@ def promised_qos(qos: int, metrics: Mapping) -> int:
     return min(qos, int(delivered)) if delivered is not None else qos
 
 
+def delivered_qos(summaries: Iterable[Mapping]) -> int | None:
+    """The highest QoS at which the subscribers received any of the stage's messages (a
+    delivery's QoS is the lower of the publish's and what the broker granted the
+    subscription): the aggregation's `delivery_qos`, from the processes' summaries. None
+    when nothing was received."""
+    seen = [int(qos) for summary in summaries
+            for qos, entry in ((summary.get("qos_judgement") or {}).get("by_qos") or {}).items()
+            if entry.get("unique")]
+    return max(seen, default=None)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A stage's messages against its deliveries, from its processes' summaries: each
+    publisher's last sequence number times the subscribers that should get its messages
+    (stage.json's ``receivers``), against the unique deliveries the subscribers counted.
+    Whole-stage: a message the broker dropped is lost whenever it was sent."""
+
+    expected: int
+    unique: int
+    unmatched: tuple[str, ...] = ()  # "publisher I of HOST/PROC": none in ``receivers``
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.expected - self.unique)
+
+
+def message_loss(summaries: Iterable[Mapping], receivers: Mapping[str, int]) -> Loss:
+    """The stage's `Loss` (the aggregation's ``lost`` metric, and a search's probes)."""
+    expected = unique = 0
+    unmatched = []
+    for summary in summaries:
+        for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
+            if str(index) not in receivers:
+                unmatched.append(f"publisher {index} of {summary.get('host')}/"
+                                 f"{summary.get('proc')}")
+            expected += int(last_seq) * int(receivers.get(str(index), 0))
+        unique += int(summary.get("unique_received") or 0)
+    return Loss(expected, unique, tuple(unmatched))
+
+
+def broken_promises(qos: int, lost: float, duplicated: float) -> list[str]:
+    """What the deliveries broke of the promise of the QoS they are held to
+    (`promised_qos`): a message lost at QoS 1 or 2, a duplicate at QoS 2. A validity gate
+    of a stage, and what makes a search's probe or hold fail (the broker did not keep up
+    its promise at that rate)."""
+    reasons = []
+    if qos >= 1 and lost > 0:
+        reasons.append(f"{lost:.0f} messages lost at QoS {qos}, which promises delivery")
+    if qos == 2 and duplicated > 0:
+        reasons.append(f"{duplicated:.0f} duplicates at QoS 2, which promises exactly once")
+    return reasons
+
+
 def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[str],
           series: dict | None = None, gates: Gates = Gates()) -> tuple[str, list[str]]:
     reasons = []
@@ -207,9 +261,6 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
         tried = failed + (metrics.get("connects_ok") or 0)
         reasons.append(f"{failed:.0f} of {tried:.0f} connections failed (refused, or no CONNACK "
                        "by the connect deadline): the stage ran fewer clients than planned")
-    qos = promised_qos(qos, metrics)
-    if qos >= 1 and (metrics.get("lost") or 0) > 0:
-        reasons.append(f"{metrics['lost']:.0f} messages lost at QoS {qos}, which promises delivery")
-    if qos == 2 and (metrics.get("duplicated") or 0) > 0:
-        reasons.append(f"{metrics['duplicated']:.0f} duplicates at QoS 2, which promises exactly once")
+    reasons += broken_promises(promised_qos(qos, metrics), metrics.get("lost") or 0,
+                               metrics.get("duplicated") or 0)
     return ("invalid" if reasons else "valid"), reasons

@@ -4,8 +4,11 @@ not rising). Pure: no I/O.
 
 A probe is one short stage at one rate. It *keeps up* when the publishers sent what they
 were asked to (no send backlog building up in the driver) and the subscribers received
-what was expected, both within `tolerance`, with no client errors, no failed connect and
-a subscription backlog that did not keep rising. A hold must also have delivered steadily
+what was expected, both within `tolerance`, with no client errors, no failed connect, a
+subscription backlog that did not keep rising, and the promise of its QoS kept (no message
+lost at QoS 1 or 2, no duplicate at QoS 2: `broken`, the validity gate's, whose stage it
+would void; a broker that drops messages past a subscriber's queue at a rate has not kept
+up with it, however few it dropped). A hold must also have delivered steadily
 over its window (`unstable`: the validity gate's throughput CV, which judges its stage):
 one the gate would call unstable has not shown the rate sustained, so the search holds
 lower, as for one that fell behind, rather than vouch for a rate its stage is then
@@ -86,6 +89,8 @@ class ProbeResult:
     connects_failed: int = 0
     backlog: str | None = None  # why the subscription backlog kept rising, if it did
     unstable: str | None = None  # a hold's: why its deliveries were too unstable, if they were
+    # what the deliveries broke of their QoS's promise (lost, duplicated), if anything
+    broken: str | None = None
     driver_cpu: float | None = None  # the busiest driver process, % of a core, publishing
     # a host's driver processes over the CPUs they may run on, %, the highest host's
     drivers_cpus_used: float | None = None
@@ -93,7 +98,7 @@ class ProbeResult:
     def keeps_up(self, tolerance: float) -> bool:
         return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
                 and self.errors == 0 and self.connects_failed == 0 and self.backlog is None
-                and self.unstable is None)
+                and self.unstable is None and self.broken is None)
 
     @property
     def delivered_rate(self) -> float:
@@ -116,6 +121,8 @@ class ProbeResult:
             parts.append(self.backlog)
         if self.unstable:
             parts.append(self.unstable)
+        if self.broken:
+            parts.append(self.broken)
         return "; ".join(parts)
 
 

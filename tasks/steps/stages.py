@@ -13,7 +13,7 @@ import json
 import math
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -21,9 +21,13 @@ from .. import rundir
 from ..analysis.failfast import FailFast, breach, progress_line
 from ..analysis.validity import (
     backlog_rising,
+    broken_promises,
     deliveries_per_message,
+    delivered_qos,
     drivers_cpus_used_pct,
+    message_loss,
     process_cpu_pct,
+    promised_qos,
     throughput_cv,
     unstable,
 )
@@ -294,24 +298,29 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
 
 
 def probe_result(ctx: RunContext, stage: Stage, ran: dict, hold: bool = False) -> ProbeResult:
-    """How a probe stage went, or a `hold` (`probe_outcome`), from its processes' counters
-    and summaries read straight from the hosts: the search decides before the next one."""
+    """How a probe stage went, or a `hold` (`probe_outcome`), from its stage.json and its
+    processes' counters and summaries read straight from the hosts: the search decides
+    before the next one."""
     counters = [ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
                 for host_name, out_dir in ran["out_dirs"]]
     summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
                  for host_name, out_dir in ran["out_dirs"]]
-    return probe_outcome(stage.target_publish_rate, ran["expected_delivery_rate"],
-                         ran["windows"], counters, summaries, hold)
+    planned = json.loads((ctx.run_dir / rundir.stage_file(stage.stage_id)).read_text())
+    return probe_outcome(planned, counters, summaries, hold)
 
 
-def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: list[str],
-                  summaries: list[dict], hold: bool = False) -> ProbeResult:
-    """A probe at `rate` (msg/s offered) from its processes' per-second counters (the CSV
-    texts) over the measure window in `windows`, and their summaries' clients that never
-    connected and CPU. Pure. A `hold` is judged on its throughput's stability too, as the
-    validity gate judges its stage (the answer and its cost stand on it); a probe's few
-    seconds are too few to tell a swing from one catch-up burst."""
-    first, last = windows["measure_start"], windows["measure_end"]
+def probe_outcome(planned: Mapping, counters: list[str], summaries: list[dict],
+                  hold: bool = False) -> ProbeResult:
+    """A probe from what was `planned` (its stage.json: rates, measure window, QoS,
+    receivers) and its processes' per-second counters (the CSV texts) and summaries
+    (clients that never connected, CPU, what was received). Pure. Sends and deliveries are
+    counted over the measure window; the promise of the QoS over the whole probe, as the
+    validity gate holds its stage to it (a message dropped in the warm-up is lost too). A
+    `hold` is judged on its throughput's stability too, as the gate judges its stage (the
+    answer and its cost stand on it); a probe's few seconds are too few to tell a swing
+    from one catch-up burst."""
+    rate, expected_rate = planned["target_publish_rate"], planned["expected_delivery_rate"]
+    first, last = planned["windows"]["measure_start"], planned["windows"]["measure_end"]
     columns = ("published", "received", "duplicated", "errors")
     per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
     for text in counters:
@@ -320,6 +329,12 @@ def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: li
                 for name in columns:
                     per_second[int(row["second"])][name] += int(row[name])
     totals = {name: sum(s[name] for s in per_second.values()) for name in columns}
+    whole = {name: sum((s.get("totals") or {}).get(name, 0) for s in summaries)
+             for name in ("connects_failed", "duplicated")}
+    promised = promised_qos(planned["qos"], {"delivery_qos": delivered_qos(summaries)})
+    # loss needs every process's summary (the aggregation computes none without them)
+    lost = message_loss(summaries, planned["receivers"]).lost if all(summaries) else 0
+    broken = broken_promises(promised, lost, whole["duplicated"])
     busiest = [pct for pct in map(process_cpu_pct, summaries) if pct is not None]
     seconds = last - first
     offered = rate * seconds
@@ -330,11 +345,11 @@ def probe_outcome(rate: float, expected_rate: float, windows: dict, counters: li
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
                        if expected else 0.0, errors=totals["errors"],
-                       connects_failed=sum((s.get("totals") or {}).get("connects_failed", 0)
-                                           for s in summaries),
+                       connects_failed=whole["connects_failed"],
                        backlog=backlog_rising(series, deliveries_per_message(expected_rate, rate)),
                        unstable=unstable(throughput_cv(series["delivered_per_s"]))
                        if hold else None,
+                       broken="; ".join(broken) or None,
                        driver_cpu=max(busiest, default=None),
                        drivers_cpus_used=drivers_cpus_used_pct(summaries))
 
