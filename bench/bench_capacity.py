@@ -120,7 +120,7 @@ def night(suite: str, inventory: Path) -> dict:
     at_hold = next((s["metrics"] for s in stages if s["stage_id"] == held), {})
     # each hold's rate and what the broker delivered of it (the search's own rule), in order
     holds = [{"rate": h["rate"], "kept_up": h["kept_up"], "retried": h["retried"],
-              "why": h.get("why", ""),
+              "unstable": bool(h.get("unstable")), "broken": h.get("broken"),
               "delivered_rate": ProbeResult(h["rate"], h["sent_ratio"],
                                             h["received_ratio"]).delivered_rate}
              for h in ran["holds"]]
@@ -180,7 +180,8 @@ def say_night(label: str, number: int, result: dict) -> dict:
             else "")
     held = " -> ".join(f"{h['rate']:,.0f} ("
                        + ("kept up" if h["kept_up"] else f"{h['delivered_rate'] / h['rate']:.1%}"
-                          + ("; unstable" if "unstable" in h["why"] else ""))
+                          + ("; unstable" if h["unstable"] else "")
+                          + (f"; {h['broken']}" if h["broken"] else ""))
                        + ("; run again" if h["retried"] else "") + ")"
                        for h in result.get("holds", []))
     print(f"  {label} night {number + 1}: max_rate {result['max_rate'] or 0:,.0f} msg/s, "

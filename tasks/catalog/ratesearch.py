@@ -319,6 +319,8 @@ class RateSearch:
             return [{"rate": p.rate, "sent_ratio": p.sent_ratio, "received_ratio": p.received_ratio,
                      "errors": p.errors, "connects_failed": p.connects_failed, "kept_up": kept,
                      "why": p.reason(self.policy.tolerance),
+                     # the reasons a stage's gate shares, each on its own (None: passed)
+                     "unstable": p.unstable, "broken": p.broken,
                      "retried": i in aside, "driver_cpu": p.driver_cpu,
                      "drivers_cpus_used": p.drivers_cpus_used}
                     for i, (p, kept) in enumerate(probes)]
