@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,7 @@ def _pause_in_window(state: Path, pid: int, after_s: float, pause_s: float, done
         time.sleep(0.02)
 
 
+@pytest.mark.alone  # the drops and the ratios depend on the pause's length
 @pytest.mark.slow  # about 10 s
 def test_a_probe_whose_broker_dropped_qos_1_messages_did_not_keep_up(tmp_path: Path,
                                                                      tiny_suite: Path):
@@ -175,11 +177,12 @@ def test_a_probe_whose_broker_dropped_qos_1_messages_did_not_keep_up(tmp_path: P
         ran = run_stage(ctx, stage, ctx.broker(), progress=lambda line: None)
         result = probe_result(ctx, stage, ran)
     finally:
-        pauser.join()
+        if pauser.ident is not None:
+            pauser.join()
         broker.kill()
     assert paused, "the broker was not paused in the window"
-    assert (result.sent_ratio, result.errors, result.backlog) == (1.0, 0, None), result
-    assert result.received_ratio >= 0.95, result
+    assert replace(result, broken=None).keeps_up(0.05), result  # by the rule before
+    assert result.received_ratio < 1
     assert not result.keeps_up(0.05)
     assert result.reason(0.05) == result.broken
     assert result.broken.endswith(" messages lost at QoS 1, which promises delivery")
