@@ -154,9 +154,10 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     as `load_results` recorded them; `cpus`: host -> the CPUs perfpipe may use there,
     `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`): valid
     only when the search converged and the hold that confirmed it passed the validity
-    gates (a hold keeps up on what it sent and received and on its throughput's
-    stability; one that lost messages at QoS 1 or was aggregated in part would vouch for a
-    rate and a cost it did not show). Its probes are stages too, never compared."""
+    gates (a hold keeps up on what it sent and received, on its throughput's stability
+    and on its QoS's promise; one aggregated in part, or failing a gate the search does
+    not judge, would vouch for a rate and a cost it did not show). Its probes are stages
+    too, never compared."""
     templates = {stage.stage_id: stage for stage in ctx.stages if stage.search is not None}
     broker, record = ctx.inventory.broker, ctx.searches()
     host_cores = cores.get(broker.host) if broker.host else None
