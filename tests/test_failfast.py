@@ -23,6 +23,7 @@ def test_rules_judge_the_sum_of_every_process():
 
 
 def test_a_broker_refusing_most_clients_stops_the_stage_at_the_barrier(tmp_path: Path, tiny_suite):
+    from tasks import rundir
     from tasks.steps import Call, execute
 
     (tiny_suite.parent / "scenarios" / "suites.yml").write_text(
@@ -40,9 +41,21 @@ def test_a_broker_refusing_most_clients_stops_the_stage_at_the_barrier(tmp_path:
     for result in results:
         assert "connections failed (fail-fast above 5%)" in result["stopped"], said
         reason = json.loads((ctx.run_dir / "raw" / result["stage_id"] / "failfast.json").read_text())
-        assert reason == {"reason": result["stopped"]}
-    assert any(line.startswith("    not starting the stage:") for line in said)
+        assert reason == {"reason": result["stopped"], "started": False}
+    assert [line for line in said if line.startswith("    not starting the stage:")] == \
+        [f"    not starting the stage: {result['stopped']}"]
     assert took < 30  # far less than the stage's bound
+
+    # stored with that one reason: not the gates' of a window nothing ran in (the Spark
+    # job's output for such a stage, as tests/test_aggregate.py's job writes it)
+    ctx.write_json(rundir.STAGE_METRICS, {"stages": [
+        {"stage_id": result["stage_id"], "status": "no_data", "series": {}, "metrics": {},
+         "problems": ["process localhost/0 reported status 'no_start'",
+                      "zero traffic in the measure window"]}]})
+    execute("load_metrics", ctx, Call(say=lambda line: None))
+    (stored,) = ctx.store().stages(ctx.run_id)
+    assert (stored["validity"], stored["reason"]) == ("invalid",
+                                                      f"not started: {result['stopped']}")
 
 
 def test_the_progress_line_says_failed_connects_apart_from_errors():

@@ -52,6 +52,16 @@ def stage_failures(ctx: RunContext) -> dict[str, list[str]]:
     return failures
 
 
+def stop_reason(ctx: RunContext, stage_id: str) -> tuple[str, bool] | None:
+    """Why the stage was stopped early or never started, and whether it started, if it
+    was stopped (``failfast.json``, written by the stages step)."""
+    path = ctx.run_dir / rundir.failfast_file(stage_id)
+    if not path.exists():
+        return None
+    stopped = json.loads(path.read_text())
+    return stopped["reason"], stopped.get("started", True)
+
+
 def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[dict]:
     """Record every stage's metrics and validity in the store, and only those: a stage an
     earlier attempt of the stages step loaded and this one did not run is dropped, so no
@@ -72,10 +82,12 @@ def load_results(ctx: RunContext, say: Callable[[str], None] = print) -> list[di
         stage = stages[result["stage_id"]]
         validity, reasons = judge(result["metrics"], qos=stage.qos, series=result.get("series"),
                                   aggregation_status=result["status"], problems=result["problems"])
-        stopped = ctx.run_dir / rundir.failfast_file(stage.stage_id)
-        if stopped.exists():
+        if stopped := stop_reason(ctx, stage.stage_id):
             validity = "invalid"
-            reasons.insert(0, "stopped early: " + json.loads(stopped.read_text())["reason"])
+            why, started = stopped
+            # refused at the barrier, it ran no window: what the gates say of one (no
+            # traffic, no rate to check) would only repeat that
+            reasons = [f"stopped early: {why}", *reasons] if started else [f"not started: {why}"]
         failed = drivers_failed(ctx, stage.stage_id)
         if failed:
             validity = "invalid"

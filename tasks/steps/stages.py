@@ -257,7 +257,6 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         progress(f"    not starting the stage: {refused}")
         for proc in launched:
             proc.host.kill_group(proc.group_pid)
-        ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": refused})
     lead = max(START_LEAD_S[ctx.inventory.host(p.host).transport] for p in plans)
     start_at = math.ceil(time.time() + lead)
     windows = {"start": start_at, "measure_start": start_at + stage.warmup_s,
@@ -283,7 +282,8 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
                                 cannot_go_on=_stop_check(ctx, broker))
     stopped = refused or stopped
     if stopped:
-        ctx.write_json(rundir.failfast_file(stage.stage_id), {"reason": stopped})
+        ctx.write_json(rundir.failfast_file(stage.stage_id),
+                       {"reason": stopped, "started": not refused})
     failed = [f"driver {name} {how}" for name, code in sorted(codes.items())
               if code is not None and (how := died(code))]
     for line in failed:
