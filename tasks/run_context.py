@@ -58,7 +58,10 @@ class RunContext:
         run_dir = settings.run_dir(run_id)
         path = run_dir / rundir.PLAN
         if not path.exists():
-            raise FileNotFoundError(f"{path}: no plan for run {run_id!r}; run the plan step first")
+            raise FileNotFoundError(
+                f"{path}: no run {run_id!r} was planned here; check the id against the run "
+                f"folders in {settings.runs_dir} (PERFPIPE_STATE_DIR), or start "
+                "one with `perfpipe run`")
         return cls(settings, run_id, run_dir, json.loads(path.read_text()))
 
     @property

@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .config_files import ConfigError
 
 if TYPE_CHECKING:
     from sql import Store
@@ -70,4 +72,17 @@ class Settings(BaseSettings):
 
 
 def load_settings() -> Settings:
-    return Settings()
+    """The settings from the environment, or a ConfigError naming each PERFPIPE_ variable
+    that cannot be used, what it holds (never a secret's value) and what it needs."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = "_".join(str(part) for part in error["loc"])
+            field = Settings.model_fields.get(name)
+            secret = field is None or "SecretStr" in str(field.annotation)
+            value = "" if secret else f"={error['input']!r}"
+            problems.append(f"PERFPIPE_{name.upper()}{value}: "
+                            f"{error['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("\n".join(problems)) from None

@@ -157,6 +157,64 @@ def test_pattern_errors_name_the_field_and_the_fix():
             {"group": "s", "count": 1, "topics": ["u/#"], "expected_publisher_groups": ["p"]}]})
 
 
+def test_config_mistakes_are_said_where_they_are_written_with_the_fix(tmp_path: Path):
+    """A mistyped key is named with the keys that exist (the nearest first); a suite entry
+    of no kind, one error; a value of none of a union's types, one line; an override or
+    an unknown scenario of an included suite, where it is written; no suites.yml, said."""
+    from tasks.config_files import ConfigError
+
+    (tmp_path / "catalog").mkdir()
+    shipped = (SCENARIOS / "catalog" / "ibm_fanin_smoke.yml").read_text()
+    written = tmp_path / "catalog" / "ibm_fanin_smoke.yml"
+    written.write_text(shipped.replace("rate_per_client", "rate_per_clent"))
+    with pytest.raises(ConfigError) as typo:
+        load_catalog(tmp_path)
+    assert str(typo.value) == (
+        f"{written}: publishers.0.rate_per_clent: unknown key 'rate_per_clent'; did you mean "
+        "'rate_per_client'? known: aggregate_rate, clean_session, count, group, "
+        "payload_bytes, rate_per_client, scale_with_clients, topic, topic_count, "
+        "topic_split, topics_scale_with_clients")
+    written.write_text(re.sub(r"rate_per_client: \S+", "rate_per_client: fast", shipped))
+    with pytest.raises(ConfigError) as union:
+        load_catalog(tmp_path)
+    assert str(union.value) == (
+        f"{written}: publishers.0.rate_per_client: Input should be a valid number, got 'fast'; "
+        "or Input should be a valid dictionary, got 'fast'")
+    written.write_text(shipped)
+
+    suites = tmp_path / "suites.yml"
+    suites.write_text("suites:\n  typo: [{scenario: ibm_fanin_smoke, stage: {measure_s: 2}}]\n"
+                      "  shapeless: [{scenaro: ibm_fanin_smoke}, 3]\n")
+    with pytest.raises(ConfigError) as entries:
+        load_suites(tmp_path)
+    kinds = "an entry is a scenario's name, {scenario: NAME, qos: [...], stages: {...}} or " \
+            "{suite: NAME}"
+    assert str(entries.value).splitlines() == [
+        f"{suites}: suites.typo.0.stage: unknown key 'stage'; did you mean 'stages'? known: "
+        "qos, scenario, stages", f"{suites}: suites.shapeless.0: {kinds}",
+        f"{suites}: suites.shapeless.1: {kinds}"]
+
+    suites.write_text("suites:\n  other: [{scenario: ibm_fanin_smoke, stages: {measure_s: 0}}]\n"
+                      "  outer: [{suite: other}]\n  gaps: [{suite: missing}]\n"
+                      "  far: [{suite: near}]\n  near: [ibm_fanin_smoke, nope]\n")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{suites}: suites.other.0 (overrides of scenario 'ibm_fanin_smoke'): "
+            "stages.measure_s: Input should be greater than or equal to 1")):
+        load_suite(tmp_path, "outer")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{suites}: suites.gaps.0: includes the unknown suite 'missing'; known: ['far', "
+            "'gaps', 'near', 'other', 'outer']")):
+        load_suite(tmp_path, "gaps")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{suites}: suites.far: unknown scenarios (suites.near.1: 'nope'); add "
+            f"{tmp_path / 'catalog'}/<name>.yml or fix the name")):
+        load_suite(tmp_path, "far")
+    suites.unlink()
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{suites}: no such file: the scenarios dir (PERFPIPE_SCENARIOS_DIR")):
+        load_suite(tmp_path, "smoke")
+
+
 def test_warmup_iterations_stretch_the_warmup_to_that_many_messages_per_publisher():
     stage, _, _ = stage_of("tbmq_groups", 1)
     assert stage.warmup_s == 6  # 6 messages at 100 msg/s over 100 publishers = 1 msg/s each

@@ -182,3 +182,43 @@ def test_exit_codes_of_a_run_and_of_a_nightly_dag_run() -> None:
     assert exit_code("ok", "Slack not told", airflow_state="failed") == 5
     assert exit_code("ok", None, airflow_state="failed") == 1
     assert exit_code("failed", None, airflow_state="failed") == 1
+
+
+def test_a_step_is_refused_a_host_it_cannot_run_for_and_a_run_id_never_planned(
+        perfpipe_env: Path, tmp_path: Path, capsys) -> None:
+    """`perfpipe step --host`: a per-host step needs one of the inventory's hosts, and a
+    step of the whole run none (it would be marked finished for that host only, and
+    teardown would close the run failed); each is refused before it runs, in one line."""
+    from tests.conftest import planned_run
+
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                      "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                      "port: 1883}\n", "smoke")
+    capsys.readouterr()
+    refusals = {
+        ("stages", "--host", "localhost"): "perfpipe: step 'stages' runs once for the run, not "
+        "per host: leave out --host localhost (it is for provision, tune)",
+        ("provision", "--host", "driver9"): "perfpipe: step 'provision' runs per host: no host "
+        f"'driver9' in inventory {ctx.inventory.name!r}; name one of ['localhost'] (--host)",
+        ("tune",): "perfpipe: step 'tune' runs per host: name one of ['localhost'] (--host)",
+    }
+    for (step, *host), said in refusals.items():
+        assert main(["step", step, ctx.run_id, *host]) == 2
+        assert capsys.readouterr().err.splitlines() == [said]
+    assert not ctx.finished("stages", "localhost") and not ctx.finished("provision", "driver9")
+
+    assert main(["step", "stages", "nightly-typo"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "no run 'nightly-typo' was planned here" in line, line
+    assert str(perfpipe_env / "runs") in line and "`perfpipe run`" in line, line
+
+
+def test_a_perfpipe_variable_that_cannot_be_used_is_named_as_it_was_set(
+        perfpipe_env: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PERFPIPE_LAB_WAIT_S", "soon")
+    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", "-1")
+    assert main(["show", "nightly-x"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "perfpipe: PERFPIPE_LAB_WAIT_S='soon': Input should be a valid number, unable to parse "
+        "string as a number", "PERFPIPE_DB_RETRY_S='-1': Input should be greater than or equal "
+        "to 0"]

@@ -76,7 +76,7 @@ def test_a_retry_window_that_is_no_number_of_seconds_is_refused_naming_it(
     monkeypatch.setenv("PERFPIPE_DB_RETRY_S", value)
     done = _cli("show", "nightly-none")
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert "db_retry_s" in done.stderr and why in done.stderr, done.stderr
+    assert f"PERFPIPE_DB_RETRY_S={value!r}: " in done.stderr and why in done.stderr, done.stderr
 
 
 @pytest.mark.alone

@@ -151,7 +151,11 @@ def test_perfpipe_plan_says_which_field_is_wrong_in_one_line(tmp_path, monkeypat
     ("/var/tmp/../../etc", r"without '.', '..' or '//' parts"),
     ("/var//tmp", r"without '.', '..' or '//' parts"),
     ("/etc", r"perfpipe creates and removes folders under it"),
+    ("/etc/ssh", r"and /etc is the system's; give a folder of its own"),
+    ("/usr/bin", r"and /usr is the system's"),
+    ("/proc/self", r"and /proc is the system's"),
     ("/var/tmp/perfpipe", None),
+    ("/usr/local/perfpipe", None),
 ])
 def test_a_host_work_root_cannot_climb_out_or_be_a_system_folder(work_root, message):
     document = {"hosts": [{"name": "h", "roles": ["driver", "broker"], "work_root": work_root}],

@@ -16,6 +16,9 @@ from .cpus import CPU_LIST, CPUS_FOR, kept_on, parse
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 PATH_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789./_-"
+# top-level folders of the system's own (and /usr but /usr/local): no work or code root
+SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc",
+                         "run", "sbin", "sys"})
 
 
 class HostConfig(BaseModel):
@@ -78,6 +81,10 @@ class HostConfig(BaseModel):
         if len(parts) < 2:
             raise ValueError(f"{value!r}: perfpipe creates and removes folders under it; give "
                              f"a folder of its own at least two levels deep, e.g. "
+                             f"/var/tmp/perfpipe")
+        if parts[0] in SYSTEM_DIRS or parts[0] == "usr" and parts[1] != "local":
+            raise ValueError(f"{value!r}: perfpipe creates and removes folders under it, and "
+                             f"/{parts[0]} is the system's; give a folder of its own, e.g. "
                              f"/var/tmp/perfpipe")
         return value.rstrip("/")
 

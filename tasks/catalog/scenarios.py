@@ -27,12 +27,14 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictFloat,
     StrictInt,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -467,23 +469,53 @@ class SuiteInclude(BaseModel):
     suite: str
 
 
+# a suite entry's kinds, as pydantic labels them in an error's location: never a YAML key
+NAME_ENTRY, SCENARIO_ENTRY, SUITE_ENTRY = "scenario name", "scenario entry", "suite entry"
+
+
+def _entry_kind(entry: Any) -> str | None:
+    """Which kind of suite entry `entry` is written as: a scenario's name, a scenario with
+    overrides (``scenario:``) or another suite (``suite:``); None for none of them."""
+    if isinstance(entry, str):
+        return NAME_ENTRY
+    if isinstance(entry, SuiteEntry) or isinstance(entry, dict) and "scenario" in entry:
+        return SCENARIO_ENTRY
+    if isinstance(entry, SuiteInclude) or isinstance(entry, dict) and "suite" in entry:
+        return SUITE_ENTRY
+    return None
+
+
+# what a suite lists, each entry validated as the kind it is written as
+SuiteItem = Annotated[
+    Union[Annotated[str, Tag(NAME_ENTRY)], Annotated[SuiteEntry, Tag(SCENARIO_ENTRY)],
+          Annotated[SuiteInclude, Tag(SUITE_ENTRY)]],
+    Discriminator(_entry_kind, custom_error_type="suite_entry", custom_error_message=(
+        "an entry is a scenario's name, {scenario: NAME, qos: [...], stages: {...}} or "
+        "{suite: NAME}"))]
+
+
 class Suites(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    suites: dict[str, list[Union[str, SuiteEntry, SuiteInclude]]]
+    suites: dict[str, list[SuiteItem]]
 
-    def entries(self, suite: str, seen: tuple[str, ...] = ()) -> list[SuiteEntry]:
-        """The suite's scenario entries, included suites expanded (KeyError: no such suite)."""
+    def entries(self, suite: str, seen: tuple[str, ...] = ()) -> list[tuple[str, SuiteEntry]]:
+        """The suite's scenario entries, included suites expanded, each with where it is
+        written (``suites.<suite>.<index>``). ValueError: a suite includes itself or one
+        that does not exist."""
         if suite in seen:
             raise ValueError(f"suites.{suite}: includes itself (through {' -> '.join(seen)})")
-        out: list[SuiteEntry] = []
-        for entry in self.suites[suite]:
+        out: list[tuple[str, SuiteEntry]] = []
+        for i, entry in enumerate(self.suites[suite]):
+            where = f"suites.{suite}.{i}"
             if isinstance(entry, SuiteInclude):
                 if entry.suite not in self.suites:
-                    raise KeyError(entry.suite)
+                    raise ValueError(f"{where}: includes the unknown suite {entry.suite!r}; "
+                                     f"known: {sorted(self.suites)}")
                 out += self.entries(entry.suite, (*seen, suite))
             else:
-                out.append(SuiteEntry(scenario=entry) if isinstance(entry, str) else entry)
+                out.append((where, SuiteEntry(scenario=entry) if isinstance(entry, str)
+                            else entry))
         return out
 
 
@@ -515,28 +547,28 @@ def _apply(entry: SuiteEntry, scenario: Scenario, where: str) -> Scenario:
 
 def load_suite(scenarios_dir: Path, suite: str) -> list[Scenario]:
     path = Path(scenarios_dir) / "suites.yml"
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file: the scenarios dir (PERFPIPE_SCENARIOS_DIR, "
+                          "default scenarios/) needs its suites.yml and catalog/")
     suites = load_suites(scenarios_dir)
     if suite not in suites.suites:
         raise ConfigError(f"{path}: suites: no suite {suite!r}; known: {sorted(suites.suites)}")
     catalog = load_catalog(scenarios_dir)
     try:
         entries = suites.entries(suite)
-    except KeyError as exc:
-        raise ConfigError(f"{path}: suites.{suite}: includes the unknown suite {exc.args[0]!r}; "
-                          f"known: {sorted(suites.suites)}") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    missing = [e.scenario for e in entries if e.scenario not in catalog]
+    missing = [f"{where}: {e.scenario!r}" for where, e in entries if e.scenario not in catalog]
     if missing:
-        raise ConfigError(f"{path}: suites.{suite}: unknown scenarios {missing}; "
-                          f"add scenarios/catalog/<name>.yml or fix the name")
-    names = [e.scenario for e in entries]
+        raise ConfigError(f"{path}: suites.{suite}: unknown scenarios ({'; '.join(missing)}); "
+                          f"add {Path(scenarios_dir) / 'catalog'}/<name>.yml or fix the name")
+    names = [e.scenario for _, e in entries]
     if len(names) != len(set(names)):
         raise ConfigError(f"{path}: suites.{suite}: list each scenario once (stage ids would "
                           f"collide)")
-    return [_apply(e, catalog[e.scenario], f"{path}: suites.{suite}.{i}")
+    return [_apply(e, catalog[e.scenario], f"{path}: {where}")
             if e.qos is not None or e.stages is not None else catalog[e.scenario]
-            for i, e in enumerate(entries)]
+            for where, e in entries]
 
 
 def warmup_for(plan: StagePlan, min_rate: float) -> int:

@@ -81,9 +81,7 @@ def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
     found = step(name)
     if found.name == "plan":
         raise ValueError("plan creates a run: use `perfpipe run` or tasks.steps.plan.plan_run")
-    if found.per_host and not call.host:
-        raise ValueError(f"step {name!r} runs per host: name one of "
-                         f"{[h.name for h in ctx.inventory.hosts]} (--host)")
+    _check_host(found, ctx, call.host)
     if not found.always:
         _refuse_closed(ctx, found.name)
     holder = {"run": ctx.run_id, "step": found.name}
@@ -92,6 +90,20 @@ def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
         result = import_module(f"{__name__}.{name}").run(ctx, call)
     ctx.mark_finished(name, call.host)
     return result
+
+
+def _check_host(found: Step, ctx: RunContext, host: str | None) -> None:
+    """A per-host step names one of the inventory's hosts; another step names none (it
+    would be marked finished for that host only, and teardown would find it unfinished)."""
+    names = [h.name for h in ctx.inventory.hosts]
+    if found.per_host and host not in names:
+        given = f"no host {host!r} in inventory {ctx.inventory.name!r}; " if host else ""
+        raise ValueError(f"step {found.name!r} runs per host: {given}name one of {names} "
+                         "(--host)")
+    if not found.per_host and host:
+        per_host = [s.name for s in STEPS if s.per_host]
+        raise ValueError(f"step {found.name!r} runs once for the run, not per host: leave "
+                         f"out --host {host} (it is for {', '.join(per_host)})")
 
 
 def lab_lock(settings: Settings, inventory: str, holder: dict[str, str],
