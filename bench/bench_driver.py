@@ -469,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
               else {"warmup_s": 3, "measure_s": 12, "drain_s": 1})
     scenarios = list(SCENARIOS)
     if args.only:
+        if unknown := [name for name in args.only if name not in SCENARIOS]:
+            parser.error(f"--only: no row {', '.join(unknown)}; rows: {', '.join(SCENARIOS)}")
         scenarios = [s for s in scenarios if s in args.only]
     raise_nofile()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop broker and tools

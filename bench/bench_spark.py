@@ -18,8 +18,8 @@ Python process as the ratio to beat.
    seconds of each window the host stalls: 10% of that second's e2e and PUBACK samples are
    about 100 ms late in every process (the per-second tails and stalls have work to do).
 2. Spark: `spark-submit --master local[*] spark/aggregate.py --timings FILE` as the
-   nightly DAG's SparkSubmitOperator runs it (UI off, JVM defaults; `--java-options
-   -XX:TieredStopAtLevel=1` for the C1-only JIT that the CLI's tasks/steps/aggregate.py uses).
+   nightly DAG's SparkSubmitOperator and the CLI run it (tasks/steps/aggregate.py's
+   SUBMIT_CONF: UI off, the C1-only JIT; `--java-options ''` for the JVM's defaults).
    Wall time from launch to exit against the bar, rows/s and samples/s, and the split:
    JVM start (launch to SparkSession ready), read (find files, plan the scans), Spark jobs
    (parse every CSV and sum: Spark reads lazily, so CSV parsing is inside this phase),
@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))
 
 from spark.stage_metrics import tidy  # noqa: E402
 from tasks.analysis.tails import tails_of_seconds  # noqa: E402
+from tasks.steps.aggregate import SUBMIT_CONF  # noqa: E402
 from tasks.driver.histogram import bucket_bounds, bucket_of, summarize  # noqa: E402
 from tasks.driver.output import (  # noqa: E402
     COUNTER_COLUMNS,
@@ -437,10 +438,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="e2e latency samples in the histogram counts, all stages")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--java-options", default="",
-                        help="--driver-java-options of spark-submit (default: none, as the "
-                             "DAG's SparkSubmitOperator runs the job; "
-                             "'-XX:TieredStopAtLevel=1' as the CLI's tasks/steps/aggregate.py does)")
+    parser.add_argument("--java-options", default=SUBMIT_CONF["spark.driver.extraJavaOptions"],
+                        help="--driver-java-options of spark-submit (default: "
+                             f"{SUBMIT_CONF['spark.driver.extraJavaOptions']}, as the DAG and the "
+                             "CLI run the job, tasks/steps/aggregate.py's SUBMIT_CONF; '' for the "
+                             "JVM's defaults)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="generate into DIR and keep it (reused when it matches)")
     args = parser.parse_args(argv)
