@@ -56,6 +56,11 @@ class HostError(RuntimeError):
     """A command failed on a host; the message names the host and the command's first line."""
 
 
+class HostUnreachable(HostError):
+    """The host could not be reached, or its connection was lost: no later command there
+    will do better until it answers again."""
+
+
 @dataclass(frozen=True)
 class CommandResult:
     stdout: str
@@ -406,14 +411,14 @@ class SshHost(Host):
                 _socket_options(transport.sock)
             hop = hop.gateway
 
-    def _lost(self) -> HostError | None:
+    def _lost(self) -> HostUnreachable | None:
         transport = self._connection.transport
         if not self._connected or transport is None or transport.is_active():
             return None  # never connected (`_connection_error` says why) or still there
         self._connected = False
         self._connection.close()  # the next command connects anew (or says unreachable)
-        return HostError(f"{self.name}: connection to {self.user}@{self.address} lost: no "
-                         f"answer for {SSH_DEAD_AFTER_S:.0f} s")
+        return HostUnreachable(f"{self.name}: connection to {self.user}@{self.address} lost: "
+                               f"no answer for {SSH_DEAD_AFTER_S:.0f} s")
 
     def fresh(self) -> SshHost:
         """A new login through the same gateway connection, which stays this host's to close."""
@@ -429,10 +434,11 @@ class SshHost(Host):
             return lost
         where = f"{self.user}@{self.address}"
         if isinstance(exc, paramiko.AuthenticationException):
-            return HostError(f"{self.name}: SSH key refused for {where} (check key_file and "
-                             f"the host's authorized_keys)")
+            return HostUnreachable(f"{self.name}: SSH key refused for {where} (check key_file "
+                                   f"and the host's authorized_keys)")
         if isinstance(exc, (OSError, paramiko.SSHException, EOFError)):
-            return HostError(f"{self.name}: unreachable at {where}: {exc or type(exc).__name__}")
+            return HostUnreachable(f"{self.name}: unreachable at {where}: "
+                                   f"{exc or type(exc).__name__}")
         return None
 
     def interactive(self, argv: Sequence[str]) -> Interactive:

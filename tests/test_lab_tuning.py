@@ -533,3 +533,65 @@ broker: {{host: nosudo, managed: false, port: 1883}}
     assert host.read_root_file("/proc/sys/net/core/somaxconn").strip().isdigit()
     with pytest.raises(HostError, match="cannot run commands as root"):
         host.read_root_file("/root/.profile")  # /root is 0700
+
+
+def test_a_sysctl_the_kernel_lacks_is_said_and_left_out_not_the_end_of_the_apply(
+        lab, perfpipe_env, tmp_path, monkeypatch, capsys):
+    """A profile's key this kernel does not have (as `kernel.sched_latency_ns` in the IBM
+    profile, gone since Linux 5.13): setting it failed and stopped the apply before its
+    limits, TasksMax and the keys after it, at every retry."""
+    host = lab_hosts()[1]
+    before = host_state(host)
+    profile = (Path(INVENTORY).parents[1] / "tuning" / "lab-net.yml").read_text()
+    (tmp_path / "lab-gone.yml").write_text(profile.replace("name: lab-net", "name: lab-gone")
+                                           .replace("sysctl:\n", "sysctl:\n  net.ipv4.perfpipe"
+                                                    "_no_such_key: \"1\"\n"))
+    monkeypatch.setenv("PERFPIPE_TUNING_DIR", str(tmp_path))
+    code, out, err = tune("apply", capsys, "--profile", "lab-gone", "--host", host.name)
+    assert code == 0, out + err
+    assert [r[-1] for r in rows(out) if r[2] == "net.ipv4.perfpipe_no_such_key"] == ["absent"]
+    assert sum(r[-1] == "applied" for r in rows(out)) == 7, out  # 4 sysctls, 2 limits, TasksMax
+    assert any("net.ipv4.perfpipe_no_such_key" in line and "key not present on this host: not "
+               "set" in line for line in notes(out)), out
+    written = host.run(["cat", "/etc/sysctl.d/90-perfpipe.conf"]).stdout
+    assert "net.core.somaxconn = 8192" in written and "perfpipe_no_such_key" not in written
+
+    code, out, _ = tune("restore", capsys, "--host", host.name)
+    assert code == 0, out
+    assert host_state(host) == before
+
+
+def test_a_restore_goes_on_past_a_record_it_cannot_put_back_and_keeps_it(
+        lab, perfpipe_env, capsys):
+    """A record whose command fails, one of a kind this perfpipe does not know and a cgroup
+    already gone: the others are still put back, the first two are kept for the next
+    restore (exit 1). A host's record that cannot be read is named, and the other hosts
+    are restored all the same."""
+    import json
+
+    host, other = lab_hosts()[1], lab_hosts()[2]
+    was = " ".join(host.run(["cat", "/proc/sys/net/core/somaxconn"]).stdout.split())
+    host.as_root(["sysctl", "-q", "-w", "net.core.somaxconn=4321"])
+    failing = {"kind": "sysctl", "key": "net.ipv4.tcp_fin_timeout", "before": "not-a-number"}
+    unknown = {"kind": "grub", "key": "GRUB_CMDLINE_LINUX", "before": "quiet"}
+    records = [{"kind": "sysctl", "key": "net.core.somaxconn", "before": was},
+               {"kind": "tasks_max", "key": "/sys/fs/cgroup/pids/perfpipe-user-0/pids.max",
+                "mode": "cgroup", "before": None}, failing, unknown]
+    folder = perfpipe_env / "tuning"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{host.name}.json").write_text(json.dumps({"profile": "lab-net",
+                                                          "records": records}))
+    (folder / f"{other.name}.json").write_text("{torn")
+
+    code, out, err = tune("restore", capsys, "--host", host.name, "--host", other.name)
+    assert code == 1
+    assert " ".join(host.run(["cat", "/proc/sys/net/core/somaxconn"]).stdout.split()) == was
+    assert {r[2]: r[-2] for r in rows(out) if r[0] == host.name} == {
+        "net.core.somaxconn": "yes", "/sys/fs/cgroup/pids/perfpipe-user-0/pids.max": "yes",
+        "net.ipv4.tcp_fin_timeout": "NO", "GRUB_CMDLINE_LINUX": "NO"}, out
+    assert json.loads((folder / f"{host.name}.json").read_text())["records"] == [failing, unknown]
+    (line,) = [e for e in err.splitlines() if e.startswith(f"{other.name}: ERROR")]
+    assert f"{folder / other.name}.json: not a tuning record" in line, err
+    assert (folder / f"{other.name}.json").read_text() == "{torn"  # kept as it was
+    for name in (host.name, other.name):
+        (folder / f"{name}.json").unlink()

@@ -28,7 +28,7 @@ class Entry:
     wanted: str
     before: str | None
     after: str | None
-    action: str  # "unchanged" | "applied" | "check-only" | "not-allowed" | "restored"
+    action: str  # "unchanged" | "applied" | "check-only" | "not-allowed" | "absent" | "restored"
     note: str = ""
 
     @property
@@ -123,22 +123,29 @@ def read_sysctl(host: Host, key: str) -> str | None:
 
 def apply_sysctl(host: Host, values: dict[str, str], allow: list[str], undo: Undo,
                  profile: str, apply: bool) -> list[Entry]:
-    entries = []
-    applicable = {k: v for k, v in values.items() if allowed(k, allow)}
+    """A key this host's kernel does not have (the `kernel.sched_*` keys of older profiles
+    are gone since Linux 5.13) is said and left out, of the sysctl.d file too: setting it
+    would fail and stop the apply halfway, at every retry."""
+    before = {key: read_sysctl(host, key) for key in values}
+    applicable = {k: v for k, v in values.items() if allowed(k, allow) and before[k] is not None}
     if apply and applicable:
         body = "".join(f"{k} = {v}\n" for k, v in applicable.items())
         write_file(host, undo, SYSCTL_FILE, written_by(profile) + body)
+    entries = []
     for key, wanted in values.items():
-        before = read_sysctl(host, key)
-        action = "unchanged" if before == wanted else "check-only"
-        if before != wanted and apply and key in applicable:
-            undo.remember("sysctl", key, before=before)
+        was = before[key]
+        action = "unchanged" if was == wanted else "check-only"
+        if was is None:
+            action = "absent" if apply else action
+        elif was != wanted and apply and key in applicable:
+            undo.remember("sysctl", key, before=was)
             host.as_root(["sysctl", "-q", "-w", f"{key}={wanted}"])
             action = "applied"
-        elif before != wanted and apply:
+        elif was != wanted and apply:
             action = "not-allowed"
-        note = "" if before is not None else "key not present on this host"
-        entries.append(Entry("sysctl", key, wanted, before, read_sysctl(host, key), action, note))
+        note = "" if was is not None else "key not present on this host: not set"
+        after = read_sysctl(host, key) if was is not None else None
+        entries.append(Entry("sysctl", key, wanted, was, after, action, note))
     return entries
 
 
@@ -286,8 +293,9 @@ def restore_tasks_max(host: Host, record: dict) -> None:
     elif record["mode"] == "systemd":
         host.as_root(["systemctl", "set-property", target,
                       f"TasksMax={tasks_max_restored(record)}"])
-    elif record["before"] is None:
-        host.as_root(["rmdir", "--", target.rsplit("/", 1)[0]])
+    elif record["before"] is None:  # perfpipe's own cgroup: gone already is put back too
+        folder = target.rsplit("/", 1)[0]
+        host.as_root(["sh", "-c", '[ ! -e "$1" ] || rmdir -- "$1"', "sh", folder])
     else:
         host.as_root(["sh", "-c", 'echo "$1" > "$2"', "sh", record["before"], target])
 

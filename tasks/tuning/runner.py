@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..hosts import Host, HostError
+from ..hosts import Host, HostError, HostUnreachable
 from . import kinds
 from .profile import TuningProfile
 
@@ -30,12 +30,28 @@ def snapshot_path(state_dir: Path, host: str) -> Path:
     return Path(state_dir) / "tuning" / f"{host}.json"
 
 
+class RecordError(ValueError):
+    """A host's undo record that cannot be read: nothing is changed on that host."""
+
+
 def _load_undo(path: Path, profile: str | None = None) -> kinds.Undo:
     """The host's undo record; with `profile`, saved on every new record (`_save_undo`)."""
-    records = json.loads(path.read_text())["records"] if path.exists() else []
+    records = _read_records(path) if path.exists() else []
     if profile is None:
         return kinds.Undo(records)
     return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile))
+
+
+def _read_records(path: Path) -> list[dict]:
+    try:
+        records = json.loads(path.read_text())["records"]
+        if all(isinstance(r, dict) and {"kind", "key"} <= r.keys() for r in records):
+            return records
+        problem = "a record without its kind and key"
+    except (ValueError, KeyError, TypeError) as exc:
+        problem = f"not a tuning record ({type(exc).__name__}: {exc})"
+    raise RecordError(f"{path}: {problem}; nothing was changed on its host: repair it from "
+                      "the tuning table of the run that applied it, or move it away")
 
 
 def _save_undo(path: Path, records: list[dict], profile: str) -> None:
@@ -76,38 +92,59 @@ def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
 
 def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
     """Undo everything recorded for this host, newest first, then forget what was put
-    back: a record whose read-back differs stays, so a second restore tries it again."""
+    back: a record whose read-back differs, whose command failed or whose kind this
+    perfpipe does not know stays, so a second restore tries it again, and the records
+    after it are still tried. A host that stops answering stops the restore, every record
+    not yet put back kept."""
     path = snapshot_path(state_dir, host.name)
     undo = _load_undo(path)
     entries, left = [], []
     for record in reversed(undo.records):
-        if record["kind"] == "sysctl" and record["before"] is not None:
-            host.as_root(["sysctl", "-q", "-w", f"{record['key']}={record['before']}"])
-            after = kinds.read_sysctl(host, record["key"])
-        elif record["kind"] == "file":
-            kinds.restore_file(host, record["key"], record["content"], record.get("made"))
-            now = host.read_root_file(record["key"])
-            after = ("(removed)" if now is None else "(restored)" if now == record["content"]
-                     else "(differs from the record)")
-        elif record["kind"] == "tasks_max":
-            kinds.restore_tasks_max(host, record)
-            after = kinds.read_tasks_max(host, record["mode"], record["key"])
-        else:
-            continue
-        wanted = record.get("before")
-        if record["kind"] == "tasks_max":
-            wanted = kinds.tasks_max_restored(record)
-        if record["kind"] == "file":
-            wanted = "(removed)" if record["content"] is None else "(restored)"
-        entry = kinds.Entry(record["kind"], record["key"], wanted, None, after, "restored")
+        try:
+            entry = _restore_one(host, record)
+        except HostUnreachable:
+            _keep(path, [*undo.records[:undo.records.index(record) + 1], *left])
+            raise
+        except HostError as exc:
+            entry = kinds.Entry(record["kind"], record["key"], "(restored)", None,
+                                f"(failed: {exc})", "restored")
         entries.append(entry)
         if not entry.ok:
             left.insert(0, record)
-    if left:
-        _save_undo(path, left, json.loads(path.read_text()).get("profile", ""))
+    _keep(path, left)
+    return entries
+
+
+def _restore_one(host: Host, record: dict) -> kinds.Entry:
+    """Put one record back and read it back."""
+    kind, key = record["kind"], record["key"]
+    if kind == "sysctl" and record["before"] is not None:
+        host.as_root(["sysctl", "-q", "-w", f"{key}={record['before']}"])
+        return kinds.Entry(kind, key, record["before"], None, kinds.read_sysctl(host, key),
+                           "restored")
+    if kind == "sysctl":  # a key that was not there was never set: nothing to put back
+        return kinds.Entry(kind, key, "(absent)", None, "(absent)", "restored")
+    if kind == "file":
+        kinds.restore_file(host, key, record["content"], record.get("made"))
+        now = host.read_root_file(key)
+        after = ("(removed)" if now is None else "(restored)" if now == record["content"]
+                 else "(differs from the record)")
+        wanted = "(removed)" if record["content"] is None else "(restored)"
+        return kinds.Entry(kind, key, wanted, None, after, "restored")
+    if kind == "tasks_max":
+        kinds.restore_tasks_max(host, record)
+        return kinds.Entry(kind, key, kinds.tasks_max_restored(record), None,
+                           kinds.read_tasks_max(host, record["mode"], key), "restored")
+    return kinds.Entry(kind, key, "(restored)", None, None, "restored",
+                       "a record of a kind this perfpipe cannot restore: kept")
+
+
+def _keep(path: Path, records: list[dict]) -> None:
+    """Leave `records` in the host's undo record (none: remove it)."""
+    if records:
+        _save_undo(path, records, json.loads(path.read_text()).get("profile", ""))
     else:
         path.unlink(missing_ok=True)
-    return entries
 
 
 def run_on_hosts(hosts: list[Host], action, max_workers: int = 16) -> list[HostResult]:
@@ -115,7 +152,7 @@ def run_on_hosts(hosts: list[Host], action, max_workers: int = 16) -> list[HostR
     def one(host: Host) -> HostResult:
         try:
             return HostResult(host.name, action(host))
-        except HostError as exc:
+        except (HostError, RecordError) as exc:
             return HostResult(host.name, error=str(exc))
         finally:
             host.close()
