@@ -104,6 +104,11 @@ class Host:
 
     supports_login = False  # True where a new connection is a new PAM login session
 
+    @property
+    def where(self) -> str:
+        """Which machine this is, whatever the inventory calls it (its tuning record's)."""
+        return "this machine"
+
     def _runner(self) -> invoke.Context:
         raise NotImplementedError
 
@@ -387,6 +392,12 @@ class SshHost(Host):
             gateway=gateway._connection if gateway else None)
 
     supports_login = True
+
+    @property
+    def where(self) -> str:
+        gateway = self._args["gateway"]
+        return (f"{self.user}@{self.address}:{self._args['port']}"
+                + (f" via {gateway.where}" if gateway else ""))
 
     def _runner(self):
         if not self._connection.is_connected:

@@ -595,3 +595,41 @@ def test_a_restore_goes_on_past_a_record_it_cannot_put_back_and_keeps_it(
     assert (folder / f"{other.name}.json").read_text() == "{torn"  # kept as it was
     for name in (host.name, other.name):
         (folder / f"{name}.json").unlink()
+
+
+def test_a_record_is_the_machines_it_was_written_for_and_one_tune_of_it_at_a_time(
+        lab, perfpipe_env, monkeypatch, capsys):
+    """Records are kept by host name: another inventory's `driver1` (another machine) is
+    not given this one's before-values, nor the other way round; and a tune or restore of
+    a host waits for another one of it (each saves the record whole)."""
+    import json
+
+    from tasks.locks import held
+    from tasks.tuning import runner
+
+    host = lab_hosts()[1]
+    now = " ".join(host.run(["cat", "/proc/sys/net/core/somaxconn"]).stdout.split())
+    record = perfpipe_env / "tuning" / f"{host.name}.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere = {"profile": "lab-net", "host": "root@10.0.0.5:22", "records": [
+        {"kind": "sysctl", "key": "net.core.somaxconn", "before": now}]}  # puts back as is
+    record.write_text(json.dumps(elsewhere))
+    for mode in ("restore", "apply"):
+        code, out, err = tune(mode, capsys, "--host", host.name)
+        assert code == 1 and not rows(out), out
+        assert err.strip() == (f"{host.name}: ERROR {record}: written for root@10.0.0.5:22, "
+                               f"and this host is {host.where}; nothing was changed on this "
+                               "host: restore it with the inventory that applied it, or move "
+                               "it away"), err
+        assert json.loads(record.read_text()) == elsewhere
+    assert host.where == "root@10.250.77.12:22"
+
+    record.write_text(json.dumps({**elsewhere, "host": host.where}))
+    monkeypatch.setattr(runner, "RECORD_WAIT_S", 0.5)
+    with held(record.with_name(f"{record.name}.lock"), {"run": "nightly-x", "step": "tune"},
+              wait_s=0):
+        code, _, err = tune("restore", capsys, "--host", host.name)
+    assert code == 1 and "the tuning record of driver1 is taken by run nightly-x, step tune" \
+        in err, err
+    code, out, _ = tune("restore", capsys, "--host", host.name)
+    assert code == 0 and not record.exists(), out

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hosts import Host, HostError, HostUnreachable
+from ..locks import LockBusy, held
 from . import kinds
 from .profile import TuningProfile
 
@@ -34,37 +37,48 @@ class RecordError(ValueError):
     """A host's undo record that cannot be read: nothing is changed on that host."""
 
 
-def _load_undo(path: Path, profile: str | None = None) -> kinds.Undo:
-    """The host's undo record; with `profile`, saved on every new record (`_save_undo`)."""
-    records = _read_records(path) if path.exists() else []
+def _load_undo(path: Path, where: str, profile: str | None = None) -> kinds.Undo:
+    """The undo record of the host at `where` (`Host.where`); with `profile`, saved on
+    every new record (`_save_undo`)."""
+    records = _read_record(path, where).get("records", [])
     if profile is None:
         return kinds.Undo(records)
-    return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile))
+    return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile, where))
 
 
-def _read_records(path: Path) -> list[dict]:
+def _read_record(path: Path, where: str) -> dict:
+    """The host's record file ({} when there is none), or a RecordError when it cannot be
+    read or was written for another machine of the same name (another inventory's)."""
+    if not path.exists():
+        return {}
+    fix = "repair it from the tuning table of the run that applied it, or move it away"
     try:
-        records = json.loads(path.read_text())["records"]
-        if all(isinstance(r, dict) and {"kind", "key"} <= r.keys() for r in records):
-            return records
-        problem = "a record without its kind and key"
+        document = json.loads(path.read_text())
+        records = document["records"]
+        problem = None if all(isinstance(r, dict) and {"kind", "key"} <= r.keys()
+                              for r in records) else "a record without its kind and key"
     except (ValueError, KeyError, TypeError) as exc:
         problem = f"not a tuning record ({type(exc).__name__}: {exc})"
-    raise RecordError(f"{path}: {problem}; nothing was changed on its host: repair it from "
-                      "the tuning table of the run that applied it, or move it away")
+    if problem is None and document.get("host", where) != where:  # none: written before 12-04
+        problem = f"written for {document['host']}, and this host is {where}"
+        fix = "restore it with the inventory that applied it, or move it away"
+    if problem is None:
+        return document
+    raise RecordError(f"{path}: {problem}; nothing was changed on this host: {fix}")
 
 
-def _save_undo(path: Path, records: list[dict], profile: str) -> None:
-    """Replace the record atomically and durably: a temporary file, fsync, rename, fsync
-    of the folder. A reader sees the old record or the new one, never a torn one, and a
-    crash of the machine after the change keeps the before-value that guards it."""
+def _save_undo(path: Path, records: list[dict], profile: str, where: str) -> None:
+    """Replace the record atomically and durably: a temporary file of its own, fsync,
+    rename, fsync of the folder. A reader sees the old record or the new one, never a torn
+    one, and a crash of the machine after the change keeps the before-value that guards
+    it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump({"profile": profile, "records": records}, handle, indent=1)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".tmp", delete=False) as handle:
+        json.dump({"profile": profile, "host": where, "records": records}, handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    os.replace(handle.name, path)
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -72,22 +86,37 @@ def _save_undo(path: Path, records: list[dict], profile: str) -> None:
         os.close(folder)
 
 
+# how long a tune or restore of a host waits for another one of the same host to finish
+RECORD_WAIT_S = 600.0
+
+
+def _one_at_a_time(state_dir: Path, host: Host) -> AbstractContextManager[None]:
+    """One tune or restore of a host's record at a time, whichever process asks (a
+    nightly's tune step, `perfpipe tune --restore` typed beside it): each loads the record,
+    changes the host and saves the record whole, so two at once would lose records."""
+    record = snapshot_path(state_dir, host.name)
+    return held(record.with_name(f"{record.name}.lock"),
+                {"tuning": host.name}, wait_s=RECORD_WAIT_S,
+                what=f"the tuning record of {host.name}")
+
+
 def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
          state_dir: Path) -> list[kinds.Entry]:
     """Check or apply one profile on one host; each before-value is saved to the undo
     record before the change it guards (`kinds.Undo`)."""
-    apply = mode == "apply"
-    undo = _load_undo(snapshot_path(state_dir, host.name), profile.name)
-    entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
-    if profile.limits:
-        entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
-    if profile.tasks_max:
-        entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, profile.name, apply)
-    if profile.qm_ini:
-        entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
-    if profile.jvm_heap:
-        entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
-    return entries
+    with _one_at_a_time(state_dir, host):
+        apply = mode == "apply"
+        undo = _load_undo(snapshot_path(state_dir, host.name), host.where, profile.name)
+        entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
+        if profile.limits:
+            entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
+        if profile.tasks_max:
+            entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, profile.name, apply)
+        if profile.qm_ini:
+            entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
+        if profile.jvm_heap:
+            entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
+        return entries
 
 
 def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
@@ -96,23 +125,25 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
     perfpipe does not know stays, so a second restore tries it again, and the records
     after it are still tried. A host that stops answering stops the restore, every record
     not yet put back kept."""
-    path = snapshot_path(state_dir, host.name)
-    undo = _load_undo(path)
-    entries, left = [], []
-    for record in reversed(undo.records):
-        try:
-            entry = _restore_one(host, record)
-        except HostUnreachable:
-            _keep(path, [*undo.records[:undo.records.index(record) + 1], *left])
-            raise
-        except HostError as exc:
-            entry = kinds.Entry(record["kind"], record["key"], "(restored)", None,
-                                f"(failed: {exc})", "restored")
-        entries.append(entry)
-        if not entry.ok:
-            left.insert(0, record)
-    _keep(path, left)
-    return entries
+    with _one_at_a_time(state_dir, host):
+        path = snapshot_path(state_dir, host.name)
+        undo = _load_undo(path, host.where)
+        entries, left = [], []
+        for record in reversed(undo.records):
+            try:
+                entry = _restore_one(host, record)
+            except HostUnreachable:
+                _keep(path, [*undo.records[:undo.records.index(record) + 1], *left],
+                      host.where)
+                raise
+            except HostError as exc:
+                entry = kinds.Entry(record["kind"], record["key"], "(restored)", None,
+                                    f"(failed: {exc})", "restored")
+            entries.append(entry)
+            if not entry.ok:
+                left.insert(0, record)
+        _keep(path, left, host.where)
+        return entries
 
 
 def _restore_one(host: Host, record: dict) -> kinds.Entry:
@@ -139,10 +170,10 @@ def _restore_one(host: Host, record: dict) -> kinds.Entry:
                        "a record of a kind this perfpipe cannot restore: kept")
 
 
-def _keep(path: Path, records: list[dict]) -> None:
+def _keep(path: Path, records: list[dict], where: str) -> None:
     """Leave `records` in the host's undo record (none: remove it)."""
     if records:
-        _save_undo(path, records, json.loads(path.read_text()).get("profile", ""))
+        _save_undo(path, records, json.loads(path.read_text()).get("profile", ""), where)
     else:
         path.unlink(missing_ok=True)
 
@@ -152,7 +183,7 @@ def run_on_hosts(hosts: list[Host], action, max_workers: int = 16) -> list[HostR
     def one(host: Host) -> HostResult:
         try:
             return HostResult(host.name, action(host))
-        except (HostError, RecordError) as exc:
+        except (HostError, RecordError, LockBusy) as exc:
             return HostResult(host.name, error=str(exc))
         finally:
             host.close()
