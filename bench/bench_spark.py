@@ -385,10 +385,12 @@ def spark_submit(run_dir: Path, out: Path, timings: Path, master: str,
                  java_options: str) -> tuple[float, float, str]:
     """Launch the job as tasks/steps/aggregate.py does; (launch Unix time, wall s, stdout)."""
     binary = Path(sys.executable).parent / "spark-submit"
-    argv = [str(binary if binary.exists() else shutil.which("spark-submit")), "--master", master,
-            "--conf", "spark.ui.enabled=false"]
-    if java_options:
-        argv += ["--driver-java-options", java_options]
+    argv = [str(binary if binary.exists() else shutil.which("spark-submit")), "--master", master]
+    for key, value in SUBMIT_CONF.items():  # the DAG's and CLI's, the JVM's options as asked
+        if key == "spark.driver.extraJavaOptions":
+            value = java_options
+        if value:
+            argv += ["--conf", f"{key}={value}"]
     argv += [str(REPO / "spark" / "aggregate.py"), "--run-dir", str(run_dir), "--out", str(out),
              "--timings", str(timings)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
@@ -439,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--java-options", default=SUBMIT_CONF["spark.driver.extraJavaOptions"],
-                        help="--driver-java-options of spark-submit (default: "
+                        help="the driver JVM's options (spark.driver.extraJavaOptions; default: "
                              f"{SUBMIT_CONF['spark.driver.extraJavaOptions']}, as the DAG and the "
                              "CLI run the job, tasks/steps/aggregate.py's SUBMIT_CONF; '' for the "
                              "JVM's defaults)")
@@ -488,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         jvm = ends["session"] - launched
         exit_s = wall - (ends["stop"] - launched)
         verdict = "PASS" if wall < BAR_S else "FAIL"
-        jvm_flags = f" --driver-java-options '{args.java_options}'" if args.java_options else ""
+        jvm_flags = (f" --conf spark.driver.extraJavaOptions='{args.java_options}'"
+                     if args.java_options else "")
         print(f"\nspark-submit --master {args.master}{jvm_flags} spark/aggregate.py: {wall:.1f} s "
               f"wall (bar {BAR_S:.0f} s): {verdict}")
         print(f"  {total_rows / wall:,.0f} rows/s, {total_samples / wall:,.0f} samples/s "

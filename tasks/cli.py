@@ -27,7 +27,8 @@ def epilog() -> str:
             + "\n\nexit codes: 0 done (a run: ended ok), 1 a run that did not end ok (tune: a "
             "host failed, or a restore left a value not put back; check-nightly: no recent "
             "nightly), 2 "
-            "bad input, 3 the lab taken by another run, 4 the results database down or "
+            "bad input, 3 the lab (or a host's tuning record) taken by another run, 4 the results "
+            "database down or "
             "locked, 5 a run that ended ok but could not tell Slack"
             + "\n\nsettings come from PERFPIPE_* environment variables (see README).")
 

@@ -85,7 +85,13 @@ def _models(kind: Any) -> list[type[BaseModel]]:
         return _models(typing.get_args(kind)[0])
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         return [found for arg in typing.get_args(kind) for found in _models(arg)]
-    return [kind] if isinstance(kind, type) and issubclass(kind, BaseModel) else []
+    return [kind] if _is_model(kind) else []
+
+
+def _is_model(kind: Any) -> bool:
+    # list[X] is a type to isinstance on Python 3.10, and issubclass refuses it
+    return typing.get_origin(kind) is None and isinstance(kind, type) \
+        and issubclass(kind, BaseModel)
 
 
 def _inside(kind: Any, part: object) -> list[Any]:
@@ -97,7 +103,7 @@ def _inside(kind: Any, part: object) -> list[Any]:
     if origin in (typing.Union, types.UnionType):
         labelled = [arg for arg in args if part in _labels(arg)]
         return labelled or [inner for arg in args for inner in _inside(arg, part)]
-    if isinstance(kind, type) and issubclass(kind, BaseModel):
+    if _is_model(kind):
         field = kind.model_fields.get(str(part))
         return [field.annotation] if field else []
     if origin in (list, dict):

@@ -396,7 +396,7 @@ class SshHost(Host):
     @property
     def where(self) -> str:
         gateway = self._args["gateway"]
-        return (f"{self.user}@{self.address}:{self._args['port']}"
+        return (f"{self.address}:{self._args['port']}"  # the login user may change
                 + (f" via {gateway.where}" if gateway else ""))
 
     def _runner(self):

@@ -563,9 +563,9 @@ def test_a_sysctl_the_kernel_lacks_is_said_and_left_out_not_the_end_of_the_apply
 
 def test_a_restore_goes_on_past_a_record_it_cannot_put_back_and_keeps_it(
         lab, perfpipe_env, capsys):
-    """A record whose command fails, one of a kind this perfpipe does not know and a cgroup
-    already gone: the others are still put back, the first two are kept for the next
-    restore (exit 1). A host's record that cannot be read is named, and the other hosts
+    """A record whose command fails, one without what it needs, one of a kind this perfpipe
+    does not know and a cgroup already gone: the others are still put back, the first
+    three are kept for the next restore (exit 1). A host's record that cannot be read is named, and the other hosts
     are restored all the same."""
     import json
 
@@ -574,9 +574,10 @@ def test_a_restore_goes_on_past_a_record_it_cannot_put_back_and_keeps_it(
     host.as_root(["sysctl", "-q", "-w", "net.core.somaxconn=4321"])
     failing = {"kind": "sysctl", "key": "net.ipv4.tcp_fin_timeout", "before": "not-a-number"}
     unknown = {"kind": "grub", "key": "GRUB_CMDLINE_LINUX", "before": "quiet"}
+    incomplete = {"kind": "file", "key": "/etc/sysctl.d/90-perfpipe.conf"}  # no content
     records = [{"kind": "sysctl", "key": "net.core.somaxconn", "before": was},
                {"kind": "tasks_max", "key": "/sys/fs/cgroup/pids/perfpipe-user-0/pids.max",
-                "mode": "cgroup", "before": None}, failing, unknown]
+                "mode": "cgroup", "before": None}, failing, incomplete, unknown]
     folder = perfpipe_env / "tuning"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{host.name}.json").write_text(json.dumps({"profile": "lab-net",
@@ -588,8 +589,10 @@ def test_a_restore_goes_on_past_a_record_it_cannot_put_back_and_keeps_it(
     assert " ".join(host.run(["cat", "/proc/sys/net/core/somaxconn"]).stdout.split()) == was
     assert {r[2]: r[-2] for r in rows(out) if r[0] == host.name} == {
         "net.core.somaxconn": "yes", "/sys/fs/cgroup/pids/perfpipe-user-0/pids.max": "yes",
-        "net.ipv4.tcp_fin_timeout": "NO", "GRUB_CMDLINE_LINUX": "NO"}, out
-    assert json.loads((folder / f"{host.name}.json").read_text())["records"] == [failing, unknown]
+        "net.ipv4.tcp_fin_timeout": "NO", "/etc/sysctl.d/90-perfpipe.conf": "NO",
+        "GRUB_CMDLINE_LINUX": "NO"}, out
+    assert json.loads((folder / f"{host.name}.json").read_text())["records"] == [
+        failing, incomplete, unknown]
     (line,) = [e for e in err.splitlines() if e.startswith(f"{other.name}: ERROR")]
     assert f"{folder / other.name}.json: not a tuning record" in line, err
     assert (folder / f"{other.name}.json").read_text() == "{torn"  # kept as it was
@@ -604,32 +607,32 @@ def test_a_record_is_the_machines_it_was_written_for_and_one_tune_of_it_at_a_tim
     a host waits for another one of it (each saves the record whole)."""
     import json
 
-    from tasks.locks import held
     from tasks.tuning import runner
 
     host = lab_hosts()[1]
     now = " ".join(host.run(["cat", "/proc/sys/net/core/somaxconn"]).stdout.split())
     record = perfpipe_env / "tuning" / f"{host.name}.json"
     record.parent.mkdir(parents=True, exist_ok=True)
-    elsewhere = {"profile": "lab-net", "host": "root@10.0.0.5:22", "records": [
+    elsewhere = {"profile": "lab-net", "host": "10.0.0.5:22", "records": [
         {"kind": "sysctl", "key": "net.core.somaxconn", "before": now}]}  # puts back as is
     record.write_text(json.dumps(elsewhere))
     for mode in ("restore", "apply"):
         code, out, err = tune(mode, capsys, "--host", host.name)
         assert code == 1 and not rows(out), out
-        assert err.strip() == (f"{host.name}: ERROR {record}: written for root@10.0.0.5:22, "
+        assert err.strip() == (f"{host.name}: ERROR {record}: written for 10.0.0.5:22, "
                                f"and this host is {host.where}; nothing was changed on this "
                                "host: restore it with the inventory that applied it, or move "
                                "it away"), err
         assert json.loads(record.read_text()) == elsewhere
-    assert host.where == "root@10.250.77.12:22"
+    assert host.where == "10.250.77.12:22"
+    code, out, err = tune("check", capsys, "--host", host.name)  # reads no record
+    assert code == 0 and rows(out) and not err, out + err
 
     record.write_text(json.dumps({**elsewhere, "host": host.where}))
     monkeypatch.setattr(runner, "RECORD_WAIT_S", 0.5)
-    with held(record.with_name(f"{record.name}.lock"), {"run": "nightly-x", "step": "tune"},
-              wait_s=0):
+    with runner._one_at_a_time(perfpipe_env, host, by="run nightly-x, step tune"):
         code, _, err = tune("restore", capsys, "--host", host.name)
-    assert code == 1 and "the tuning record of driver1 is taken by run nightly-x, step tune" \
-        in err, err
+    assert code == 1 and "the tuning record of driver1 is taken by tuning driver1, by run " \
+        "nightly-x, step tune, since " in err, err
     code, out, _ = tune("restore", capsys, "--host", host.name)
     assert code == 0 and not record.exists(), out

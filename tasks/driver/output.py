@@ -135,8 +135,10 @@ starts the stage, and tells the aggregation what was intended:
   sampler: {processes (how the broker's processes were found, e.g. "session 1234", or
            null), host (whether host.csv is the broker host's), stats (where the broker's
            own view came from: "sys", "prometheus URL" or null)}.
-``raw/<stage_id>/failfast.json`` ({reason}) is written by the orchestrator when it stopped
-the stage early on a fail-fast rule (`tasks.analysis.failfast`); the stage is then invalid.
+``raw/<stage_id>/failfast.json`` ({reason, started}) is written by the orchestrator when it
+did not start the stage (its clients refused at the barrier: started false) or stopped it
+early (a fail-fast rule, `tasks.analysis.failfast`, or the broker gone); the stage is then
+invalid.
 """
 
 from __future__ import annotations

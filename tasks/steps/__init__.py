@@ -95,8 +95,7 @@ def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
 def _check_host(found: Step, ctx: RunContext, host: str | None) -> None:
     """A per-host step names one of the inventory's hosts; another step names none (it
     would be marked finished for that host only, and teardown would find it unfinished)."""
-    names = [h.name for h in ctx.inventory.hosts]
-    if found.per_host and host not in names:
+    if found.per_host and host not in (names := [h.name for h in ctx.inventory.hosts]):
         given = f"no host {host!r} in inventory {ctx.inventory.name!r}; " if host else ""
         raise ValueError(f"step {found.name!r} runs per host: {given}name one of {names} "
                          "(--host)")

@@ -28,7 +28,8 @@ def run(ctx: RunContext, call: Call) -> dict:
     try:
         entries = [e.to_dict() for e in tune(
             host, profile, mode=inventory.tuning_mode,
-            allow=inventory.host(host_name).tuning_allow, state_dir=ctx.settings.state_dir)]
+            allow=inventory.host(host_name).tuning_allow, state_dir=ctx.settings.state_dir,
+            by=f"run {ctx.run_id}, step tune")]
     finally:
         host.close()
     snapshot = {"host": host_name, "profile": profile.name, "mode": inventory.tuning_mode,
@@ -53,7 +54,7 @@ def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
                 if snapshot_path(ctx.settings.state_dir, h.name).exists()]
     restored = {}
     for result in run_on_hosts(recorded, lambda host: restore(
-            host, state_dir=ctx.settings.state_dir)):
+            host, state_dir=ctx.settings.state_dir, by=f"run {ctx.run_id}, teardown")):
         if result.error is None:
             restored[result.host] = sum(e.ok for e in result.entries)
             problems.extend(f"tuning not put back on {result.host}: {e.kind} {e.key} reads "

@@ -24,7 +24,8 @@ def tune_command(settings: Settings, *, inventory: Path, profile: str | None, mo
         raise ValueError(f"--host: {unknown} not in {inventory}")
     targets = [connect(inv, name, work_root=str(settings.state_dir)) for name in names]
     if mode == "restore":
-        results = run_on_hosts(targets, lambda host: restore(host, state_dir=settings.state_dir))
+        results = run_on_hosts(targets, lambda host: restore(
+            host, state_dir=settings.state_dir, by="perfpipe tune --restore"))
     else:
         name = profile or inv.tuning_profile
         if not name:
@@ -32,7 +33,7 @@ def tune_command(settings: Settings, *, inventory: Path, profile: str | None, mo
         chosen = load_profile(settings.tuning_dir, name)
         results = run_on_hosts(targets, lambda host: tune(
             host, chosen, mode=mode, allow=inv.host(host.name).tuning_allow,
-            state_dir=settings.state_dir))
+            state_dir=settings.state_dir, by=f"perfpipe tune --{mode}"))
     rows = [{"host": r.host, "kind": e.kind, "key": e.key, "wanted": e.wanted,
              "before": e.before, "after": e.after, "ok": "yes" if e.ok else "NO",
              "action": e.action} for r in results for e in r.entries]

@@ -57,7 +57,7 @@ def _read_record(path: Path, where: str) -> dict:
         records = document["records"]
         problem = None if all(isinstance(r, dict) and {"kind", "key"} <= r.keys()
                               for r in records) else "a record without its kind and key"
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OSError) as exc:
         problem = f"not a tuning record ({type(exc).__name__}: {exc})"
     if problem is None and document.get("host", where) != where:  # none: written before 12-04
         problem = f"written for {document['host']}, and this host is {where}"
@@ -90,42 +90,48 @@ def _save_undo(path: Path, records: list[dict], profile: str, where: str) -> Non
 RECORD_WAIT_S = 600.0
 
 
-def _one_at_a_time(state_dir: Path, host: Host) -> AbstractContextManager[None]:
-    """One tune or restore of a host's record at a time, whichever process asks (a
+def _one_at_a_time(state_dir: Path, host: Host, by: str) -> AbstractContextManager[None]:
+    """One apply or restore of a host's record at a time, whichever process asks (a
     nightly's tune step, `perfpipe tune --restore` typed beside it): each loads the record,
-    changes the host and saves the record whole, so two at once would lose records."""
+    changes the host and saves the record whole, so two at once would lose records. `by`:
+    who holds it, as the one who waits is told."""
     record = snapshot_path(state_dir, host.name)
-    return held(record.with_name(f"{record.name}.lock"),
-                {"tuning": host.name}, wait_s=RECORD_WAIT_S,
-                what=f"the tuning record of {host.name}")
+    return held(record.with_name(f"{record.name}.lock"), {"tuning": host.name, "by": by},
+                wait_s=RECORD_WAIT_S, what=f"the tuning record of {host.name}")
 
 
 def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
-         state_dir: Path) -> list[kinds.Entry]:
+         state_dir: Path, by: str = "perfpipe tune") -> list[kinds.Entry]:
     """Check or apply one profile on one host; each before-value is saved to the undo
-    record before the change it guards (`kinds.Undo`)."""
-    with _one_at_a_time(state_dir, host):
-        apply = mode == "apply"
+    record before the change it guards (`kinds.Undo`). A check reads no record."""
+    if mode != "apply":
+        return _tune(host, profile, kinds.Undo(), allow, apply=False)
+    with _one_at_a_time(state_dir, host, by):
         undo = _load_undo(snapshot_path(state_dir, host.name), host.where, profile.name)
-        entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
-        if profile.limits:
-            entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
-        if profile.tasks_max:
-            entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, profile.name, apply)
-        if profile.qm_ini:
-            entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
-        if profile.jvm_heap:
-            entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
-        return entries
+        return _tune(host, profile, undo, allow, apply=True)
 
 
-def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
+def _tune(host: Host, profile: TuningProfile, undo: kinds.Undo, allow: list[str], *,
+          apply: bool) -> list[kinds.Entry]:
+    entries = kinds.apply_sysctl(host, profile.sysctl, allow, undo, profile.name, apply)
+    if profile.limits:
+        entries += kinds.apply_limits(host, profile.limits, undo, profile.name, apply)
+    if profile.tasks_max:
+        entries += kinds.apply_tasks_max(host, profile.tasks_max, undo, profile.name, apply)
+    if profile.qm_ini:
+        entries += kinds.apply_qm_ini(host, profile.qm_ini, undo, apply)
+    if profile.jvm_heap:
+        entries += kinds.apply_jvm_heap(host, profile.jvm_heap, undo, apply)
+    return entries
+
+
+def restore(host: Host, *, state_dir: Path, by: str = "perfpipe tune") -> list[kinds.Entry]:
     """Undo everything recorded for this host, newest first, then forget what was put
-    back: a record whose read-back differs, whose command failed or whose kind this
-    perfpipe does not know stays, so a second restore tries it again, and the records
-    after it are still tried. A host that stops answering stops the restore, every record
-    not yet put back kept."""
-    with _one_at_a_time(state_dir, host):
+    back: a record whose read-back differs, whose command failed, that lacks what it needs
+    or whose kind this perfpipe does not know stays, so a second restore tries it again,
+    and the records after it are still tried. A host that stops answering stops the
+    restore, every record not yet put back kept."""
+    with _one_at_a_time(state_dir, host, by):
         path = snapshot_path(state_dir, host.name)
         undo = _load_undo(path, host.where)
         entries, left = [], []
@@ -137,13 +143,19 @@ def restore(host: Host, *, state_dir: Path) -> list[kinds.Entry]:
                       host.where)
                 raise
             except HostError as exc:
-                entry = kinds.Entry(record["kind"], record["key"], "(restored)", None,
-                                    f"(failed: {exc})", "restored")
+                entry = _not_put_back(record, f"(failed: {exc})")
+            except (KeyError, TypeError, ValueError) as exc:  # written by hand, or torn
+                entry = _not_put_back(record, f"(record incomplete: {type(exc).__name__} "
+                                              f"{exc})")
             entries.append(entry)
             if not entry.ok:
                 left.insert(0, record)
         _keep(path, left, host.where)
         return entries
+
+
+def _not_put_back(record: dict, why: str) -> kinds.Entry:
+    return kinds.Entry(record["kind"], record["key"], "(restored)", None, why, "restored")
 
 
 def _restore_one(host: Host, record: dict) -> kinds.Entry:
