@@ -267,8 +267,13 @@ FLAGGED = ("suspected", "regression")
 # Nothing was compared: these say nothing of a change, so they neither open, confirm nor
 # clear an alert, and a summary lists them apart.
 NOT_JUDGED = ("no_baseline", "invalid")
-# Made before the noise is known: no spread or band goes with them.
-NOISE_UNKNOWN = ("learning", *NOT_JUDGED)
+
+
+def noise_known(comparison: dict) -> bool:
+    """The verdict was made past learning, so the noise it measured may draw a band: its
+    detail has the night's `score`. One made while learning (flagged as beyond doubt or
+    not) measured its noise on too few nights; one not judged measured none."""
+    return "score" in (comparison.get("detail") or {})
 
 
 def flagged_across(detail: dict) -> bool:

@@ -4,7 +4,9 @@ It records every request (method, headers, parsed body) and answers like Slack:
 `chat.postMessage` returns a new `ts` (and the thread's), `chat.update` echoes the `ts`.
 `fail_next(status, retry_after)` makes the next call answer 429 (with Retry-After) or a
 5xx, to exercise slack-sdk's retry handlers; `refused` set to an error code (e.g.
-"invalid_auth") makes every call answer it, as Slack does (HTTP 200, ok false);
+"invalid_auth") makes every call answer it, as Slack does (HTTP 200, ok false); a
+message past Block Kit's limits (50 blocks, a header of 150 characters, a section text of
+3000) is refused `invalid_blocks`, as Slack refuses it;
 `on_call(method)`, when set, runs before each
 answer (to inject a fault at that moment). Bound to 127.0.0.1 on a free port.
 """
@@ -49,6 +51,8 @@ class FakeSlack:
     def answer(self, method: str, body: dict) -> dict:
         if self.refused:
             return {"ok": False, "error": self.refused}
+        if method in ("chat.postMessage", "chat.update") and not within_limits(body):
+            return {"ok": False, "error": "invalid_blocks"}
         if method == "chat.postMessage":
             self.next_ts += 1
             return {"ok": True, "channel": body.get("channel", "C1"),
@@ -58,6 +62,17 @@ class FakeSlack:
         if method == "auth.test":
             return {"ok": True, "user_id": "U1", "team": "perfpipe"}
         return {"ok": False, "error": "unknown_method"}
+
+
+def within_limits(body: dict) -> bool:
+    """Whether a message's blocks are within Block Kit's limits, as Slack checks them."""
+    blocks = body.get("blocks") or []
+    if isinstance(blocks, str):
+        blocks = json.loads(blocks)
+    longest = {"header": 150, "section": 3000}
+    return len(blocks) <= 50 and all(
+        len((b.get("text") or {}).get("text", "")) <= longest.get(b["type"], 3000)
+        for b in blocks)
 
 
 def _handler(slack: FakeSlack):

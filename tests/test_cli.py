@@ -154,6 +154,61 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
             ) in whole
 
 
+def test_a_run_that_failed_or_compared_nothing_promises_no_baseline(tmp_path: Path) -> None:
+    """`perfpipe show` of a run that ended failed says it feeds no baseline (not that the
+    next run compares against it), and of a run with no verdicts at all, why."""
+    run = {"run_id": "nightly-f", "kind": "nightly", "suite": "smoke", "broker_kind": "mosquitto",
+           "broker_version": "2.0.11", "status": "failed", "artifact_dir": str(tmp_path)}
+    first = {"stage_id": "s.q0", "validity": "valid", "params": {"index": 0}, "metrics": {},
+             "comparisons": [{"metric": "delivered_rate", "verdict": "no_baseline",
+                              "baseline_value": None, "value": 90.0, "change_pct": None,
+                              "detail": {}}]}
+    files = {"report": tmp_path / "report.html"}
+    for said in (run_summary(run, [first], files), short_summary(run, [first], files)):
+        assert "this run ended failed, so it feeds no baseline" in said
+        assert "next run compares" not in said
+    assert "(the next run compares against this one)" in run_summary(
+        {**run, "status": "ok"}, [first], files)
+    assert "set aside (dry run), so it feeds no baseline" in run_summary(
+        {**run, "status": "ok", "excluded_reason": "dry run"}, [first], files)
+    none = {**first, "comparisons": []}
+    assert "\nno verdicts: the run ended before compare\n" in run_summary(run, [none], files)
+    assert "no verdicts: the run has not reached compare yet" in run_summary(
+        {**run, "status": "running"}, [none], files)
+
+
+def test_the_report_the_cli_and_slack_count_and_show_verdicts_alike() -> None:
+    """One verdict count, worst first, in the report, the CLI's summary and Slack (a
+    metric not judged as its host was off its usual counted as such in all three); and
+    `perfpipe show`'s verdict table in the report's units."""
+    from collections import Counter
+
+    from tasks.notify.messages import Links, run_message
+    from tasks.views.report import render
+    from tasks.views.tables import verdict_counts
+
+    gated = {"metric": "e2e_latency_p50", "verdict": "no_baseline", "baseline_value": None,
+             "value": 900.0, "change_pct": None, "confidence": None,
+             "detail": {"off_pace_pct": 30.0, "note": "not judged: the host ran 30% off its pace"}}
+    rows = [gated, {**gated, "metric": "delivered_rate", "verdict": "unchanged", "detail": {}},
+            {**gated, "metric": "e2e_latency_avg", "verdict": "regression", "value": 1500.0,
+             "baseline_value": 1000.0, "change_pct": 50.0, "detail": {}}]
+    stage = {"stage_id": "s.q0", "scenario": "fanin", "validity": "valid", "reason": None,
+             "params": {"index": 0}, "metrics": {}, "series": {}, "comparisons": rows,
+             "notes": ""}
+    run = {"run_id": "nightly-c", "kind": "nightly", "suite": "smoke", "broker_kind": "mosquitto",
+           "broker_version": "2.0.11", "status": "ok", "artifact_dir": "/x"}
+    said = "1 regression, 1 unchanged, 1 not judged (host off its usual)"
+    assert f"<p>verdicts: {said}</p>" in render(run, [stage], [])
+    assert f"verdicts: {said} (all of them" in short_summary(run, [stage], {})
+    message = run_message(run, [], verdict_counts(rows), Links("report.html"))
+    assert message["blocks"][1]["text"]["text"] == f"verdicts: {said}"
+    assert Counter(verdict_counts(rows)) == Counter({"regression": 1, "unchanged": 1,
+                                                     "not judged (host off its usual)": 1})
+    shown = {r["metric"]: r for r in verdict_rows([stage])}["e2e_latency_avg"]
+    assert (shown["baseline"], shown["tonight"], shown["unit"]) == (1.0, 1.5, "ms")
+
+
 def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,
                                                                       tmp_path: Path) -> None:
     """An Airflow home whose metadata DB was never migrated: dag.test() raises. One line

@@ -245,20 +245,23 @@ def test_each_scenarios_rate_chart_runs_along_what_its_stages_step() -> None:
 
 def test_a_night_judged_before_its_noise_is_known_has_no_band_in_the_report():
     """The report draws the band the export and the Grafana view give: none for a night
-    judged while learning, whose sigma rests on a few nights."""
+    judged while learning, whose sigma rests on a few nights, even one flagged as beyond
+    doubt; one for a night judged past learning (its detail has the night's score)."""
     from tasks.views.history import nights_of
 
-    def comparison(verdict: str) -> dict:
+    def comparison(verdict: str, **past) -> dict:
         return {"metric": "delivered_rate", "verdict": verdict, "baseline_value": 100.0,
-                "detail": {"noise_pct": 3.0}}
+                "detail": {"noise_pct": 3.0, **past}}
 
     earlier = [{"run_id": "n1", "metrics": {"delivered_rate": 99.0},
-                "verdicts": {"delivered_rate": comparison("learning")}}]
-    stage = {"run_id": "n2", "metrics": {"delivered_rate": 101.0},
-             "comparisons": [comparison("unchanged")]}
+                "verdicts": {"delivered_rate": comparison("learning")}},
+               {"run_id": "n2", "metrics": {"delivered_rate": 50.0},
+                "verdicts": {"delivered_rate": comparison("regression")}}]
+    stage = {"run_id": "n3", "metrics": {"delivered_rate": 101.0},
+             "comparisons": [comparison("unchanged", score=0.2)]}
     nights, _ = nights_of("delivered_rate", earlier, stage)
-    assert nights[0].band is None and nights[1].band is not None
-    low, high = nights[1].band
+    assert [n.band is None for n in nights] == [True, True, False]
+    low, high = nights[2].band
     assert low < 100.0 < high
 
 

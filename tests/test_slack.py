@@ -133,14 +133,14 @@ def test_a_cost_judged_at_tonights_driver_cpu_says_so_beside_its_nights_as_measu
                         metrics={"fanin.q1.c100": {cost: 0.33}})
     assert nights.alert(run_id)["posted"]
     row = json.loads(blocks_text(nights.slack.calls[-1]))[2]["text"]["text"].split("\n")[-1]
-    assert row == ("• `broker_cpu_s_per_10k` 0.3 CPU-s (at tonight's driver_cpu_s_per_10k) → "
-                   "*0.33 CPU-s* (+10.0%) · confidence 99.9% · 1 night · confirmed · "
-                   "before, as measured: 0.25 CPU-s, 0.26 CPU-s, 0.24 CPU-s")
+    assert row == ("• `broker_cpu_s_per_10k` 0.300 CPU-s (at tonight's driver_cpu_s_per_10k) → "
+                   "*0.330 CPU-s* (+10.0%) · confidence 99.9% · 1 night · confirmed · "
+                   "before, as measured: 0.250 CPU-s, 0.260 CPU-s, 0.240 CPU-s")
     # its recovery, told in the thread, names the same baseline
     back = nights.run({"fanin.q1.c100": [(cost, "unchanged", 0.32, 0.321, 1, adjusted)]},
                       metrics={"fanin.q1.c100": {cost: 0.321}})
     nights.alert(back)
-    assert ("`broker_cpu_s_per_10k` recovered: 0.321 CPU-s against the baseline 0.32 CPU-s "
+    assert ("`broker_cpu_s_per_10k` recovered: 0.321 CPU-s against the baseline 0.320 CPU-s "
             "(at tonight's driver_cpu_s_per_10k)") in nights.slack.calls[-1].body["text"]
     # judged as measured, the same nights are just "before"
     run_id = nights.run({"fanin.q1.c200": [(cost, "regression", 0.25, 0.33, 1)]},
@@ -392,6 +392,109 @@ def test_a_release_summary_and_an_invalid_run_message_slack_refused_are_sent_by_
     nights.alert(nights.run({"fanin.q1.c100": unchanged}))  # (the drop's recovery is told)
     again = [c.body["text"] for c in nights.slack.calls[refused + 3:]]
     assert again and not any("sent late" in text for text in again), again  # never twice
+
+
+def test_a_release_summary_sent_late_tells_its_regression_once(nights: Nights) -> None:
+    """Fault: Slack refuses a release run whose summary tells a confirmed regression. The
+    next nightly, with Slack back, sends that summary late, and the regression is delivered
+    in its thread: the nightly's own message does not tell it a second time."""
+    nights.slack.refused = "invalid_auth"
+    release = nights.run({"fanin.q1.c100": [RATE_DROP]}, kind="release", label="2.0.12")
+    assert nights.alert(release)["posted"] is False
+    refused = len(nights.slack.calls)
+    nights.slack.refused = None
+
+    later = nights.run({"fanin.q1.c200": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]})
+    told = nights.alert(later)
+    (late,) = [c.body for c in nights.slack.calls[refused:]]  # the nightly has nothing new
+    assert late["text"] == (f"perfpipe release 2.0.12 run {release}: 1 regression(s) (mosquitto "
+                            f"2.0.11, suite smoke) (sent late: Slack did not take it when run "
+                            f"{release} ended)")
+    assert (told["posted"], told["alerts_told"], told["kept"]) == (False, 0, 0)
+    kept = json.loads((nights.settings.run_dir(release) / "slack_message.json").read_text())
+    (alert,) = nights.store.alerts()
+    assert alert["delivered"] and alert["slack_ts"] == kept["run"]["ts"]
+
+
+def test_an_old_message_slack_refuses_does_not_hold_back_tonights(nights: Nights) -> None:
+    """Fault: an earlier release summary that Slack did not take is one Slack refuses for
+    itself (a section past Block Kit's 3000 characters). Tonight's message is still sent,
+    and the old one is kept, with the refusal said, for a later run."""
+    nights.slack.refused = "invalid_auth"
+    release = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
+                         kind="release", label="2.0.12")
+    nights.alert(release)
+    nights.slack.refused = None
+    path = nights.settings.run_dir(release) / "slack_message.json"
+    kept = json.loads(path.read_text())
+    kept["run"]["blocks"].append({"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3001}})
+    path.write_text(json.dumps(kept))
+    refused = len(nights.slack.calls)
+
+    later = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    told = nights.alert(later)
+    assert (told["posted"], told["alerts_told"], told["error"]) == (True, 1, None)
+    texts = [c.body["text"] for c in nights.slack.calls[refused:]]
+    assert texts[-1] == f"perfpipe nightly run {later}: 1 regression(s) (mosquitto 2.0.11, suite smoke)"
+    assert len(texts) == 2 and "sent late" in texts[0]  # tried once, refused
+    assert json.loads(path.read_text())["run"]["ts"] is None  # kept for a later run
+
+
+def test_a_long_message_keeps_every_row_within_slacks_limits(nights: Nights) -> None:
+    """Ten regressions of one scenario whose rows carry their nights, MDE and what the
+    stages showed together are longer than one section may be: every row is told whole,
+    in as many sections as they need, and Slack (which refuses a section over 3000
+    characters) takes the message."""
+    detail = {"mde_pct": 7.6, "across": {"stages": 10, "flagged": True, "change_pct": 6.9,
+                                         "sd_pct": 1.1, "mde_pct": 4.2},
+              "adjusted": {"by": "driver_cpu_s_per_10k", "slope": 0.8}}
+    cost = "broker_cpu_s_per_10k"
+    stages = [f"ibm_fanin_smoke.q1.c{100 + i}.r100" for i in range(10)]
+    for value in (0.300, 0.310, 0.320, 0.310, 0.300):
+        nights.run({s: [(cost, "unchanged", 0.31, value, 1)] for s in stages},
+                   metrics={s: {cost: value} for s in stages})
+    run_id = nights.run({s: [(cost, "regression", 0.31, 0.35, 2, detail)] for s in stages},
+                        metrics={s: {cost: 0.35} for s in stages})
+    told = nights.alert(run_id)
+    assert (told["posted"], told["alerts_told"]) == (True, 10)
+    blocks = json.loads(blocks_text(nights.slack.posts()[-1]))
+    sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    rows = [line for text in sections for line in text.split("\n") if line.startswith("• ")]
+    assert len(rows) == 10 and len(sections) >= 4  # verdicts, together, and two or more
+    assert all(row.endswith("before, as measured: 0.300 CPU-s, 0.310 CPU-s, 0.320 CPU-s, "
+                            "0.310 CPU-s, 0.300 CPU-s") for row in rows), rows
+    assert all(len(text) <= 3000 for text in sections)
+
+
+def test_a_failure_alert_slack_refused_is_sent_by_the_next_run(nights: Nights) -> None:
+    """Fault: Slack refuses a task's failure alert (the on_failure_callback's post): the file
+    says so, and the next run's alert step sends it, marked late, before its own message,
+    once."""
+    from tasks.notify.failure import post_kept, write_message
+    from tasks.notify.messages import failure_message
+    from tasks.rundir import FAILURES_DIR
+
+    unchanged = [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]
+    broken = nights.run({"fanin.q1.c100": unchanged})
+    message = failure_message(dag_id="mqtt_perf_nightly", task_id="run_stages", item=None,
+                              error="driver exited 1", log_url=None, run_id=broken)
+    path = write_message(nights.settings.run_dir(broken) / FAILURES_DIR, "run_stages", message)
+    nights.slack.refused = "invalid_auth"
+    with pytest.raises(SlackError, match="invalid_auth"):
+        post_kept(nights.notifier(), path, message)
+    assert "invalid_auth" in json.loads(path.read_text())["error"]
+    nights.slack.refused, refused = None, len(nights.slack.calls)
+
+    later = nights.run({"fanin.q1.c100": [RATE_DROP]})
+    nights.alert(later)
+    assert [c.body["text"] for c in nights.slack.calls[refused:]] == [
+        (f"perfpipe mqtt_perf_nightly: run_stages failed: driver exited 1 (sent late: Slack "
+         f"did not take it when run {broken} ended)"),
+        f"perfpipe nightly run {later}: 1 regression(s) (mosquitto 2.0.11, suite smoke)"]
+    assert json.loads(path.read_text())["sent_late_by"] == later
+    told = len(nights.slack.calls)
+    nights.alert(nights.run({"fanin.q1.c100": unchanged}))
+    assert not any("sent late" in c.body["text"] for c in nights.slack.calls[told:])
 
 
 def test_the_token_never_reaches_logs_or_files(nights: Nights, caplog, capsys) -> None:

@@ -2,7 +2,9 @@
 stage (a mapped task's rendered index) and the error's first line, with the log link.
 
 The message (built by `tasks.notify.messages.failure_message`) is written to the run folder, or
-to the state folder before a run exists, and posted when Slack is configured.
+to the state folder before a run exists, and posted when Slack is configured (`post_kept`):
+the file then says what Slack answered, its `ts` or the `error`, and a message of a run that
+Slack did not take is sent by a later run's alert step (`tasks.steps.alert.resend`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,26 @@ def write_message(directory: Path, task_id: str, message: dict) -> Path:
     path = directory / f"{stamp}-{task_id}.json"
     path.write_text(json.dumps(message, indent=1))
     return path
+
+
+def post_kept(notifier, path: Path, message: dict) -> str:
+    """Post a failure message written at `path` and write what Slack answered beside it:
+    its `ts`, or the `error` (re-raised) that leaves it for a later run to send."""
+    from ..run_context import replace_json
+    from .slack import SlackError
+
+    try:
+        ts = notifier.post(message)
+    except SlackError as exc:
+        replace_json(path, {**message, "error": str(exc)})
+        raise
+    replace_json(path, {**message, "ts": ts})
+    return ts
+
+
+def untaken_failure(doc: dict) -> bool:
+    """A failure message Slack was asked to take and did not (`post_kept`)."""
+    return bool(doc.get("error")) and not doc.get("ts")
 
 
 def latest_message(directory: Path, task_id: str, since: float) -> dict | None:
@@ -50,6 +72,6 @@ def notify_failure(context) -> None:
         print(f"failure alert: {message['text']} ({path})")
         notifier = notifier_for(settings, airflow=True)
         if notifier.enabled:
-            notifier.post(message)
+            post_kept(notifier, path, message)
     except Exception as exc:  # report, never mask the task's own failure
         print(f"failure alert could not be sent: {type(exc).__name__}: {exc}")

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..metrics import METRICS
-from ..views.tables import flagged_together
+from ..views.tables import flagged_together, said_counts
+from ..views.units import with_unit
 
 MAX_ROWS = 10
 _SECTION_LIMIT = 2900
@@ -63,19 +63,6 @@ class Links:
     airflow: str | None = None
 
 
-def with_unit(value: float | None, unit: str) -> str:
-    """1234.5 us -> '1.23 ms'; 2000.0 msg/s -> '2,000 msg/s'."""
-    if value is None:
-        return "n/a"
-    if unit == "us":
-        return f"{value / 1000:.3g} ms" if abs(value) >= 1000 else f"{value:.3g} µs"
-    if unit == "bytes":
-        return f"{value / 2**20:,.1f} MiB"
-    if unit in ("ratio", "%"):
-        return f"{value:.3g}{'%' if unit == '%' else ''}"
-    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}"
-
-
 def stage_label(stage_id: str, params: dict) -> str:
     """'fanin.q1.c100 (100 pubs, 1 sub, QoS 1, 1,000 msg/s)' from the stored stage plan."""
     groups = params.get("groups", [])
@@ -87,25 +74,24 @@ def stage_label(stage_id: str, params: dict) -> str:
     return f"{stage_id} ({pubs:,} pubs, {subs:,} subs, QoS {qos}, {rate:,.0f} msg/s)"
 
 
-def _baseline(row: Row, unit: str) -> str:
-    """'0.3 CPU-s', and '(at tonight's driver_cpu_s_per_10k)' after it when it is so."""
-    value = with_unit(row.baseline_value, unit)
+def _baseline(row: Row) -> str:
+    """'0.300 CPU-s', and '(at tonight's driver_cpu_s_per_10k)' after it when it is so."""
+    value = with_unit(row.metric, row.baseline_value)
     return f"{value} ({row.baseline_note})" if row.baseline_note else value
 
 
 def _row_line(row: Row) -> str:
-    unit = METRICS[row.metric].unit if row.metric in METRICS else ""
     change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f}%"
     confidence = "n/a" if row.confidence is None else f"{100 * row.confidence:.1f}%"
     nights = f"{row.nights} night{'s' if row.nights != 1 else ''}"
     before = "before, as measured" if row.baseline_note else "before"
-    earlier = (f" · {before}: " + ", ".join(with_unit(v, unit) for v in row.history[-5:])
+    earlier = (f" · {before}: " + ", ".join(with_unit(row.metric, v) for v in row.history[-5:])
                if row.history else "")
     sees = f" · sees steps from {row.mde_text}" if row.mde_text else ""
     across = f" · {row.across_note}" if row.across_note else ""
     cpu = "".join(f" · {note}" for note in (row.release_note, row.cpu_note) if note)
-    return (f"• `{row.metric}` {_baseline(row, unit)} → "
-            f"*{with_unit(row.value, unit)}* ({change}) · confidence {confidence} · "
+    return (f"• `{row.metric}` {_baseline(row)} → "
+            f"*{with_unit(row.metric, row.value)}* ({change}) · confidence {confidence} · "
             f"{nights} · {row.status}{across}{cpu}{sees}{earlier}")
 
 
@@ -140,9 +126,22 @@ def _grouped(rows: list[Row], run_id: str) -> list[str]:
             earlier = f" — from run {first.run_id}, not told then" if first.run_id != run_id else ""
             lines.append(stage_label(first.stage_id, first.params) + earlier)
             lines += [_row_line(r) for r in stage_rows]
-        texts.append("\n".join(lines)[:_SECTION_LIMIT])
+        texts += _packed(lines)
     if len(rows) > MAX_ROWS:
         texts.append(f"… and {len(rows) - MAX_ROWS} more regression(s) in the report")
+    return texts
+
+
+def _packed(lines: list[str]) -> list[str]:
+    """Lines joined into as few section texts as Slack takes (`_SECTION_LIMIT` each), each
+    line whole in one of them (a line longer than a section alone is cut, marked '…')."""
+    texts: list[str] = []
+    for line in lines:
+        line = line if len(line) <= _SECTION_LIMIT else line[:_SECTION_LIMIT - 1] + "…"
+        if texts and len(texts[-1]) + 1 + len(line) <= _SECTION_LIMIT:
+            texts[-1] += "\n" + line
+        else:
+            texts.append(line)
     return texts
 
 
@@ -171,16 +170,16 @@ def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links
     what = ", ".join(p for p in parts if p) or "no regressions"
     head = (f"perfpipe {run['kind']}{label} run {run['run_id']}: {what} "
             f"({run['broker_kind']} {run.get('broker_version') or ''}, suite {run['suite']})")
-    summary = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n)
+    summary = said_counts(counts)
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
               _section(f"verdicts: {summary or 'none'}")]
     changes = across_changes(rows, run["run_id"])
-    blocks += [_section("\n".join(changes)[:_SECTION_LIMIT])] if changes else []
+    blocks += [_section(text) for text in _packed(changes)]
     blocks += [_section(text) for text in _grouped(rows, run["run_id"])]
     if blind:
-        more = f"\n… and {len(blind) - MAX_ROWS} more in the report" if len(blind) > MAX_ROWS else ""
-        blocks.append(_section((f"too noisy to guard ({len(blind)}):\n"
-                                + "\n".join(blind[:MAX_ROWS]) + more)[:_SECTION_LIMIT]))
+        more = [f"… and {len(blind) - MAX_ROWS} more in the report"] if len(blind) > MAX_ROWS else []
+        blocks += [_section(text) for text in _packed(
+            [f"too noisy to guard ({len(blind)}):", *blind[:MAX_ROWS], *more])]
     fingerprints = sorted({r.fingerprint for r in rows if r.fingerprint})
     blocks.append(_context(_link(links.report, "report"), _link(links.airflow, "Airflow run"),
                            f"fingerprint {', '.join(fingerprints)}" if fingerprints else ""))
@@ -192,15 +191,14 @@ def thread_reply(run: dict, rows: list[Row], links: Links) -> dict:
     lines = []
     for row in rows:
         if row.status == "recovered":
-            unit = METRICS[row.metric].unit if row.metric in METRICS else ""
             lines.append(f":white_check_mark: {row.stage_id} `{row.metric}` recovered: "
-                         f"{with_unit(row.value, unit)} against the baseline "
-                         f"{_baseline(row, unit)}")
+                         f"{with_unit(row.metric, row.value)} against the baseline "
+                         f"{_baseline(row)}")
         else:
             lines.append(f":small_red_triangle: {row.stage_id} {_row_line(row)[2:]}")
-    text = f"run {run['run_id']}:\n" + "\n".join(lines)
-    return {"text": text[:_SECTION_LIMIT],
-            "blocks": [_section(text[:_SECTION_LIMIT]), _context(_link(links.report, "report"))]}
+    texts = _packed([f"run {run['run_id']}:", *lines])
+    return {"text": texts[0] + ("\n…" if len(texts) > 1 else ""),
+            "blocks": [*map(_section, texts), _context(_link(links.report, "report"))]}
 
 
 def invalid_run_message(run: dict, invalid: dict[str, str], total: int, links: Links) -> dict:

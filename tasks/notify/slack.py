@@ -9,8 +9,9 @@ written or returned, and errors carry only Slack's error code.
 
 Rate limits (429 with Retry-After) and server errors are retried by slack-sdk's own retry
 handlers, a rate limit only when Slack asks to wait at most `RETRY_AFTER_CAP_S` (a longer
-wait would hold the run; its alerts are kept for the next one instead), and every call
-gives up after `CALL_TIMEOUT_S`; what still fails raises `SlackError`.
+wait would hold the run; its alerts are kept for the next one instead), and every HTTP
+request gives up after `CALL_TIMEOUT_S` (so one call, its retries included, may take up
+to about 3.5 minutes at worst: 8 requests and 3 waits); what still fails raises `SlackError`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ from ..settings import Settings
 
 
 class SlackError(RuntimeError):
-    """Slack could not be reached or refused the call; names the Slack error, never the token."""
+    """Slack could not be reached or refused the call; names the Slack error, never the token.
+    `refused`: Slack answered and turned this call down (a bad message, a missing channel),
+    not a rate limit or a server or transport failure that the next call may not meet."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 RETRY_AFTER_CAP_S = 30  # a rate limit asking for a longer wait is not waited out
@@ -86,8 +93,9 @@ class SlackNotifier:
         try:
             return getattr(self.client, method)(**kwargs)
         except SlackApiError as exc:
+            status = exc.response.status_code
             raise SlackError(f"Slack refused {method}: {exc.response.get('error')} "
-                             f"(HTTP {exc.response.status_code})") from None
+                             f"(HTTP {status})", refused=status != 429 and status < 500) from None
         except (SlackClientError, OSError) as exc:
             raise SlackError(f"Slack unreachable for {method}: {type(exc).__name__}") from None
 

@@ -17,8 +17,9 @@ client that file is the delivery), each message as soon as Slack took it. A retr
 step (after the database failed under it, say) updates the messages and thread replies it
 posted (`chat.update`) instead of posting them again. When Slack stays unreachable after the
 SDK's retries, the alerts stay undelivered and the next run sends them; a release summary
-or an invalid-run message it did not take is sent by the next run's alert step (`resend`,
-marked as late, once).
+or an invalid-run message it did not take, and a task's failure alert it did not take, are
+sent by the next run's alert step (`resend`, marked as late, once), and the alerts a summary
+so sent tells are delivered with it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..notify.messages import (
     sent_late,
     thread_reply,
 )
+from ..notify.failure import untaken_failure
 from ..notify.slack import SlackError, SlackNotifier, notifier_for
 from ..run_context import RunContext, replace_json
 from ..settings import Settings
@@ -156,18 +158,20 @@ class Courier:
         self.sent: dict = kept_messages(self.path) or {}  # unreadable: sent anew
         self.record: dict = {"channel": notifier.channel, "replies": []}
 
-    def send(self, slot: str, message: dict) -> str | None:
+    def send(self, slot: str, message: dict, alerts: list[int] = ()) -> str | None:
+        """`alerts`: the ids of the alerts the message tells (a resent one delivers them)."""
         earlier = (self.sent.get(slot) or {}).get("ts")
-        self.keep(slot, message, earlier)  # kept whatever Slack answers: for the next run
+        self.keep(slot, message, earlier, alerts)  # kept whatever Slack answers: for the next run
         ts = None
         if self.notifier.enabled:
             ts = self.notifier.update(earlier, message) if earlier else self.notifier.post(message)
-        self.keep(slot, message, ts)
+        self.keep(slot, message, ts, alerts)
         self.save()  # on disk before anything else can fail: a retried step updates it
         return ts
 
-    def keep(self, slot: str, message: dict, ts: str | None = None) -> None:
-        self.record[slot] = {**message, "ts": ts}
+    def keep(self, slot: str, message: dict, ts: str | None = None,
+             alerts: list[int] = ()) -> None:
+        self.record[slot] = {**message, "ts": ts, **({"alerts": list(alerts)} if alerts else {})}
 
     def reply(self, thread_ts: str, message: dict) -> None:
         earlier = next((r.get("ts") for r in self.sent.get("replies", [])
@@ -199,6 +203,8 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
     """Send what run `run_id` has to tell; mark what was delivered; keep the rest.
     `broken`: the stages in which a driver process or the broker died (always told)."""
     run, stages = store.run(run_id), store.stages(run_id)
+    if notifier.enabled:  # first: a release summary sent late delivers the alerts it tells
+        resend(store, notifier, run_dir.parent, run_id)
     undelivered = store.undelivered_alerts()
     evidence = {r: evidence_of(store.stages(r), r)
                 for r in {a["last_run_id"] for a in undelivered} - {run_id}}
@@ -216,10 +222,8 @@ def deliver(store: Store, run_id: str, notifier: SlackNotifier, links: Links,
     delivered: list[tuple[int, str | None]] = [(i, None) for i in plan.quiet]
     error = None
     try:
-        if notifier.enabled:
-            resend(store, notifier, run_dir.parent, run_id)
         if needs_attention:
-            ts = courier.send("run", message)
+            ts = courier.send("run", message, [r.alert_id for r in plan.headline])
             delivered += [(r.alert_id, ts) for r in plan.headline]
         else:
             courier.keep("run", message)
@@ -257,20 +261,51 @@ def untaken(doc: dict, kind: str) -> list[str]:
 
 
 def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -> int:
-    """Send the messages earlier runs kept because Slack did not take them, oldest first,
-    each once (its ts is written back to its run's file); returns how many."""
+    """Send the messages runs kept because Slack did not take them, oldest run first, each
+    once (its ts is written back to its file); returns how many. The alerts a release
+    summary sent so tells are delivered in its thread (tonight's message does not tell them
+    again). A message Slack refuses is said and left for the next run (tonight's still go);
+    when Slack cannot be reached, the rest are left too."""
     sent = 0
-    for earlier in reversed(store.latest_runs(RESEND_LOOKBACK)):
-        path = runs_dir / earlier["run_id"] / rundir.SLACK_MESSAGE
-        if earlier["run_id"] == run_id or not path.exists():
-            continue
-        doc = kept_messages(path)
-        for slot in untaken(doc or {}, earlier["kind"]):
-            doc[slot] = {**doc[slot], "ts": notifier.post(sent_late(doc[slot], earlier["run_id"])),
-                         "sent_late_by": run_id}
-            replace_json(path, doc)
-            sent += 1
+    try:
+        for earlier in reversed(store.latest_runs(RESEND_LOOKBACK)):
+            for path, slot in _untaken_in(runs_dir / earlier["run_id"], earlier, run_id):
+                sent += _send_late(store, notifier, path, slot, earlier["run_id"], run_id)
+    except SlackError as exc:
+        print(f"alert: messages kept by earlier runs not sent late ({exc}); kept for the next run")
     return sent
+
+
+def _untaken_in(folder: Path, run: dict, tonight: str) -> list[tuple[Path, str | None]]:
+    """(file, slot) of the messages in a run's folder that Slack did not take: its failure
+    alerts (slot None: the file is the message; tonight's too), then, for an earlier run,
+    the slots of its slack_message.json that `untaken` names."""
+    found: list[tuple[Path, str | None]] = [
+        (path, None) for path in sorted((folder / rundir.FAILURES_DIR).glob("*.json"))
+        if untaken_failure(kept_messages(path) or {})]
+    doc = kept_messages(folder / rundir.SLACK_MESSAGE) if run["run_id"] != tonight else None
+    return found + [(folder / rundir.SLACK_MESSAGE, slot) for slot in untaken(doc or {}, run["kind"])]
+
+
+def _send_late(store: Store, notifier: SlackNotifier, path: Path, slot: str | None,
+               earlier: str, tonight: str) -> int:
+    """Send one kept message late (1), or say Slack refused it (0); raises `SlackError`
+    when Slack cannot be reached."""
+    doc = kept_messages(path) or {}
+    message = doc if slot is None else doc[slot]
+    try:
+        ts = notifier.post(sent_late(message, earlier))
+    except SlackError as exc:
+        if not exc.refused:
+            raise
+        print(f"alert: {path.name} of run {earlier} not sent late ({exc}); kept for the next run")
+        return 0
+    message = {**message, "ts": ts, "sent_late_by": tonight}
+    replace_json(path, message if slot is None else {**doc, slot: message})
+    waiting = {a["id"] for a in store.undelivered_alerts()}
+    for alert_id in set(message.get("alerts", [])) & waiting:
+        store.mark_alert_delivered(alert_id, ts)
+    return 1
 
 
 def kept_messages(path: Path) -> dict | None:

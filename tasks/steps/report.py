@@ -52,7 +52,7 @@ def render_stored(store: Store, run_id: str, run_dir: Path | None = None) -> str
 def write_report(ctx: RunContext) -> str:
     """Render the run's report from the store into its run folder; returns its path."""
     path = ctx.run_dir / rundir.REPORT
-    path.write_text(render_stored(ctx.store(), ctx.run_id, ctx.run_dir))
+    path.write_text(render_stored(ctx.store(), ctx.run_id, ctx.run_dir), encoding="utf-8")
     return str(path)
 
 
@@ -67,5 +67,5 @@ def rerender(store: Store, run_id: str, out: Path | None = None) -> str:
     path = out or run_dir / rundir.REPORT
     html = render_stored(store, run_id, run_dir if run_dir.exists() else None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html)
+    path.write_text(html, encoding="utf-8")
     return str(path)

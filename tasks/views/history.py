@@ -8,7 +8,7 @@ import math
 from datetime import datetime
 from html import escape
 
-from ..metrics import CAPACITY_AND_COST, FLAGGED, NOISE_UNKNOWN, VERDICTS, flagged_across
+from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS, flagged_across, noise_known
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
 from .tables import flagged_together, mde_text, verdict_note
 from .units import readable, show, unit_of
@@ -30,11 +30,11 @@ def noise_band(centre: float | None, comparison: dict | None,
                sigmas: float = 1.0) -> tuple[float, float] | None:
     """(low, high): `centre` times exp(-/+ sigmas x sigma), sigma the night-to-night noise
     (log scale) a comparison measured (its detail's `noise_pct`); None when it measured
-    none or its verdict was made before the noise was known (`NOISE_UNKNOWN`: a learning
+    none or its verdict was made before the noise was known (`noise_known`: a learning
     night's few nights give a sigma no band should be drawn from)."""
     c = comparison or {}
     noise = (c.get("detail") or {}).get("noise_pct")
-    if centre is None or noise is None or c.get("verdict") in NOISE_UNKNOWN:
+    if centre is None or noise is None or not noise_known(c):
         return None
     return centre * math.exp(-sigmas * noise / 100), centre * math.exp(sigmas * noise / 100)
 

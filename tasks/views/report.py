@@ -25,7 +25,7 @@ from ..driver.histogram import percentile
 from ..metrics import BROKER_CPU_SERIES, TAIL_KINDS, VERDICTS, bucket_series, p99_per_s_series
 from .charts import PALETTE, line_chart, percentile_x, time_series
 from .history import Histories, attention, history_section
-from .tables import in_run_order, invalid_reasons, noted, verdict_note
+from .tables import in_run_order, invalid_reasons, noted, said_counts, verdict_counts, verdict_note
 from .units import show, unit_of
 
 SCORE_CARD = (("delivered_rate", "delivered"), ("expected_delivery_rate", "expected"),
@@ -313,11 +313,8 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
     entries, oldest first)."""
     stages, histories = in_run_order(stages), histories or {}
     title = f"perfpipe run {run['run_id']}"
-    counts = defaultdict(int)
-    for stage in stages:
-        for comparison in stage.get("comparisons", []):
-            counts[comparison["verdict"]] += 1
-    summary = ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in sorted(counts.items())) or "none"
+    summary = said_counts(verdict_counts(c for s in stages
+                                         for c in s.get("comparisons", []))) or "none"
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f'<p>{escape(run["kind"])} · suite {escape(run["suite"])} · '

@@ -14,6 +14,7 @@ from .tables import (
     invalid_reasons,
     metrics_rows,
     noted,
+    said_counts,
     table,
     verdict_counts,
     verdict_rows,
@@ -21,9 +22,8 @@ from .tables import (
 
 # Verdicts the short summary lists one by one: regression, suspected, improvement
 NOTABLE = VERDICTS[:VERDICTS.index("unchanged")]
-COUNTED = VERDICTS + (HOST_OFF,)  # the short summary's counts, in this order
-NO_BASELINE = ("no earlier valid run of these stages on this fingerprint, so nothing was "
-               "compared (the next run compares against this one)")
+NO_BASELINE = "no earlier valid run of these stages on this fingerprint, so nothing was compared"
+NEXT_COMPARES = " (the next run compares against this one)"
 NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage feeds no "
               "baseline (its reasons: {where})")
 
@@ -49,9 +49,26 @@ def _no_baseline(run: dict, stages: list[dict], reasons_listed: bool = False) ->
     details = [c.get("detail") or {} for c in comparisons]
     why = sorted({d.get("new_history") or d.get("note") or "" for d in details} - {""})
     if not why:
-        return NO_BASELINE
+        return NO_BASELINE + _feeds(run)
     return why[0] + (f" (and {len(why) - 1} more: perfpipe show {run['run_id']})"
                      if len(why) > 1 else "")
+
+
+def _feeds(run: dict) -> str:
+    """Whether the next run compares against this one: a run that ended other than ok, or
+    was set aside, feeds no baseline."""
+    if run.get("excluded_reason"):
+        return f"; this run was set aside ({run['excluded_reason']}), so it feeds no baseline"
+    if run["status"] not in ("ok", "running"):
+        return f"; this run ended {run['status']}, so it feeds no baseline"
+    return NEXT_COMPARES
+
+
+def _no_verdicts(run: dict, stages: list[dict]) -> str:
+    """Why a run has no verdict at all: it ended, or has not yet come, before compare."""
+    step = "compare" if stages else "load_metrics"
+    return (f"no verdicts: the run has not reached {step} yet" if run["status"] == "running"
+            else f"no verdicts: the run ended before {step}")
 
 
 def said_of_stages(stages: list[dict]) -> list[str]:
@@ -83,6 +100,8 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     verdicts = verdict_rows(stages)
     if any(v["verdict"] not in NOT_JUDGED for v in verdicts):
         lines.append(f"\nverdicts against {judged_against(stages)}:\n" + table(verdicts))
+    elif not verdicts:
+        lines.append("\n" + _no_verdicts(run, stages))
     else:
         lines.append(f"\nnothing compared: {_no_baseline(run, stages, reasons_listed=True)}")
     return "\n".join(lines + _files(files))
@@ -98,12 +117,12 @@ def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
     if stages:
         lines.append(table(metrics_rows(stages)))
     if not verdicts:
-        lines.append(f"no verdicts: the run ended before {'compare' if stages else 'load_metrics'}")
+        lines.append(_no_verdicts(run, stages))
     elif set(counts) <= {*NOT_JUDGED, HOST_OFF}:
         lines.append(f"verdicts: none, {_no_baseline(run, stages)}")
     else:
-        said = ", ".join(f"{counts[v]} {v}" for v in COUNTED if counts[v])
-        lines.append(f"verdicts: {said} (all of them: perfpipe show {run['run_id']})")
+        lines.append(f"verdicts: {said_counts(counts)} (all of them: perfpipe show "
+                     f"{run['run_id']})")
         notable = [v for v in verdicts if v["verdict"] in NOTABLE]
         if notable:
             lines.append(table(notable))

@@ -6,12 +6,14 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from ..analysis.host_gates import gated_note
-from ..metrics import flagged_across
+from ..metrics import VERDICTS, flagged_across
 from ..rundir import STAGE_METRICS
+from .units import readable, unit_of
 
 # How a metric not judged tonight because its host was far off its usual (its pace, its
 # steal) is counted for a person (its verdict is no_baseline: `tasks.analysis.host_gates`)
 HOST_OFF = "not judged (host off its usual)"
+COUNTED = VERDICTS + (HOST_OFF,)  # verdicts as `verdict_counts` counts them, worst first
 
 
 def _cell(value) -> str:
@@ -190,6 +192,13 @@ def verdict_counts(comparisons: Iterable[dict]) -> Counter:
                    for c in comparisons)
 
 
+def said_counts(counts: Counter) -> str:
+    """'1 regression, 30 learning, 2 no baseline' (`verdict_counts`), worst first, as the
+    report, Slack and the CLI all say them; '' for none."""
+    order = [*COUNTED, *sorted(set(counts) - set(COUNTED))]
+    return ", ".join(f"{counts[v]} {v.replace('_', ' ')}" for v in order if counts.get(v))
+
+
 def covariate_note(detail: dict, *, short: bool = False) -> str:
     """'at tonight's driver_cpu_s_per_10k' when the baseline is what the nights say the
     metric is at tonight's value of its covariate, not their level as measured; else ''."""
@@ -201,9 +210,12 @@ def covariate_note(detail: dict, *, short: bool = False) -> str:
 
 
 def verdict_rows(stages: list[dict]) -> list[dict]:
+    """One row a verdict; its values in the unit the report shows them in (`units`)."""
     return [{
         "stage": s["stage_id"], "metric": c["metric"], "verdict": c["verdict"],
-        "baseline": c["baseline_value"], "tonight": c["value"], "change %": c["change_pct"],
+        "baseline": readable(c["metric"], c["baseline_value"]),
+        "tonight": readable(c["metric"], c["value"]), "unit": unit_of(c["metric"]),
+        "change %": c["change_pct"],
         "MDE %": (c.get("detail") or {}).get("mde_pct"),
         "MDE all stages %": ((c.get("detail") or {}).get("across") or {}).get("mde_pct"),
         "note": verdict_note(c, short=True),

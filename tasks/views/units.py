@@ -25,15 +25,29 @@ def readable(name: str, value: float | None) -> float | None:
     return value * _READABLE.get(METRICS[name].unit, ("", 1.0))[1]
 
 
-def show(value, name: str = "") -> str:
-    """A value as the report prints it: in its readable unit, thousands separated, three
-    significant decimals below 10; text escaped; a dash for nothing."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return escape(str(value))
+def number(value: float, name: str = "") -> str:
+    """A number of metric `name` in its readable unit (`readable`), without the unit:
+    thousands separated, three decimals below 10, one below 100, none above."""
     value = readable(name, float(value))
     if value.is_integer():
         return f"{int(value):,}"
     return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}" if abs(value) >= 100 \
         else f"{value:,.1f}"
+
+
+def show(value, name: str = "") -> str:
+    """A value as the report prints it (`number`; text escaped; a dash for nothing)."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return escape(str(value))
+    return number(value, name)
+
+
+def with_unit(name: str, value: float | None) -> str:
+    """A value of metric `name` as plain text with its unit ('1.235 ms', '2,000 msg/s',
+    '5.000%'), as Slack shows it; 'n/a' for none."""
+    if value is None:
+        return "n/a"
+    unit = unit_of(name)
+    return f"{number(value, name)}{'' if unit in ('%', '') else ' '}{unit}"

@@ -5,7 +5,7 @@
   fingerprint, validity), metric, unit, value, and where the run was compared: baseline,
   the baseline's noise band (band_low, band_high: baseline x exp(-/+ sigma), sigma the
   night-to-night noise the detector measured, `noise_pct`; only for verdicts past
-  learning, as `tasks.views.export.noise_spread`), verdict, change_pct, confidence.
+  learning, as `tasks.views.history.noise_band`), verdict, change_pct, confidence.
 - `v_open_alerts`: the alerts still open (`tasks.metrics.OPEN_ALERT_STATUSES`), with when
   their first and last runs started.
 - `v_runs`: every run with its status, duration, and counts of stages, invalid stages,
@@ -55,14 +55,18 @@ def _dialect_sql(conn: Connection) -> dict[str, str]:
             "duration": "(julianday(r.finished_at) - julianday(r.started_at)) * 86400.0"}
 
 
-def _band(conn: Connection, sign: str, sigma: str) -> str:
+def _band(conn: Connection, sign: str, sigma: str, known: str | None) -> str:
+    """The band's bound; `known`: when the noise is known (a later revision's rule, as SQL)."""
     if not _has_exp(conn):
         return "CAST(NULL AS REAL)"
+    if known is not None:
+        return f"CASE WHEN {known} THEN c.baseline_value * exp({sign}({sigma})) ELSE NULL END"
     return (f"CASE WHEN c.verdict IN ('learning', 'no_baseline', 'invalid') THEN NULL "
             f"ELSE c.baseline_value * exp({sign}({sigma})) END")
 
 
-def _statements(conn: Connection) -> list[str]:
+def _statements(conn: Connection, known: str | None = None) -> list[str]:
+    """The views' statements, v_metric_history first; `known`: see `_band` (0005 uses it)."""
     d = _dialect_sql(conn)
     open_statuses = ", ".join(f"'{s}'" for s in OPEN_ALERT_STATUSES)
     return [
@@ -72,8 +76,8 @@ SELECT r.started_at AS "time", r.run_id, r.kind AS run_kind, r.status AS run_sta
        s.stage_key, s.stage_id, s.scenario, s.fingerprint_hash, s.validity,
        m.name AS metric, m.unit, m.value,
        c.baseline_value AS baseline,
-       {_band(conn, '-', d['sigma'])} AS band_low,
-       {_band(conn, '', d['sigma'])} AS band_high,
+       {_band(conn, '-', d['sigma'], known)} AS band_low,
+       {_band(conn, '', d['sigma'], known)} AS band_high,
        c.verdict, c.change_pct, c.confidence
 FROM metrics m
 JOIN stages s ON s.run_id = m.run_id AND s.stage_id = m.stage_id

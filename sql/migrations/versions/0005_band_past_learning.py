@@ -1,0 +1,41 @@
+"""v_metric_history draws a noise band only for a verdict made past learning.
+
+0003 left the band out for the verdicts `learning`, `no_baseline` and `invalid` only; a
+change beyond doubt flagged while a stage learns (a `regression` or `suspected` with a
+"learning: N of M nights" note) got a band from the few nights' sigma. A verdict judged
+past learning carries its night's `score` in its detail; the band now needs it, as the
+report's and the Bencher export's do (`tasks.metrics.noise_known`).
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-04
+"""
+
+from __future__ import annotations
+
+from alembic import context, op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+# the rule as each dialect reads the comparison's JSON detail
+PAST_LEARNING = {"postgresql": "c.detail ->> 'score' IS NOT NULL",
+                 "sqlite": "json_extract(c.detail, '$.score') IS NOT NULL"}
+
+
+def _recreate(known: str | None) -> None:
+    """v_metric_history again, built as 0003 builds it, its band given when `known`."""
+    conn = op.get_bind()
+    views = context.script.get_revision("0003").module
+    op.execute("DROP VIEW IF EXISTS v_metric_history")
+    op.execute(views._statements(conn, known)[0])
+
+
+def upgrade() -> None:
+    _recreate(PAST_LEARNING[op.get_bind().dialect.name])
+
+
+def downgrade() -> None:
+    _recreate(None)
