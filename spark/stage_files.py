@@ -30,6 +30,7 @@ from tasks.driver.output import (
     STATS_COLUMNS,
     STATS_FILE,
     SUMMARY_FILE,
+    clocks_agree,
 )
 from tasks.manifest import changed_since
 from tasks.rundir import HOSTS_DIR, MANIFEST, RAW_DIR
@@ -233,18 +234,29 @@ def _check_manifest(stage: StageFiles, run_dir: Path, files: dict[str, dict]) ->
 
 def _check_clocks(stage: StageFiles, clocks: dict[str, dict]) -> None:
     """A stage whose processes ran on several hosts, one of whose clocks provisioning did
-    not trust against the orchestrator's (`clocks`: host -> its hosts/<host>.json), says
-    so: a message's latency from one host to another is the receiver's clock less the
-    sender's stamp."""
+    not trust against the orchestrator's (`clocks`: host -> its hosts/<host>.json), or two
+    of whose clocks disagree with each other though each passed (1.6 ms either side of the
+    orchestrator's, say), says so: a message's latency from one host to another is the
+    receiver's clock less the sender's stamp."""
     hosts = sorted({str(s.get("host")) for s in stage.summaries if s.get("host")})
+    if len(hosts) < 2:
+        return
+    read = {h: (c["clock_offset_s"], c.get("clock_uncertainty_s") or 0.0) for h in hosts
+            if isinstance((c := clocks.get(h) or {}).get("clock_offset_s"), (int, float))}
     untrusted = [h for h in hosts if (clocks.get(h) or {}).get("clock_trusted") is False]
-    if len(hosts) > 1 and untrusted:
-        offsets = ", ".join(f"{h} {1000 * clocks[h]['clock_offset_s']:+.3f} ms "
-                            f"(+-{1000 * clocks[h]['clock_uncertainty_s']:.3f} ms)"
-                            for h in untrusted)
-        stage.problem(f"clocks not trusted for latency across hosts: {offsets} off the "
-                      f"orchestrator's; synchronise them (chrony, NTP) or keep each stage's "
-                      f"clients on one host")
+    each = sorted(h for h in read if h not in untrusted)  # each trusted on its own
+    apart = [(abs(read[a][0] - read[b][0]), a, b) for i, a in enumerate(each)
+             for b in each[i + 1:] if not clocks_agree(read[a], read[b])]
+    if not untrusted and not apart:
+        return
+    named = sorted({*untrusted, *(h for _, a, b in apart for h in (a, b))})
+    offsets = ", ".join(f"{h} {1000 * read[h][0]:+.3f} ms (+-{1000 * read[h][1]:.3f} ms)"
+                        for h in named if h in read)
+    worst = max(apart, default=None)
+    between = f", {worst[1]} and {worst[2]} {1000 * worst[0]:.3f} ms apart" if worst else ""
+    stage.problem(f"clocks not trusted for latency across hosts: {offsets} off the "
+                  f"orchestrator's{between}; synchronise them (chrony, NTP) or keep each "
+                  f"stage's clients on one host")
 
 
 def _recorded_clocks(run_dir: Path) -> dict[str, dict]:

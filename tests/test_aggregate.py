@@ -629,6 +629,27 @@ def test_a_stage_across_hosts_whose_clocks_are_not_trusted_says_so(run: Run):
     assert not [p for p in run.stages["s6_broker_host"]["problems"] if "clock" in p]
 
 
+def test_two_hosts_each_near_the_orchestrators_clock_but_apart_are_not_trusted():
+    """Each host's clock within 1 ms of the orchestrator's, allowing for its reading, is
+    trusted on its own; two of them 3.2 ms apart are not, for a message from one to the
+    other (its e2e latency would read 3.2 ms off, or below 0). Pure: no Spark."""
+    from spark.stage_files import StageFiles, _check_clocks
+
+    def problems(offsets_ms: dict[str, float]) -> list[str]:
+        stage = StageFiles("s", summaries=[{"host": h} for h in offsets_ms])
+        clocks = {h: {"clock_offset_s": ms / 1000, "clock_uncertainty_s": 0.0007,
+                      "clock_trusted": abs(ms) <= 1.0 + 0.7} for h, ms in offsets_ms.items()}
+        _check_clocks(stage, clocks)
+        return stage.problem_list()
+
+    (line,) = problems({"h1": 1.6, "h2": -1.6})
+    assert line.startswith("clocks not trusted for latency across hosts: h1 +1.600 ms "
+                           "(+-0.700 ms), h2 -1.600 ms (+-0.700 ms) off the orchestrator's, "
+                           "h1 and h2 3.200 ms apart; synchronise them"), line
+    assert problems({"h1": 1.6, "h2": 0.8}) == []  # 0.8 ms apart: within 1 ms and their reading
+    assert problems({"h1": 1.6}) == []  # one host: one clock
+
+
 def test_missing_process_makes_stage_incomplete(run: Run):
     stage, expect = run.stages["s2_missing"], run.expect["s2_missing"]
     assert stage["status"] == "incomplete"

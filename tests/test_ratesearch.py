@@ -580,3 +580,38 @@ def test_a_probe_or_hold_that_broke_its_qos_promise_did_not_keep_up():
     outcome = _first_hold_failed(probe(1, 3_990, hold=True))
     assert outcome["holds"][0]["why"] == outcome["holds"][0]["broken"] == (
         "10 messages lost at QoS 1, which promises delivery")
+
+
+def test_a_probe_is_judged_as_the_gate_judges_its_stage_and_a_line_cut_short_is_skipped():
+    """The gate counts client errors over the whole stage and calls more than 105% of the
+    expected deliveries off too (a backlog from before the window delivered in it): a
+    hold that kept up by the search's old rules was then voided with the night's
+    capacity. The search now judges both as the gate does. And a counters line cut short
+    by a killed driver, which the aggregation drops as malformed, no longer ends the step
+    with a TypeError."""
+    from tasks.driver.output import COUNTER_COLUMNS
+    from tasks.steps.stages import probe_outcome
+
+    errors_at = COUNTER_COLUMNS.index("errors")
+
+    def hold(delivered_per_s: list[int], *, warmup_errors: int = 0, tail: str = ""
+             ) -> ProbeResult:
+        planned = {"target_publish_rate": 1_000.0, "expected_delivery_rate": 1_000.0,
+                   "qos": 0, "receivers": {"0": 1}, "windows": {
+                       "measure_start": 100, "measure_end": 100 + len(delivered_per_s)}}
+        warmup = [0] * len(COUNTER_COLUMNS)
+        warmup[0], warmup[errors_at] = 99, warmup_errors
+        rows = [warmup] + [[second, 1_000, 0, delivered] + [0] * (len(COUNTER_COLUMNS) - 4)
+                           for second, delivered in enumerate(delivered_per_s, 100)]
+        counters = "\n".join(",".join(map(str, row)) for row in [COUNTER_COLUMNS, *rows])
+        return probe_outcome(planned, [counters + tail], [{}], hold=True)
+
+    assert hold([1_000] * 4).keeps_up(0.05)
+    errored = hold([1_000] * 4, warmup_errors=1)  # in the warm-up, outside the window
+    assert errored.errors == 1 and errored.reason(0.05) == "1 client errors"
+    over = hold([1_100, 1_100, 1_060, 1_060])  # 108%: the gate allows 95%..105%
+    assert not over.keeps_up(0.05)
+    assert over.reason(0.05) == ("received 108.0% of the expected deliveries (a backlog from "
+                                 "before the window delivered in it)")
+    cut = hold([1_000] * 4, tail="\n103,5")  # the last line cut short
+    assert cut.keeps_up(0.05) and cut.received_ratio == 1.0

@@ -85,3 +85,12 @@ def test_no_samples_is_null_not_zero():
         "pub_ack_latency_p99_typical": None, "pub_ack_latency_p99_no_stall": None,
         "pub_ack_stall_seconds": None, "pub_ack_stall_longest": None}
     assert stalled_seconds([]) == []
+
+
+def test_latencies_that_read_0_are_no_stalls():
+    """Every sample in the lowest bucket (a receiver's clock behind the sender's reads
+    them so): the typical second's p99 is 0, and no second counts as a stall against it."""
+    night = {s: _histogram([0] * 100) for s in range(10)}
+    tails = tails_of_seconds("e2e", night)
+    assert tails["e2e_stall_seconds"] == 0.0
+    assert tails["e2e_latency_p99_no_stall"] == _window_p99(night)

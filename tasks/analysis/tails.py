@@ -69,9 +69,11 @@ def typical_p99(seconds: Iterable[SecondTail]) -> float | None:
 
 
 def stalls(seconds: list[SecondTail]) -> list[SecondTail]:
-    """The seconds whose p99 is at least STALL_FACTOR times the typical second's."""
+    """The seconds whose p99 is at least STALL_FACTOR times the typical second's; none
+    when the typical second's is 0 (latencies read as 0: no scale to call one a stall
+    against, where every second would count)."""
     typical = typical_p99(seconds)
-    if typical is None:
+    if typical is None or typical <= 0:
         return []
     return [s for s in seconds if s.count > 0 and s.p99 >= STALL_FACTOR * typical]
 

@@ -96,7 +96,11 @@ class ProbeResult:
     drivers_cpus_used: float | None = None
 
     def keeps_up(self, tolerance: float) -> bool:
-        return (self.sent_ratio >= 1 - tolerance and self.received_ratio >= 1 - tolerance
+        """Sent and received what was asked within `tolerance` (more received than that
+        is a backlog from before the window delivered in it, as the validity gate holds a
+        stage to it), and nothing else went wrong."""
+        return (self.sent_ratio >= 1 - tolerance
+                and 1 - tolerance <= self.received_ratio <= 1 + tolerance
                 and self.errors == 0 and self.connects_failed == 0 and self.backlog is None
                 and self.unstable is None and self.broken is None)
 
@@ -113,6 +117,9 @@ class ProbeResult:
             parts.append(f"sent {self.sent_ratio:.1%} of the offered rate (send backlog)")
         if self.received_ratio < 1 - tolerance:
             parts.append(f"received {self.received_ratio:.1%} of the expected deliveries")
+        if self.received_ratio > 1 + tolerance:
+            parts.append(f"received {self.received_ratio:.1%} of the expected deliveries (a "
+                         "backlog from before the window delivered in it)")
         if self.errors:
             parts.append(f"{self.errors} client errors")
         if self.connects_failed:

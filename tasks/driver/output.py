@@ -174,6 +174,18 @@ def overrun_after_us(tick_us: int) -> int:
     design (a message due just after a tick's run waits for the next one)."""
     return DELAY_OVERRUN_US + tick_us
 
+# Two hosts' clocks this close, beyond what reading them leaves uncertain, are trusted for
+# a latency measured from one to the other (the receiver's clock less the sender's stamp):
+# provisioning holds each host to the orchestrator's clock, the aggregation every pair.
+CLOCK_TOLERANCE_S = 0.001
+
+
+def clocks_agree(a: tuple[float, float], b: tuple[float, float] = (0.0, 0.0)) -> bool:
+    """Whether two clocks, each (offset, uncertainty) in seconds off the orchestrator's
+    (whose own is (0, 0)), agree within `CLOCK_TOLERANCE_S`."""
+    return abs(a[0] - b[0]) <= CLOCK_TOLERANCE_S + a[1] + b[1]
+
+
 COUNTERS_FILE = "counters.csv"
 HISTOGRAMS_FILE = "histograms.csv"
 EVENTS_FILE = "events.jsonl"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import bundle, rundir
 from ..catalog.cpus import placement
+from ..driver.output import clocks_agree
 from ..fingerprint import MEASUREMENT_VERSION, host_facts, host_hash, run_hash
 from ..hosts import Host, HostError, LocalHost
 from ..manifest import file_sha256
@@ -57,9 +58,6 @@ print(json.dumps({'cpu_model': cpu_model(), 'cpus': os.cpu_count(), 'usable_cpus
     'kernel': platform.release(), 'arch': platform.machine(), 'os': os_name(),
     'python': platform.python_version(), 'paho_mqtt': paho_version, 'time': 0}))
 """
-
-CLOCK_TOLERANCE_S = 0.001
-
 
 class ProvisionError(RuntimeError):
     """A host cannot take part in the run; the message says what to install or fix."""
@@ -123,7 +121,7 @@ def fingerprint(host: Host, pythonpath: str) -> dict:
     facts["clock_uncertainty_s"] = uncertainty
     # Cross-host latency (publisher and subscriber on different hosts) is only trusted when
     # the clocks agree well below the latencies measured.
-    facts["clock_trusted"] = abs(offset) <= CLOCK_TOLERANCE_S + uncertainty
+    facts["clock_trusted"] = clocks_agree((offset, uncertainty))
     return facts
 
 

@@ -13,7 +13,7 @@ import json
 import math
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -303,10 +303,29 @@ def probe_result(ctx: RunContext, stage: Stage, ran: dict, hold: bool = False) -
     before the next one."""
     counters = [ctx.host(host_name).read_file(f"{out_dir}/{COUNTERS_FILE}") or ""
                 for host_name, out_dir in ran["out_dirs"]]
-    summaries = [json.loads(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}") or "{}")
+    summaries = [_summary(ctx.host(host_name).read_file(f"{out_dir}/{SUMMARY_FILE}"))
                  for host_name, out_dir in ran["out_dirs"]]
     planned = json.loads((ctx.run_dir / rundir.stage_file(stage.stage_id)).read_text())
     return probe_outcome(planned, counters, summaries, hold)
+
+
+def _summary(text: str | None) -> dict:
+    """A process's summary, or {} (as if it left none) when it has none or one cut short."""
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return {}
+
+
+def _counted(text: str) -> Iterator[dict[str, int] | None]:
+    """The rows of a process's counters CSV as integers; None for a row cut short (a
+    driver killed mid-line), which the aggregation drops as malformed too."""
+    for row in csv.DictReader(io.StringIO(text)):
+        try:
+            yield {name: int(row[name]) for name in
+                   ("second", "published", "received", "duplicated", "errors")}
+        except (TypeError, ValueError):
+            yield None
 
 
 def probe_outcome(planned: Mapping, counters: list[str], summaries: list[dict],
@@ -323,11 +342,12 @@ def probe_outcome(planned: Mapping, counters: list[str], summaries: list[dict],
     first, last = planned["windows"]["measure_start"], planned["windows"]["measure_end"]
     columns = ("published", "received", "duplicated", "errors")
     per_second = {second: dict.fromkeys(columns, 0) for second in range(first, last)}
-    for text in counters:
-        for row in csv.DictReader(io.StringIO(text)):
-            if int(row["second"]) in per_second:
-                for name in columns:
-                    per_second[int(row["second"])][name] += int(row[name])
+    errors = 0  # over the whole probe, as the gate counts its stage's
+    for row in (row for text in counters for row in _counted(text) if row):
+        errors += row["errors"]
+        if row["second"] in per_second:
+            for name in columns:
+                per_second[row["second"]][name] += row[name]
     totals = {name: sum(s[name] for s in per_second.values()) for name in columns}
     whole = {name: sum((s.get("totals") or {}).get(name, 0) for s in summaries)
              for name in ("connects_failed", "duplicated")}
@@ -344,7 +364,7 @@ def probe_outcome(planned: Mapping, counters: list[str], summaries: list[dict],
     return ProbeResult(rate=rate,
                        sent_ratio=totals["published"] / offered if offered else 0.0,
                        received_ratio=(totals["received"] - totals["duplicated"]) / expected
-                       if expected else 0.0, errors=totals["errors"],
+                       if expected else 0.0, errors=errors,
                        connects_failed=whole["connects_failed"],
                        backlog=backlog_rising(series, deliveries_per_message(expected_rate, rate)),
                        unstable=unstable(throughput_cv(series["delivered_per_s"]))
