@@ -34,11 +34,24 @@ class History(NamedTuple):
                 and self.release_runs in (None, kind == "release"))
 
 
-def reset_label(stage_key: str, run_id: str) -> str:
+def reset_label(stage_key: str, run_id: str, metric: str | None = None) -> str:
     """A reset marker's label (baselines kind 'reset'): the history of `stage_key` that
-    `run_id` is a night of starts there (an accepted change). A marker labelled with the
-    stage key alone (written before histories were kept apart) starts every one of them."""
-    return f"{stage_key}@{run_id}"
+    `run_id` is a night of starts there, for `metric` alone when given (a person accepted
+    that metric's change) or for every metric (`Store.reset_history`). A marker
+    labelled with the stage key alone (written before histories were kept apart) starts
+    every one of them."""
+    return f"{stage_key}@{run_id}" + (f"#{metric}" if metric else "")
+
+
+def reset_of(label: str, stage_key: str, run_id: str) -> tuple[bool, str | None]:
+    """Whether a reset marker of `run_id` is one of `stage_key`'s (`reset_label`), and the
+    metric it starts anew (None: every metric)."""
+    whole = reset_label(stage_key, run_id)
+    if label in (stage_key, whole):
+        return True, None
+    if label.startswith(whole + "#"):
+        return True, label[len(whole) + 1:]
+    return False, None
 
 
 def holds(s: Session, run_id: str, history: History) -> bool:

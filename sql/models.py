@@ -177,9 +177,10 @@ class Series(Base):
 
 class Baseline(Base):
     """kind 'release': pinned release run (label = release label); kind 'reset': the
-    history of a stage key that `run_id` is a night of starts there (an accepted change;
-    label `<stage key>@<run id>`, `sql.histories.reset_label`; a label of the stage key
-    alone, written before histories were kept apart, starts every one of its histories)."""
+    history of a stage key that `run_id` is a night of starts there (label `<stage
+    key>@<run id>`, `sql.histories.reset_label`), or one metric's (an accepted change:
+    `<stage key>@<run id>#<metric>`); a label of the stage key alone, written before
+    histories were kept apart, starts every one of its histories)."""
 
     __tablename__ = "baselines"
     __table_args__ = (UniqueConstraint("kind", "label"),)

@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from tasks.fingerprint import measured_alike
 from tasks.metrics import FLAGGED, NOT_JUDGED
 
+from .alerts import alert_key
 from .common import row_dict
-from .histories import History, holds, reset_label
+from .histories import History, holds, reset_of
 from .models import Alert, Baseline, Comparison, Metric, Run, Series, Stage
 
 # A value flagged by its own night's comparison stays out of baselines (a regression never
@@ -39,17 +40,21 @@ def stages(s: Session, run_id: str) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def reset_start(s: Session, history: History) -> datetime | None:
-    """When the history starts: its newest reset marker's run's start (an accepted
-    change, `histories.reset_label`), if it has one."""
+def reset_starts(s: Session, history: History, before: datetime) -> dict[str | None, datetime]:
+    """When the history starts: for every metric (None) and for each metric a person
+    accepted a change of, its newest reset marker's run's start (`histories.reset_label`),
+    of the markers on nights before `before` (an accepted change does not reach back to
+    the nights judged before it)."""
     markers = s.execute(select(Baseline.label, Baseline.run_id, Run.started_at)
                         .join(Run, Run.run_id == Baseline.run_id)
-                        .where(Baseline.kind == "reset",
+                        .where(Baseline.kind == "reset", Run.started_at < before,
                                Baseline.label.startswith(history.stage_key, autoescape=True)))
-    return max((m.started_at for m in markers
-                if m.label == history.stage_key
-                or (m.label == reset_label(history.stage_key, m.run_id)
-                    and holds(s, m.run_id, history))), default=None)
+    starts: dict[str | None, datetime] = {}
+    for m in markers:
+        ours, metric = reset_of(m.label, history.stage_key, m.run_id)
+        if ours and (m.label == history.stage_key or holds(s, m.run_id, history)):
+            starts[metric] = max(starts.get(metric, m.started_at), m.started_at)
+    return starts
 
 
 def _comparable(stage_key: str, fingerprint_hash: str | None, before: datetime) -> Any:
@@ -75,12 +80,7 @@ def _held_out(s: Session, history: History, rows: list[Any]) -> dict[tuple[str, 
     if not flagged:
         return {}
     started = {r.run_id: r.started_at for r in rows}
-    spans: dict[str, list[tuple[datetime, datetime]]] = {}
-    released = s.scalars(select(Alert).where(Alert.stage_key == history.stage_key,
-                                             Alert.status.in_(RELEASED_ALERTS)))
-    for alert in (a for a in released if holds(s, a.first_run_id, history)):
-        first, last = (s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id))
-        spans.setdefault(alert.metric, []).append((first.started_at, last.started_at))
+    spans = _alert_spans(s, history.stage_key, history, RELEASED_ALERTS)
     out: dict[tuple[str, str], set[str]] = {}
     for run_id, stage_id, metric in flagged:
         when = started[run_id]
@@ -96,15 +96,18 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
     metrics, the metrics held out of baselines, its verdicts by metric and the stage's params."""
     q = _comparable(stage_key, fingerprint_hash, before)
     of = History(stage_key, fingerprint_hash, setup)
-    start = reset_start(s, of)
-    if start is not None:
-        q = q.where(Run.started_at >= start)
+    starts = reset_starts(s, of, before)
+    if None in starts:
+        q = q.where(Run.started_at >= starts.pop(None))
     q = q.order_by(Run.started_at.desc(), Run.run_id.desc())
     if setup is None:
         rows = s.execute(q.limit(limit)).all()
     else:  # the setup is Python's rule: read every night's params (one small row each)
         rows = [r for r in s.execute(q) if measured_alike(r.params, setup)][:limit]
     held = _held_out(s, of, rows)
+    for r in rows:  # a metric's nights before its accepted change stay out of its baseline
+        held.setdefault((r.run_id, r.stage_id), set()).update(
+            metric for metric, start in starts.items() if r.started_at < start)
     found = {(r.run_id, r.stage_id): {"run_id": r.run_id, "started_at": r.started_at,
                                       "metrics": {}, "verdicts": {},
                                       "held_out": sorted(held.get((r.run_id, r.stage_id), ())),
@@ -162,11 +165,19 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                  release_runs if baseline == "rolling" else None)
     out: dict[str, dict[str, Any]] = {}
     seen_runs: list[str] = []
+    # the flagged nights of an alert a person called a false positive or accepted as the
+    # new normal are no evidence of a change since: tonight's own bad night is its first
+    decided = _alert_spans(s, stage_key if baseline == "rolling" else
+                           alert_key(stage_key, {"baseline": baseline}), of,
+                           ("false_positive", "accepted"))
     for comp, run_id, started_at, kind, params, fp in s.execute(
             q.order_by(Run.started_at.desc(), Comparison.id)):
         if not of.admits(fp, params, kind) \
                 or (comp.detail or {}).get("baseline", "rolling") != baseline:
             continue  # runs judged against another baseline are not counted either
+        if comp.verdict in FLAGGED and any(lo <= started_at <= hi
+                                           for lo, hi in decided.get(comp.metric, ())):
+            continue  # a person said what this night was: no evidence for tonight's
         if run_id not in seen_runs:
             if len(seen_runs) == runs:
                 break
@@ -176,6 +187,19 @@ def previous_verdicts(s: Session, stage_key: str, fingerprint_hash: str | None, 
                                 "change_pct": comp.change_pct, "detail": comp.detail,
                                 "started_at": started_at, "params": params}
     return out
+
+
+def _alert_spans(s: Session, key: str, history: History, statuses: tuple[str, ...]
+                 ) -> dict[str, list[tuple[datetime, datetime]]]:
+    """metric -> (first, last) night of each alert of lifecycle `key` with one of
+    `statuses` that this history opened (`histories.holds`)."""
+    spans: dict[str, list[tuple[datetime, datetime]]] = {}
+    for alert in s.scalars(select(Alert).where(Alert.stage_key == key,
+                                               Alert.status.in_(statuses))):
+        if holds(s, alert.first_run_id, history):
+            first, last = s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id)
+            spans.setdefault(alert.metric, []).append((first.started_at, last.started_at))
+    return spans
 
 
 def release_baseline_at(s: Session, when: datetime, broker_kind: str) -> tuple[str, str] | None:

@@ -112,6 +112,10 @@ class Store:
                              "password)") from None
         if parsed.drivername == "postgresql":  # psycopg 3 is the installed driver
             parsed = parsed.set(drivername="postgresql+psycopg")
+        if "@" in (parsed.host or ""):  # a password's own '@', not percent-encoded
+            raise StoreError("the database URL's host holds an '@' (not shown: the part "
+                             "before it is the password's end): write an '@' in the user "
+                             "name or password as %40")
         self._url: URL = parsed
         backend = parsed.get_backend_name()
         if backend not in ("sqlite", "postgresql"):
@@ -163,7 +167,8 @@ class Store:
 
     @property
     def url_for_display(self) -> str:
-        return self._url.render_as_string(hide_password=True)
+        """The URL with its password masked and no query (which may hold one too)."""
+        return self._url.set(query={}).render_as_string(hide_password=True)
 
     def __repr__(self) -> str:
         return f"Store({self.url_for_display!r})"
@@ -389,10 +394,12 @@ class Store:
 
         Runs that finished ok, are not excluded, are not release runs, started before
         `before_run` and have a valid stage with this key (and this fingerprint hash when
-        given). History starts at its newest accepted change, if any (`queries.reset_start`).
+        given). History starts at its newest reset, if any, and a metric's at its newest
+        accepted change (`queries.reset_starts`), of those on nights before `before_run`.
         Each entry's `held_out` names the metrics whose values must not feed a baseline: its
         own night flagged them (suspected or regression) and no human accepted them or
-        called them a false positive, nor did the next night clear the suspicion. Its
+        called them a false positive, nor did the next night clear the suspicion; or they
+        come before that metric's accepted change. Its
         `params` are the stage's as recorded that night. Given `setup` (tonight's params),
         only the nights that measured it count, the newest `limit` of them
         (`tasks.fingerprint.measured_alike`): nights of another setup are another history.
@@ -504,15 +511,15 @@ class Store:
 
     def set_alert_status(self, alert_id: int, status: str) -> None:
         """Set by a human (a closed alert is not opened again). 'accepted' (the new normal)
-        also restarts the history the alert's first run is a night of there (its fingerprint
-        and setup; the others of the stage key go on), unless it already starts later; not
-        for an alert against a pinned release, whose baseline is the release run (promote
-        another to move it)."""
+        also restarts the alert's metric's history the alert's first run is a night of
+        there (its fingerprint and setup; the others of the stage key, and the stage's other
+        metrics, go on), unless it already starts later; not for an alert against a pinned
+        release, whose baseline is the release run (promote another to move it)."""
         with self._tx() as s:
             alert = alerts.set_status(s, alert_id, status)
             if status == "accepted" and not alerts.release_of(alert.stage_key):
-                upsert_baseline(s, "reset", reset_label(alert.stage_key, alert.first_run_id),
-                                alert.first_run_id)
+                upsert_baseline(s, "reset", reset_label(alert.stage_key, alert.first_run_id,
+                                                        alert.metric), alert.first_run_id)
 
     def alerts_flagged_with(self, alert_id: int) -> list[int]:
         """The open alerts the run's stages flagged with this one (`alerts.flagged_with`)."""

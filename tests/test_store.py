@@ -268,15 +268,25 @@ def test_history(store: Store, count) -> None:
         == ["n9", "n8"]
     assert [h["run_id"] for h in store.history("other", "fp1", before_run="tonight")] == ["n7"]
 
-    # accepting an alert moves the start to the alert's first run, never backwards
+    # a reset does not reach back to the nights judged before it (n8 itself included)
+    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n8")] \
+        == ["n2", "n1"]
+
+    # accepting an alert moves its metric's start to the alert's first run, never
+    # backwards: that metric's earlier nights stay out of its baseline, the others' stay in
     alert_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="delivered_rate",
                                      run_id="n9", status="confirmed", change_pct=-8.0)
     store.set_alert_status(alert_id, "accepted")
-    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] == ["n9"]
+
+    def held_out() -> dict[str, list[str]]:
+        return {h["run_id"]: h["held_out"]
+                for h in store.history("fanin.q1", "fp1", before_run="tonight")}
+
+    assert held_out() == {"n9": [], "n8": ["delivered_rate"]}
     old_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n2",
                                    status="new", change_pct=None)
     store.set_alert_status(old_id, "accepted")
-    assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="tonight")] == ["n9"]
+    assert held_out() == {"n9": [], "n8": ["delivered_rate"]}
     # an alert against a pinned release: its baseline is the release run; no reset is
     # written (nothing reads one of a `vs release` key)
     vs_release, _ = store.upsert_alert(stage_key=alert_key("fanin.q1", {"baseline": "release:v1"}),
@@ -284,6 +294,43 @@ def test_history(store: Store, count) -> None:
     resets = count("baselines")
     store.set_alert_status(vs_release, "accepted")
     assert count("baselines") == resets and store.alert(vs_release)["status"] == "accepted"
+
+
+def test_accepting_one_metrics_change_leaves_the_stages_other_regressions_standing(
+        store: Store) -> None:
+    """Two metrics of a stage regress together; a person accepts the throughput drop as the
+    new normal. The broker's memory regression goes on being judged against its own
+    nights: it stays a confirmed regression, not "recovered" against a history that had
+    restarted with the regressed nights alone (which then became its baseline)."""
+    from tasks.steps.compare import compare_stored
+
+    jitter = (1.0, 1.008, 0.993, 1.004, 0.997, 1.006, 0.99, 1.002, 0.996, 1.01, 0.995, 1.003)
+
+    def night(day: int, rate: float, rss: float) -> dict[str, str]:
+        run_id = f"n{day:02d}"
+        new_run(store, run_id, day)
+        j = jitter[day % len(jitter)]
+        store.record_stage(run_id, "fanin.q1", scenario="fanin", stage_key="fanin.q1",
+                           params={"qos": 1}, fingerprint_hash="fp1")
+        store.record_results(run_id, "fanin.q1", series={}, validity="valid", reason=None,
+                             metrics={"delivered_rate": rate * j,
+                                      "broker_rss_per_1k_conn": rss / j})
+        verdicts = compare_stored(store, run_id, {})["verdicts"]
+        store.finish_run(run_id, "ok")
+        return {v["metric"]: v["verdict"] for v in verdicts}
+
+    for day in range(12):
+        night(day, 1000.0, 5e6)
+    for day in (12, 13):
+        night(day, 800.0, 6.5e6)
+    alerts = {a["metric"]: a for a in store.alerts()}
+    assert {m: a["status"] for m, a in alerts.items()} == {
+        "delivered_rate": "confirmed", "broker_rss_per_1k_conn": "confirmed"}
+    store.set_alert_status(alerts["delivered_rate"]["id"], "accepted")
+    for day in (14, 15):
+        tonight = night(day, 800.0, 6.5e6)
+        assert tonight == {"delivered_rate": "learning", "broker_rss_per_1k_conn": "regression"}
+    assert store.alert(alerts["broker_rss_per_1k_conn"]["id"])["status"] == "confirmed"
 
 
 def test_release_baseline(store: Store) -> None:
@@ -385,8 +432,9 @@ def test_flagged_values_stay_out_of_the_baseline_until_a_human_or_the_next_night
     assert held(store)["n4"] == ["delivered_rate"]
     store.set_alert_status(a4, "false_positive")  # not a regression after all: back in
     assert held(store)["n4"] == [] and held(store)["n5"] == []
-    store.set_alert_status(a4, "accepted")  # the new normal: history restarts at n4
-    assert held(store) == {"n6": [], "n5": [], "n4": []}
+    store.set_alert_status(a4, "accepted")  # the new normal: its history restarts at n4
+    assert held(store) == {"n6": [], "n5": [], "n4": [], "n3": ["delivered_rate"],
+                           "n2": ["delivered_rate"], "n1": ["delivered_rate"]}
 
 
 def test_follow_verdict_opens_confirms_clears_and_recovers(store: Store) -> None:
@@ -441,6 +489,12 @@ def test_previous_verdicts_and_last_fingerprint(store: Store) -> None:
         store.finish_run(run_id, status, excluded=excluded, reason="noisy neighbour")
         assert store.previous_verdicts("fanin.q1", "fp1", before_run="tonight")[
             "delivered_rate"]["run_id"] == "n1"
+    # a suspicion a person called a false positive is no evidence either: tonight's bad
+    # night is then its first, not the second in a row (a regression at once)
+    fp_alert, _ = store.follow_verdict(stage_key="fanin.q1", metric="delivered_rate",
+                                       run_id="n1", verdict="suspected", change_pct=-6.0)
+    store.set_alert_status(fp_alert, "false_positive")
+    assert "delivered_rate" not in store.previous_verdicts("fanin.q1", "fp1", before_run="tonight")
     assert store.last_fingerprint("fanin.q1", before_run="tonight") == "fp2"
     assert store.last_fingerprint("fanin.q1", before_run="n4") == "fp1"
     assert store.last_fingerprint("other", before_run="tonight") is None
@@ -555,8 +609,9 @@ def test_what_one_setups_history_holds_does_not_reach_another(store: Store,
     assert list(history(a)) == ["n3", "n2", "n1"] and list(history(b)) == ["m2"]
     a_alert, _ = store.upsert_alert(stage_key="fanin.q1", metric="e2e_latency_p50",
                                     run_id="n2", status="confirmed", change_pct=9.0)
-    store.set_alert_status(a_alert, "accepted")
-    assert list(history(a)) == ["n3", "n2"] and list(history(b)) == ["m2"]
+    store.set_alert_status(a_alert, "accepted")  # that metric's history only, of A's nights
+    assert history(a) == {"n3": [], "n2": ["delivered_rate"], "n1": ["e2e_latency_p50"]}
+    assert list(history(b)) == ["m2"]
     # a marker written before histories were kept apart (the stage key alone) starts all
     engine = create_engine(db_url)
     with engine.begin() as conn:
@@ -742,6 +797,18 @@ def test_bad_enum_names_the_field(store: Store, call, field: str) -> None:
     with pytest.raises(StoreError, match=rf"^{field} must be one of") as err:
         call(store)
     assert "," in str(err.value)  # the allowed values are listed
+
+
+def test_a_password_in_the_query_or_with_a_bare_at_is_never_shown() -> None:
+    """A password given as a query parameter is not shown with the URL; one holding a
+    bare '@' (which ends the password early, and makes the rest look like the host) is
+    refused, naming the fix, without showing any of it."""
+    shown = Store("postgresql://u:pw@127.0.0.1:1/db?password=zz9&sslmode=require",
+                  retry_s=0).url_for_display
+    assert shown == "postgresql+psycopg://u:***@127.0.0.1:1/db"
+    with pytest.raises(StoreError, match="as %40$") as err:
+        Store("postgresql://u:s3cr@tXY@127.0.0.1:1/db", retry_s=0)
+    assert "s3cr" not in str(err.value) and "tXY" not in str(err.value)
 
 
 def test_password_never_shown(pg_server: str) -> None:
