@@ -6,21 +6,21 @@ module is imported when the task runs, never at parse time). At parse time the D
 one file: the suites file, for the choices of their `suite` Param (`suite_param`). Per-host steps are mapped
 over the inventory's hosts. The stages run in one task, in plan order: the method ramps
 load up from below the peak, and mapped task instances carry no order guarantee. Steps
-that load the lab hosts or this machine hold the `perfpipe_lab` pool (and, but for the
-Spark operator, the lab lock of `tasks.steps`, which `perfpipe` runs take too), so two
+that load the lab hosts or this machine hold the `perfpipe_lab` pool and the lab lock of
+`tasks.steps`, which `perfpipe` runs take too, so two
 runs never load them at once; steps safe to repeat retry with backoff, and a measurement
 never retries (a repeated measurement would be a different measurement). `aggregate` runs the Spark job through the
-Spark provider's operator.
+Spark provider's operator (`tasks.airflow_glue.spark`), as a step.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, get_current_context, task
 
 from tasks.airflow_glue.dag_runs import dag_run_key
+from tasks.airflow_glue.spark import AggregateOperator
 from tasks.steps import STEPS, Step
 
 LAB_POOL = "perfpipe_lab"
@@ -80,21 +80,13 @@ def spark_job(perf_run: str) -> dict:
     return job(perf_run)
 
 
-def _marked_finished(context, result=None) -> None:
-    """post_execute of the Spark task: the step finished (what `execute` does for the others)."""
-    from tasks.steps import mark_finished
-
-    mark_finished(context["ti"].task_id, context["ti"].xcom_pull(task_ids="plan"))
-
-
 def _spark_task(step: Step, perf_run):
     job = spark_job(perf_run)
-    return SparkSubmitOperator(
+    return AggregateOperator(
         task_id=step.name, doc_md=f"{step.doc} (connection spark_default).",
         application=job["application"], application_args=job["application_args"],
         conn_id="spark_default", conf=job["conf"],
-        driver_memory="1g", name="perfpipe-aggregate", verbose=False,
-        post_execute=_marked_finished, **_options(step))
+        driver_memory="1g", name="perfpipe-aggregate", verbose=False, **_options(step))
 
 
 def pipeline(perf_run):

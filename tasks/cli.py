@@ -24,7 +24,8 @@ def epilog() -> str:
              for step in STEPS]
     return ("pipeline steps, in order (each but plan is also `perfpipe step NAME RUN_ID`):\n"
             + "\n".join(lines)
-            + "\n\nexit codes: 0 done (a run: ended ok), 1 a run that did not end ok (tune: a "
+            + "\n\nexit codes: 0 done (a run, or `step teardown`: ended ok), 1 a run that did "
+            "not end ok (tune: a "
             "host failed, or a restore left a value not put back; check-nightly: no recent "
             "nightly), 2 "
             "bad input, 3 the lab (or a host's tuning record) taken by another run, 4 the results "
@@ -127,7 +128,11 @@ def _step(args: argparse.Namespace) -> int:
 
     result = run_step(args.name, args.run_id, Call(host=args.host))
     print(result)
-    return 0
+    if args.name != "teardown":
+        return 0
+    if not result["stored"]:  # the database is down: run it again once it is back
+        return 4
+    return exit_code(result["status"], result["warning"])
 
 
 # Texts that several options share: one definition each.

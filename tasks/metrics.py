@@ -219,7 +219,9 @@ CAPACITY_AND_COST = ("max_rate", "broker_cpu_s_per_10k", "broker_cpu_per_driver_
 
 # A release label as a person types it (the release DAG's `release_label`, a pinned
 # baseline's); "rolling", the earlier nights' baseline, is never one
-RELEASE_LABEL = r"^(?!rolling$)[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# (no newline anywhere: the Param's JSON Schema check searches with Python's `re`, where
+# `$` also matches before a last newline; the lookahead reads the same in a browser's regex)
+RELEASE_LABEL = r"^(?![\s\S]*\n)(?!rolling$)[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 RELEASE_LABEL_RULE = "letters, digits, '.', '_', '-'; not 'rolling', the earlier nights' baseline"
 
 

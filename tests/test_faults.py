@@ -32,6 +32,30 @@ def _one_stage_suite(tiny_suite: Path) -> str:
     return "tiny0"
 
 
+def test_a_teardown_that_could_not_stop_the_broker_fails_its_airflow_task(
+        tmp_path: Path, tiny_suite: Path) -> None:
+    """Fault: the run's broker is on a host teardown cannot reach (here a broker record
+    naming a host the inventory lacks). Teardown still closes the run, failed, naming it;
+    under Airflow its task then fails too, so its failure alert tells the team (before,
+    the task succeeded and nobody was told)."""
+    from sql import Store
+    from tasks import rundir
+    from tasks.settings import load_settings
+    from tasks.steps import Call, execute
+    from tasks.steps.teardown import TeardownIncomplete
+
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                      "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                      "port: 1}\n", "tiny")
+    ctx.write_json(rundir.BROKER, {"kind": "mosquitto", "managed": True, "host": "ghost",
+                                   "group_pid": 1, "pid": 1})
+    with pytest.raises(TeardownIncomplete, match=r"closed failed, teardown incomplete: "
+                                                 r"broker not stopped: .*ghost"):
+        execute("teardown", ctx, Call(airflow=True))
+    run = Store(load_settings().database_url()).run(ctx.run_id)
+    assert run["status"] == "failed" and "teardown: broker not stopped" in run["excluded_reason"]
+
+
 @pytest.mark.slow  # about 16 s
 def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_step(
         tmp_path: Path, tiny_suite: Path, broker, capsys):

@@ -636,3 +636,34 @@ def test_a_record_is_the_machines_it_was_written_for_and_one_tune_of_it_at_a_tim
         "nightly-x, step tune, since " in err, err
     code, out, _ = tune("restore", capsys, "--host", host.name)
     assert code == 0 and not record.exists(), out
+
+
+def test_a_runs_teardown_leaves_the_tuning_another_open_run_measures_with(lab, perfpipe_env):
+    """Two Airflow runs (the nightly and a release) take turns step by step, not run by
+    run: run A tunes a host, run B tunes it too (nothing left to change), and A's teardown
+    put it back while B was still to measure on it. Now the record names the runs that
+    hold it: A's teardown leaves the host tuned while B is open, and B's puts it back."""
+    import json
+
+    from tasks.settings import load_settings
+    from tasks.tuning import runner
+    from tasks.tuning.profile import load_profile
+
+    host = lab_hosts()[1]
+    before = host_state(host)
+    inventory = load_inventory(INVENTORY)
+    profile = load_profile(load_settings().tuning_dir, inventory.tuning_profile)
+    for run in ("run-a", "run-b"):
+        runner.tune(host, profile, mode="apply", allow=inventory.host(host.name).tuning_allow,
+                    state_dir=perfpipe_env, holder=run)
+    tuned = host_state(host)
+    assert tuned != before
+    record = perfpipe_env / "tuning" / f"{host.name}.json"
+    assert json.loads(record.read_text())["held_by"] == ["run-a", "run-b"]
+    with pytest.raises(runner.HeldByOthers, match="run-b, still open"):
+        runner.restore(host, state_dir=perfpipe_env, holder="run-a",
+                       is_open={"run-b"}.__contains__)
+    assert host_state(host) == tuned
+    assert json.loads(record.read_text())["held_by"] == ["run-b"]
+    runner.restore(host, state_dir=perfpipe_env, holder="run-b", is_open=lambda _run: True)
+    assert host_state(host) == before and not record.exists()

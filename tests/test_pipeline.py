@@ -69,7 +69,7 @@ def test_nightly_dag_runs_end_to_end_and_compares_the_second_night(tiny_suite: P
 
 @pytest.mark.alone
 def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite, broker, tmp_path,
-                                                                      spark_connect):
+                                                                      spark_connect, capsys):
     from tasks.pipeline import run_pipeline
     from tasks.settings import load_settings
 
@@ -112,6 +112,18 @@ def test_cli_run_uses_an_already_running_broker_and_leaves_it_running(tiny_suite
     assert report.count('<svg id="latency-') == len(stages)
     assert report.count(": e2e p99 per second</title>") == len(stages)  # a chart each
     assert report.count(": broker CPU per second</title>") == len(stages)
+
+    # teardown again over the closed run (an Airflow task cleared, or the command run
+    # twice): the status stands, though a step's mark is gone now, and it says so
+    from tasks import rundir
+    from tasks.cli import main
+
+    run_dir = Path(Store(load_settings().database_url()).run(outcome.run_id)["artifact_dir"])
+    (run_dir / rundir.step_mark("report")).unlink()
+    capsys.readouterr()
+    assert main(["step", "teardown", outcome.run_id]) == 0
+    assert f"run {outcome.run_id} was already closed (ok)" in capsys.readouterr().out
+    assert Store(load_settings().database_url()).run(outcome.run_id)["status"] == "ok"
 
 
 @pytest.mark.alone

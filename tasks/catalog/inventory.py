@@ -233,7 +233,11 @@ class Inventory(BaseModel):
                 seen.append(hop)
 
     def host(self, name: str) -> HostConfig:
-        return next(h for h in self.hosts if h.name == name)
+        found = next((h for h in self.hosts if h.name == name), None)
+        if found is None:  # a run file naming a host this inventory no longer has
+            raise ValueError(f"no host {name!r} in inventory {self.name!r}; its hosts: "
+                             f"{[h.name for h in self.hosts]}")
+        return found
 
     def driver_hosts(self) -> list[HostConfig]:
         return [h for h in self.hosts if "driver" in h.roles]

@@ -12,8 +12,8 @@ parsed, and a step's module is imported only when the step runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
@@ -78,18 +78,26 @@ def step(name: str) -> Step:
 
 def execute(name: str, ctx: RunContext, call: Call = Call()) -> Any:
     """Run one step of the run in `ctx`, then mark it finished (for `call.host`, per host)."""
-    found = step(name)
-    if found.name == "plan":
+    if step(name).name == "plan":
         raise ValueError("plan creates a run: use `perfpipe run` or tasks.steps.plan.plan_run")
+    with as_step(name, ctx, call):
+        return import_module(f"{__name__}.{name}").run(ctx, call)
+
+
+@contextmanager
+def as_step(name: str, ctx: RunContext, call: Call = Call()) -> Iterator[None]:
+    """What every step runs inside, however it is run (`execute`, or the Spark provider's
+    operator for `aggregate` under Airflow): its host checked, a closed run refused, the
+    lab lock held for a step that loads the lab; marked finished when its body ends."""
+    found = step(name)
     _check_host(found, ctx, call.host)
     if not found.always:
         _refuse_closed(ctx, found.name)
     holder = {"run": ctx.run_id, "step": found.name}
     with lab_lock(ctx.settings, ctx.inventory.name, holder, call.say) if found.lab \
             else nullcontext():
-        result = import_module(f"{__name__}.{name}").run(ctx, call)
-    ctx.mark_finished(name, call.host)
-    return result
+        yield
+    ctx.mark_finished(found.name, call.host)
 
 
 def _check_host(found: Step, ctx: RunContext, host: str | None) -> None:
@@ -127,7 +135,7 @@ def _refuse_closed(ctx: RunContext, name: str) -> None:
                         f"start a new run (perfpipe run)")
 
 
-def _context(run_id: str) -> RunContext:
+def context_of(run_id: str) -> RunContext:
     from ..run_context import RunContext
     from ..settings import load_settings
 
@@ -136,14 +144,8 @@ def _context(run_id: str) -> RunContext:
 
 def run_step(name: str, run_id: str, call: Call = Call()) -> Any:
     """One step of an existing run, by its id: what a DAG task and `perfpipe step` call."""
-    ctx = _context(run_id)
+    ctx = context_of(run_id)
     try:
         return execute(name, ctx, call)
     finally:
         ctx.close_hosts()
-
-
-def mark_finished(name: str, run_id: str, host: str | None = None) -> None:
-    """Mark a step that ran outside `execute` finished (the DAG runs `aggregate` through the
-    Spark provider's operator)."""
-    _context(run_id).mark_finished(step(name).name, host)

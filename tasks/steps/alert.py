@@ -269,7 +269,8 @@ def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -
     sent = 0
     try:
         for earlier in reversed(store.latest_runs(RESEND_LOOKBACK)):
-            for path, slot in _untaken_in(runs_dir / earlier["run_id"], earlier, run_id):
+            folder = Path(earlier["artifact_dir"] or runs_dir / earlier["run_id"])
+            for path, slot in _untaken_in(folder, earlier, run_id):
                 sent += _send_late(store, notifier, path, slot, earlier["run_id"], run_id)
     except SlackError as exc:
         print(f"alert: messages kept by earlier runs not sent late ({exc}); kept for the next run")

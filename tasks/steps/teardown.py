@@ -29,6 +29,13 @@ from .tune import restore_run_tuning
 T = TypeVar("T")
 
 
+class TeardownIncomplete(RuntimeError):
+    """Under Airflow: teardown closed the run but could not stop, restore or store
+    something (each said). The task fails, so its failure alert tells the team (Airflow
+    colours a DAG run by the tasks before its teardown: a run whose steps all passed stays
+    green); `perfpipe` commands say it in their output and exit code."""
+
+
 def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
     """Stop every driver process group of the run still alive (its leader the process
     launched: a group id the kernel gave another process since, when teardown runs again
@@ -86,11 +93,24 @@ def final_status(ctx: RunContext) -> tuple[str, str | None]:
 
 def run(ctx: RunContext, call: Call) -> dict:
     """Each part runs whatever the one before it met (a host out of reach, a broker that
-    will not stop); what a part could not do is said, and makes the run `failed`."""
+    will not stop); what a part could not do is said, and makes the run `failed`. Over a
+    run already closed (an Airflow task cleared, `perfpipe step teardown` again) only what
+    the run itself started is stopped: its status stands, and the hosts' tuning records,
+    which a later run may hold by now, are left as they are."""
     problems: list[str] = []
     stopped = stop_drivers(ctx, problems)
     broker = _guarded(problems, "broker not stopped", lambda: stop_broker(ctx))
-    restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx, problems))
+    closed = _closed(ctx)
+    if closed is not None:
+        for line in problems:
+            call.say(f"teardown: {line}")
+        call.say(f"teardown: run {ctx.run_id} was already closed ({closed['status']}): its "
+                 "status stands and no tuning is restored (`perfpipe tune --restore` puts a "
+                 "host back)")
+        return {"status": closed["status"], "stored": True, "warning": closed.get("warning"),
+                "drivers_stopped": stopped, "broker": broker, "tuning_restored": {},
+                "problems": problems, "already_closed": True}
+    restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx, problems, call.say))
     for line in problems:
         call.say(f"teardown: {line}")
     warning = slack_warning(ctx)
@@ -102,9 +122,22 @@ def run(ctx: RunContext, call: Call) -> dict:
         _guarded(late, "report not rewritten with the final status", lambda: write_report(ctx))
         for line in late:
             call.say(f"teardown: {line}")
+    if call.airflow and (problems or not stored):  # the DAG run must not stay green
+        raise TeardownIncomplete(f"run {ctx.run_id} closed {status}, teardown incomplete: "
+                                 + ("; ".join(problems) or "its status is not stored"))
     return {"status": status, "stored": stored, "warning": warning,
             "drivers_stopped": stopped, "broker": broker, "tuning_restored": restored,
             "problems": problems}
+
+
+def _closed(ctx: RunContext) -> dict | None:
+    """The run as stored when it is already closed; None while it runs, or when the store
+    cannot say (then closing it says why it is not stored)."""
+    try:
+        run = ctx.store().run(ctx.run_id)
+    except StoreError:
+        return None
+    return run if run is not None and run["status"] != "running" else None
 
 
 def slack_warning(ctx: RunContext) -> str | None:

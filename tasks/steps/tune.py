@@ -9,11 +9,16 @@ comparison history.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 from .. import rundir
 from ..fingerprint import tuning_hash
+from ..hosts import Host
 from ..run_context import RunContext
 from ..tuning.profile import load_profile
-from ..tuning.runner import restore, run_on_hosts, snapshot_path, tune
+from ..tuning.runner import HeldByOthers, restore, run_on_hosts, snapshot_path, tune
 from . import Call
 
 
@@ -29,7 +34,7 @@ def run(ctx: RunContext, call: Call) -> dict:
         entries = [e.to_dict() for e in tune(
             host, profile, mode=inventory.tuning_mode,
             allow=inventory.host(host_name).tuning_allow, state_dir=ctx.settings.state_dir,
-            by=f"run {ctx.run_id}, step tune")]
+            by=f"run {ctx.run_id}, step tune", holder=ctx.run_id)]
     finally:
         host.close()
     snapshot = {"host": host_name, "profile": profile.name, "mode": inventory.tuning_mode,
@@ -41,21 +46,37 @@ def run(ctx: RunContext, call: Call) -> dict:
             "applied": sum(e["action"] == "applied" for e in entries)}
 
 
-def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
+def restore_run_tuning(ctx: RunContext, problems: list[str],
+                       say: Callable[[str], None] = print) -> dict[str, int]:
     """At teardown: undo what perfpipe applied on the inventory's hosts, where it asks to:
     every host with an undo record (`tasks.tuning.runner.snapshot_path`, written before
-    each change), so a tune step that failed partway is undone too. A host that cannot be
-    reached is said in `problems`, naming it, and the others are still restored; returns
-    host -> values restored."""
+    each change), so a tune step that failed partway is undone too; but not while another
+    run still open holds the record (an Airflow run of the other DAG between its tune and
+    its teardown: it measures with the tuning applied, and puts it back itself). A host
+    that cannot be reached is said in `problems`, naming it, and the others are still
+    restored; returns host -> values restored."""
     inventory = ctx.inventory
     if inventory.tuning_mode != "apply" or not inventory.tuning_restore:
         return {}
-    recorded = [ctx.host(h.name) for h in inventory.hosts
-                if snapshot_path(ctx.settings.state_dir, h.name).exists()]
+    paths = {h.name: snapshot_path(ctx.settings.state_dir, h.name) for h in inventory.hosts}
+    recorded = [ctx.host(name) for name, path in paths.items() if path.exists()]
+    still_open = _open_holders(ctx, [paths[h.name] for h in recorded])
+    left: dict[str, str] = {}
+
+    def put_back(host: Host) -> list:
+        try:
+            return restore(host, state_dir=ctx.settings.state_dir,
+                           by=f"run {ctx.run_id}, teardown", holder=ctx.run_id,
+                           is_open=still_open.__contains__)
+        except HeldByOthers as held:
+            left[host.name] = str(held)
+            return []
+
     restored = {}
-    for result in run_on_hosts(recorded, lambda host: restore(
-            host, state_dir=ctx.settings.state_dir, by=f"run {ctx.run_id}, teardown")):
-        if result.error is None:
+    for result in run_on_hosts(recorded, put_back):
+        if result.host in left:
+            say(f"teardown: tuning on {result.host} {left[result.host]}")
+        elif result.error is None:
             restored[result.host] = sum(e.ok for e in result.entries)
             problems.extend(f"tuning not put back on {result.host}: {e.kind} {e.key} reads "
                             f"{e.after!r}, not {e.wanted!r} (its record is kept for "
@@ -64,3 +85,17 @@ def restore_run_tuning(ctx: RunContext, problems: list[str]) -> dict[str, int]:
             problems.append(f"tuning not restored on {result.host} (its record is kept for "
                             f"`perfpipe tune --restore`): {result.error}")
     return restored
+
+
+def _open_holders(ctx: RunContext, records: list[Path]) -> set[str]:
+    """The runs other than this one that the host records name as holding them and that
+    are still open (`tasks.tuning.runner.restore`)."""
+    named = set()
+    for path in records:
+        try:
+            named.update(json.loads(path.read_text()).get("held_by", []))
+        except (OSError, ValueError, AttributeError):
+            continue  # restore itself says what is wrong with a record
+    store = ctx.store()
+    return {run for run in named - {ctx.run_id}
+            if (found := store.run(run)) is not None and found["status"] == "running"}

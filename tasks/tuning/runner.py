@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -37,13 +38,15 @@ class RecordError(ValueError):
     """A host's undo record that cannot be read: nothing is changed on that host."""
 
 
-def _load_undo(path: Path, where: str, profile: str | None = None) -> kinds.Undo:
+def _load_undo(path: Path, where: str, profile: str | None = None,
+               held_by: list[str] = ()) -> kinds.Undo:
     """The undo record of the host at `where` (`Host.where`); with `profile`, saved on
-    every new record (`_save_undo`)."""
+    every new record (`_save_undo`), with the runs that hold it (`held_by`)."""
     records = _read_record(path, where).get("records", [])
     if profile is None:
         return kinds.Undo(records)
-    return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile, where))
+    return kinds.Undo(records, persist=lambda grown: _save_undo(path, grown, profile, where,
+                                                                held_by))
 
 
 def _read_record(path: Path, where: str) -> dict:
@@ -67,7 +70,8 @@ def _read_record(path: Path, where: str) -> dict:
     raise RecordError(f"{path}: {problem}; nothing was changed on this host: {fix}")
 
 
-def _save_undo(path: Path, records: list[dict], profile: str, where: str) -> None:
+def _save_undo(path: Path, records: list[dict], profile: str, where: str,
+               held_by: list[str] = ()) -> None:
     """Replace the record atomically and durably: a temporary file of its own, fsync,
     rename, fsync of the folder. A reader sees the old record or the new one, never a torn
     one, and a crash of the machine after the change keeps the before-value that guards
@@ -75,7 +79,8 @@ def _save_undo(path: Path, records: list[dict], profile: str, where: str) -> Non
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
                                      suffix=".tmp", delete=False) as handle:
-        json.dump({"profile": profile, "host": where, "records": records}, handle, indent=1)
+        json.dump({"profile": profile, "host": where, "records": records,
+                   **({"held_by": sorted(set(held_by))} if held_by else {})}, handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(handle.name, path)
@@ -101,14 +106,22 @@ def _one_at_a_time(state_dir: Path, host: Host, by: str) -> AbstractContextManag
 
 
 def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
-         state_dir: Path, by: str = "perfpipe tune") -> list[kinds.Entry]:
+         state_dir: Path, by: str = "perfpipe tune", holder: str | None = None
+         ) -> list[kinds.Entry]:
     """Check or apply one profile on one host; each before-value is saved to the undo
-    record before the change it guards (`kinds.Undo`). A check reads no record."""
+    record before the change it guards (`kinds.Undo`). A check reads no record. `holder`:
+    the run that measures with the tuning applied, which the record then names among the
+    runs that hold it (`restore`); an apply of a host tuned already names it too."""
     if mode != "apply":
         return _tune(host, profile, kinds.Undo(), allow, apply=False)
     with _one_at_a_time(state_dir, host, by):
-        undo = _load_undo(snapshot_path(state_dir, host.name), host.where, profile.name)
-        return _tune(host, profile, undo, allow, apply=True)
+        path = snapshot_path(state_dir, host.name)
+        held_by = [*_read_record(path, host.where).get("held_by", []), *filter(None, [holder])]
+        undo = _load_undo(path, host.where, profile.name, held_by)
+        entries = _tune(host, profile, undo, allow, apply=True)
+        if holder and undo.records:  # named even when this apply recorded nothing new
+            _save_undo(path, undo.records, profile.name, host.where, held_by)
+        return entries
 
 
 def _tune(host: Host, profile: TuningProfile, undo: kinds.Undo, allow: list[str], *,
@@ -125,14 +138,36 @@ def _tune(host: Host, profile: TuningProfile, undo: kinds.Undo, allow: list[str]
     return entries
 
 
-def restore(host: Host, *, state_dir: Path, by: str = "perfpipe tune") -> list[kinds.Entry]:
+class HeldByOthers(Exception):
+    """A run's teardown left a host's tuning applied: other runs still open hold it."""
+
+    def __init__(self, runs: list[str]) -> None:
+        super().__init__(f"left applied for run(s) {', '.join(runs)}, still open, which "
+                         "put it back at their own teardown")
+        self.runs = runs
+
+
+def restore(host: Host, *, state_dir: Path, by: str = "perfpipe tune",
+            holder: str | None = None, is_open: Callable[[str], bool] = lambda _run: False
+            ) -> list[kinds.Entry]:
     """Undo everything recorded for this host, newest first, then forget what was put
     back: a record whose read-back differs, whose command failed, that lacks what it needs
     or whose kind this perfpipe does not know stays, so a second restore tries it again,
     and the records after it are still tried. A host that stops answering stops the
-    restore, every record not yet put back kept."""
+    restore, every record not yet put back kept.
+
+    Given `holder` (a run's teardown), the record drops that run from the runs that hold
+    it; while another of them `is_open`, nothing is put back (`HeldByOthers`): that run
+    measures with the tuning applied, and its own teardown restores it. `perfpipe tune
+    --restore` (no holder) puts everything back."""
     with _one_at_a_time(state_dir, host, by):
         path = snapshot_path(state_dir, host.name)
+        document = _read_record(path, host.where)
+        others = [run for run in document.get("held_by", []) if run != holder and is_open(run)]
+        if holder is not None and others:
+            _save_undo(path, document["records"], document.get("profile", ""), host.where,
+                       others)
+            raise HeldByOthers(others)
         undo = _load_undo(path, host.where)
         entries, left = [], []
         for record in reversed(undo.records):
