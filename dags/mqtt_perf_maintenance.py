@@ -3,7 +3,7 @@
 - promote: pin a finished run as the release baseline of a label;
 - ack / accept / false-positive / fixed (`tasks.metrics.ALERT_ACTIONS`, as the CLI's
   `perfpipe alerts ACTION`): move an alert through its lifecycle ("accept" takes the
-  change as the new normal, which restarts the rolling history from that run); `together`
+  change as the new normal, which restarts its metric's rolling history from that run); `together`
   also acts on the alerts the run's stages flagged with it (one change on every stage).
 """
 

@@ -105,17 +105,22 @@ class Store:
     """
 
     def __init__(self, url: str, *, retry_s: float = DB_RETRY_S) -> None:
+        bare_at = StoreError("the database URL has an '@' besides the one before its host "
+                             "(not shown: it may be in the password): write an '@' in the "
+                             "user name or password as %40")
         try:
             parsed = make_url(url)
+        except ValueError:  # a port read from a password's tail: '...@y:SECRET@host'
+            raise bare_at from None
         except SQLAlchemyError:
             raise StoreError("cannot parse the database URL (not shown: it may hold a "
                              "password)") from None
         if parsed.drivername == "postgresql":  # psycopg 3 is the installed driver
             parsed = parsed.set(drivername="postgresql+psycopg")
-        if "@" in (parsed.host or ""):  # a password's own '@', not percent-encoded
-            raise StoreError("the database URL's host holds an '@' (not shown: the part "
-                             "before it is the password's end): write an '@' in the user "
-                             "name or password as %40")
+        # a password's own '@' makes the rest of it the host, or part of the database name
+        if parsed.get_backend_name() != "sqlite" and "@" in url.split("://", 1)[-1].replace(
+                "@", "", 1):
+            raise bare_at
         self._url: URL = parsed
         backend = parsed.get_backend_name()
         if backend not in ("sqlite", "postgresql"):

@@ -132,6 +132,8 @@ def _step(args: argparse.Namespace) -> int:
         return 0
     if not result["stored"]:  # the database is down: run it again once it is back
         return 4
+    if result.get("already_closed") and result["problems"]:
+        return 1  # what it could not stop is said; the run's status stands
     return exit_code(result["status"], result["warning"])
 
 
@@ -186,7 +188,7 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
     alist.add_argument("--all", action="store_true", help="closed alerts too")
     for action in ALERT_ACTIONS:
         effect = manage.EFFECT[ALERT_ACTIONS[action]].format(
-            key="the stage", run="the alert's first run")
+            key="the stage", run="the alert's first run", metric="its metric")
         one = _command(asub, action, effect, f"Mark an alert {effect}.", handler(
             lambda st, a, action=action: manage.set_status(st, a.alert_id, action,
                                                             together=a.together)))

@@ -6,7 +6,7 @@ pin a release baseline, move an alert through its lifecycle.
     perfpipe baseline list                           the pinned release baselines
     perfpipe alerts list [--all]                     open alerts (--all: closed ones too)
     perfpipe alerts ack ID                           seen; the same regression stays quiet
-    perfpipe alerts accept ID                        the new normal: history restarts there
+    perfpipe alerts accept ID                        the new normal: its metric's history restarts there
     perfpipe alerts false-positive ID                not a regression: its nights rejoin the baseline
     perfpipe alerts fixed ID                         fixed; its nights stay out of the baseline
     perfpipe alerts ACTION ID --together             and the alerts flagged with it across stages
@@ -28,8 +28,9 @@ from .views.tables import table
 
 EFFECT = {
     "acked": "acknowledged: the same regression is not posted again",
-    "accepted": ("accepted as the new normal: the rolling history of {key} restarts at {run} "
-                 "(its history on that run's fingerprint and setup; any other goes on)"),
+    "accepted": ("accepted as the new normal: {metric}'s rolling history of {key} restarts at "
+                 "{run} (its history on that run's fingerprint and setup; any other, and the "
+                 "stage's other metrics, go on)"),
     "false_positive": "a false positive: its nights feed the baseline again",
     "fixed": "fixed: its nights stay out of the baseline",
 }
@@ -89,7 +90,7 @@ def set_status(store: Store, alert_id: int, action: str, say: Callable[[str], No
             effect = EFFECT_OF_RELEASE_RUN
         say(f"alert {one} ({alert['stage_key']} {alert['metric']}): "
             + effect.format(key=alert["stage_key"], run=f"run {alert['first_run_id']}",
-                            release=release))
+                            release=release, metric=alert["metric"]))
     if siblings and not together:
         say(f"alerts {', '.join(map(str, siblings))} were flagged with it by the same test "
             f"across stages (one change on {len(siblings) + 1} stages), and are left as they "

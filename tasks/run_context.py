@@ -32,6 +32,13 @@ def disk_full(path: Path) -> str | None:
     return f"the disk of {path} is full ({free:,} bytes free)"
 
 
+def folder_of(run: dict | None, default: Path) -> Path:
+    """A stored run's folder: where it recorded it (`artifact_dir`, another state dir's,
+    say), when that is on this machine; else `default`, this state dir's."""
+    recorded = Path(run["artifact_dir"]) if run and run.get("artifact_dir") else None
+    return recorded if recorded is not None and recorded.is_dir() else default
+
+
 def replace_json(path: Path, document: dict) -> Path:
     """Write `document` to `path` whole or not at all (a temporary file, then a rename): a
     reader, or the next run, sees the old file or the new one, never one cut short."""

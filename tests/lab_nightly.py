@@ -96,12 +96,12 @@ def check_rated_suite(settings, run_id: str) -> str:
     assert mode == ["600", "mosquitto"]  # root drops to mosquitto, which must read it
     assert not list((run_dir / "broker").rglob("*.key"))
 
-    # $SYS samples beside CPU and RSS, for the same seconds, on the broker host
-    remote = ctx.remote_run_dir(broker_host)
+    # $SYS samples beside CPU and RSS, for the same seconds, sampled on the broker host (as
+    # collect brought them over: teardown removed them there)
     for stage in stages:
-        sampler_dir = f"{remote}/raw/{stage['stage_id']}/broker1/sampler"
-        cpu = read_csv(broker_host.read_text(f"{sampler_dir}/{SAMPLER_FILE}"))
-        sys_rows = read_csv(broker_host.read_text(f"{sampler_dir}/{SYS_FILE}"))
+        sampler_dir = run_dir / "raw" / stage["stage_id"] / "broker1" / "sampler"
+        cpu = read_csv((sampler_dir / SAMPLER_FILE).read_text())
+        sys_rows = read_csv((sampler_dir / SYS_FILE).read_text())
         assert tuple(cpu[0]) == SAMPLER_COLUMNS and tuple(sys_rows[0]) == SYS_COLUMNS
         assert [r["second"] for r in sys_rows] == [r["second"] for r in cpu]
         window = json.loads((run_dir / "raw" / stage["stage_id"] / STAGE_FILE)

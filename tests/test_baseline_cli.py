@@ -100,7 +100,7 @@ def test_accepting_an_alert_a_release_run_opened_says_no_history_restarts(
     out = capsys.readouterr().out
     assert "opened by release run rel, which feeds no rolling history: none restarts" in out
     assert main(["alerts", "accept", str(n)]) == 0
-    assert "the rolling history of mosquitto|fanin.q2 restarts at run r3" in \
+    assert "delivered_rate's rolling history of mosquitto|fanin.q2 restarts at run r3" in \
         capsys.readouterr().out
 
 

@@ -158,7 +158,9 @@ def test_a_run_that_failed_or_compared_nothing_promises_no_baseline(tmp_path: Pa
     """`perfpipe show` of a run that ended failed says it feeds no baseline (not that the
     next run compares against it), and of a run with no verdicts at all, why."""
     run = {"run_id": "nightly-f", "kind": "nightly", "suite": "smoke", "broker_kind": "mosquitto",
-           "broker_version": "2.0.11", "status": "failed", "artifact_dir": str(tmp_path)}
+           "broker_version": "2.0.11", "status": "failed", "artifact_dir": str(tmp_path),
+           # as teardown stores a failed run: set aside, its reason kept
+           "excluded": True, "excluded_reason": "run failed: report did not finish"}
     first = {"stage_id": "s.q0", "validity": "valid", "params": {"index": 0}, "metrics": {},
              "comparisons": [{"metric": "delivered_rate", "verdict": "no_baseline",
                               "baseline_value": None, "value": 90.0, "change_pct": None,
@@ -168,9 +170,9 @@ def test_a_run_that_failed_or_compared_nothing_promises_no_baseline(tmp_path: Pa
         assert "this run ended failed, so it feeds no baseline" in said
         assert "next run compares" not in said
     assert "(the next run compares against this one)" in run_summary(
-        {**run, "status": "ok"}, [first], files)
-    assert "set aside (dry run), so it feeds no baseline" in run_summary(
-        {**run, "status": "ok", "excluded_reason": "dry run"}, [first], files)
+        {**run, "status": "ok", "excluded": False, "excluded_reason": None}, [first], files)
+    assert "set aside (noisy neighbour), so it feeds no baseline" in run_summary(
+        {**run, "status": "ok", "excluded_reason": "noisy neighbour"}, [first], files)
     none = {**first, "comparisons": []}
     assert "\nno verdicts: the run ended before compare\n" in run_summary(run, [none], files)
     assert "no verdicts: the run has not reached compare yet" in run_summary(

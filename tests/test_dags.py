@@ -84,9 +84,9 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.get_task("stages").retries == 0 and dag.get_task("stages").pool == "perfpipe_lab"
     assert dag.get_task("provision").retries > 0 and dag.get_task("collect").retries > 0
     assert dag.get_task("alert").retries > 0  # a retried alert updates, never reposts
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from tasks.airflow_glue.spark import AggregateOperator
 
-    assert isinstance(dag.get_task("aggregate"), SparkSubmitOperator)  # run as a step
+    assert type(dag.get_task("aggregate")) is AggregateOperator  # the provider's, as a step
     # spark-submit as the CLI runs it (the C1 JIT only: a short job starts sooner), its
     # conf handed over by the spark_job task (step modules are not imported at parse time)
     conf = dag.get_task("aggregate").conf

@@ -56,6 +56,33 @@ def test_a_teardown_that_could_not_stop_the_broker_fails_its_airflow_task(
     assert run["status"] == "failed" and "teardown: broker not stopped" in run["excluded_reason"]
 
 
+def test_the_airflow_aggregate_task_refuses_a_closed_run(tmp_path: Path, tiny_suite: Path
+                                                         ) -> None:
+    """Cleared over a closed run, the Spark operator re-ran the job and rewrote metrics/
+    under the stored verdicts (it ran outside the steps' checks): now it is refused before
+    spark-submit, as every other step is. The context is a stand-in for Airflow's: the
+    operator reads only the plan task's XCom from it."""
+    from sql import Store
+    from tasks.airflow_glue.spark import AggregateOperator
+    from tasks.settings import load_settings
+    from tasks.steps import RunClosed
+
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                      "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                      "port: 1}\n", "tiny")
+    Store(load_settings().database_url()).finish_run(ctx.run_id, "ok")
+
+    class PlanTask:  # what the operator asks of Airflow's TaskInstance
+        def xcom_pull(self, task_ids: str) -> str:
+            assert task_ids == "plan"
+            return ctx.run_id
+
+    operator = AggregateOperator(task_id="aggregate", application="spark/aggregate.py")
+    with pytest.raises(RunClosed, match="step aggregate does not run over a finished run"):
+        operator.execute({"ti": PlanTask()})
+    assert not (ctx.run_dir / "metrics").exists()
+
+
 @pytest.mark.slow  # about 16 s
 def test_a_stages_step_run_again_starts_clean_and_a_closed_run_refuses_every_step(
         tmp_path: Path, tiny_suite: Path, broker, capsys):

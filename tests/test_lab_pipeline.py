@@ -95,6 +95,21 @@ def test_a_release_runs_the_rated_suite_over_ssh_on_the_lab(lab, perfpipe_env, s
     tuning = json.loads((run_dir / "tuning" / "driver1.json").read_text())
     assert tuning["mode"] == "apply" and any(e["action"] == "applied" for e in tuning["entries"])
     assert not (Path(settings.state_dir) / "tuning" / "driver1.json").exists()  # restored
+    # the raw files collect brought over are gone from the SSH hosts; the broker's log stays
+    from tasks.catalog.inventory import connect, load_inventory
+
+    lab = load_inventory(INVENTORY)
+    for name in ("driver1", "driver2", "broker1"):
+        host = connect(lab, name, work_root="/tmp")
+        try:
+            assert not host.exists(f"{host.work_root}/{release}/raw"), name
+        finally:
+            host.close()
+    broker1 = connect(lab, "broker1", work_root="/tmp")
+    try:
+        assert broker1.exists(f"{broker1.work_root}/{release}/broker/mosquitto.log")
+    finally:
+        broker1.close()
     assert store.release_baseline("lab-rc1") == release
 
     (summary,) = slack_connection.posts()  # a release run always posts its summary

@@ -63,6 +63,23 @@ def notes(output: str) -> list[str]:
             if line[:8] in ("broker1 ", "driver1 ", "driver2 ") and line[8:9] != " "]
 
 
+def driver1_tuned(tmp_path: Path, also: str | None = None) -> tuple[Path, SshHost, dict]:
+    """An inventory of driver1 (and the host `also`: 'name, address: ...'), tuned to apply
+    and restore the lab-net profile, applied on driver1 with `perfpipe tune`: (inventory,
+    driver1, its state before)."""
+    common = (f"user: root, key_file: {STATE / 'client_key'}, transport: ssh, roles: "
+              "[driver], python: /usr/bin/python3, tuning_allow: ['net.*']")
+    hosts = "".join(f"  - {{name: {entry}, {common}}}\n"
+                    for entry in ["driver1, address: 10.250.77.12", *filter(None, [also])])
+    inventory = tmp_path / "driver1.yml"
+    inventory.write_text(f"hosts:\n{hosts}broker: {{host: driver1, managed: false, port: 1883}}\n"
+                         "tuning_profile: lab-net\ntuning_mode: apply\ntuning_restore: true\n")
+    driver1 = next(h for h in lab_hosts() if h.name == "driver1")
+    before = host_state(driver1)
+    assert perfpipe(["tune", "--inventory", str(inventory), "--apply", "--host", "driver1"]) == 0
+    return inventory, driver1, before
+
+
 @pytest.mark.slow  # about 13 s
 def test_check_apply_again_and_restore_over_ssh(lab, perfpipe_env, capsys):
     here = {key: sysctl_here(key) for key in NAMESPACED + ["fs.file-max"]}
@@ -150,22 +167,7 @@ def test_teardown_restores_a_partly_tuned_host_and_names_one_it_cannot_reach(
     from tasks.steps.tune import restore_run_tuning
     from tasks.tuning.runner import snapshot_path
 
-    client_key = STATE / "client_key"
-    common = ("transport: ssh, roles: [driver], python: /usr/bin/python3, "
-              "tuning_allow: ['net.*']")
-    inventory = tmp_path / "partly.yml"
-    inventory.write_text(f"""
-hosts:
-  - {{name: driver1, address: 10.250.77.12, user: root, key_file: {client_key}, {common}}}
-  - {{name: ghost, address: 10.250.77.99, user: root, key_file: {client_key}, {common}}}
-broker: {{host: driver1, managed: false, port: 1883}}
-tuning_profile: lab-net
-tuning_mode: apply
-tuning_restore: true
-""")
-    driver1 = next(h for h in lab_hosts() if h.name == "driver1")
-    before = host_state(driver1)
-    assert perfpipe(["tune", "--inventory", str(inventory), "--apply", "--host", "driver1"]) == 0
+    inventory, driver1, before = driver1_tuned(tmp_path, also="ghost, address: 10.250.77.99")
     assert host_state(driver1) != before
     settings = load_settings()
     ghost = snapshot_path(settings.state_dir, "ghost")
@@ -667,3 +669,46 @@ def test_a_runs_teardown_leaves_the_tuning_another_open_run_measures_with(lab, p
     assert json.loads(record.read_text())["held_by"] == ["run-b"]
     runner.restore(host, state_dir=perfpipe_env, holder="run-b", is_open=lambda _run: True)
     assert host_state(host) == before and not record.exists()
+
+
+def test_teardown_leaves_a_host_an_open_run_holds_not_one_a_stale_run_holds(
+        lab, tiny_suite, tmp_path, capsys):
+    """Teardown asks the store which runs that tuned a host are still open: one planned
+    now holds driver1's tuning, so this run's teardown leaves it applied and says so; one
+    left `running` two days ago (a CLI run killed, say) holds nothing and is named. Once
+    the first one has closed, the next teardown puts driver1 back."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from sql import Store
+    from tasks.run_context import RunContext
+    from tasks.settings import load_settings
+    from tasks.steps.plan import plan_run
+    from tasks.steps.tune import restore_run_tuning
+    from tasks.tuning.runner import snapshot_path
+
+    inventory, driver1, before = driver1_tuned(tmp_path)
+    tuned = host_state(driver1)
+    settings = load_settings()
+    store = Store(settings.database_url())
+    other = plan_run(settings, suite="tiny", inventory=inventory)
+    store.create_run("stale-run", kind="manual", suite="tiny", broker_kind="mosquitto",
+                     artifact_dir=str(tmp_path),
+                     started_at=datetime.now(timezone.utc) - timedelta(days=2))
+    record = snapshot_path(settings.state_dir, "driver1")
+    record.write_text(json.dumps({**json.loads(record.read_text()),
+                                  "held_by": [other, "stale-run"]}))
+    ctx = RunContext.load(settings, plan_run(settings, suite="tiny", inventory=inventory))
+
+    problems: list[str] = []
+    said: list[str] = []
+    assert restore_run_tuning(ctx, problems, said.append) == {} and problems == []
+    assert host_state(driver1) == tuned
+    assert json.loads(record.read_text())["held_by"] == [other]
+    assert any(line.startswith("teardown: run(s) stale-run still open after 1 day") for line in said)
+    assert f"teardown: tuning on driver1 left applied for run(s) {other}, still open, which " \
+        "put it back at their own teardown" in said, said
+    store.finish_run(other, "ok")
+    assert restore_run_tuning(ctx, problems, said.append)["driver1"] > 0 and problems == []
+    assert host_state(driver1) == before and not record.exists()
+    capsys.readouterr()

@@ -318,3 +318,16 @@ def test_a_history_whose_nights_differ_by_a_rounding_error_is_drawn():
     svg = history_chart(nights, title="delivered_rate night by night", y_label="msg/s")
     assert svg.startswith("<svg") and "night 1" in svg
     assert re.search(r">1(\.0+)?k<", svg)  # the value is on the axis
+
+
+def test_values_read_in_the_unit_the_report_and_slack_show_them() -> None:
+    """One rule for the report's cells and Slack's rows: latency in ms however large (no
+    exponent), memory in MiB, a ratio in % with a tiny loss still seen (not 0.000%)."""
+    from tasks.views.units import show, with_unit
+
+    assert [with_unit("e2e_latency_p99", v) for v in (999.6, 1_234_567.0, 2_500_000.0)] == [
+        "1.000 ms", "1,235 ms", "2,500 ms"]
+    assert with_unit("broker_rss_per_1k_conn", 3 * 2**20) == "3 MiB"
+    assert (with_unit("loss_ratio", 2e-6), with_unit("loss_ratio", 0.0)) == ("0.0002%", "0%")
+    assert with_unit("delivered_rate", None) == "n/a" and show(None) == "–"
+    assert show(1_234_567.0, "e2e_latency_p99") == "1,235"

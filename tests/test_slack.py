@@ -419,7 +419,7 @@ def test_a_release_summary_sent_late_tells_its_regression_once(nights: Nights) -
 def test_an_old_message_slack_refuses_does_not_hold_back_tonights(nights: Nights) -> None:
     """Fault: an earlier release summary that Slack did not take is one Slack refuses for
     itself (a section past Block Kit's 3000 characters). Tonight's message is still sent,
-    and the old one is kept, with the refusal said, for a later run."""
+    and the old one is kept in its file with the refusal, and not tried again."""
     nights.slack.refused = "invalid_auth"
     release = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
                          kind="release", label="2.0.12")
@@ -437,7 +437,12 @@ def test_an_old_message_slack_refuses_does_not_hold_back_tonights(nights: Nights
     texts = [c.body["text"] for c in nights.slack.calls[refused:]]
     assert texts[-1] == f"perfpipe nightly run {later}: 1 regression(s) (mosquitto 2.0.11, suite smoke)"
     assert len(texts) == 2 and "sent late" in texts[0]  # tried once, refused
-    assert json.loads(path.read_text())["run"]["ts"] is None  # kept for a later run
+    kept = json.loads(path.read_text())["run"]
+    assert kept["ts"] is None and "invalid_blocks" in kept["refused"]  # kept, not retried
+    tried = len(nights.slack.calls)
+    nights.alert(nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0,
+                                                  2001.0, 1)]}))
+    assert not any("sent late" in c.body["text"] for c in nights.slack.calls[tried:])
 
 
 def test_a_long_message_keeps_every_row_within_slacks_limits(nights: Nights) -> None:
@@ -489,7 +494,7 @@ def test_a_failure_alert_slack_refused_is_sent_by_the_next_run(nights: Nights) -
     nights.alert(later)
     assert [c.body["text"] for c in nights.slack.calls[refused:]] == [
         (f"perfpipe mqtt_perf_nightly: run_stages failed: driver exited 1 (sent late: Slack "
-         f"did not take it when run {broken} ended)"),
+         f"did not take it during run {broken})"),
         f"perfpipe nightly run {later}: 1 regression(s) (mosquitto 2.0.11, suite smoke)"]
     assert json.loads(path.read_text())["sent_late_by"] == later
     told = len(nights.slack.calls)

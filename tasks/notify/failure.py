@@ -40,8 +40,9 @@ def post_kept(notifier, path: Path, message: dict) -> str:
 
 
 def untaken_failure(doc: dict) -> bool:
-    """A failure message Slack was asked to take and did not (`post_kept`)."""
-    return bool(doc.get("error")) and not doc.get("ts")
+    """A failure message Slack was asked to take and did not (`post_kept`), nor refused
+    for itself when sent late."""
+    return bool(doc.get("error")) and not doc.get("ts") and not doc.get("refused")
 
 
 def latest_message(directory: Path, task_id: str, since: float) -> dict | None:

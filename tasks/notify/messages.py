@@ -233,8 +233,10 @@ def failure_message(*, dag_id: str, task_id: str, item: str | None, error: str,
                        _context(f"*task* {where} · *run* {run_id or '-'}", _link(log_url, "log"))]}
 
 
-def sent_late(message: dict, run_id: str) -> dict:
-    """An earlier run's message that Slack did not take then, as a later run sends it."""
-    note = f"sent late: Slack did not take it when run {run_id} ended"
+def sent_late(message: dict, run_id: str, *, ended: bool = True) -> dict:
+    """An earlier message Slack did not take then, as a later alert step sends it: a run's
+    own (made as it `ended`) or a task's failure alert (made during the run)."""
+    note = (f"sent late: Slack did not take it when run {run_id} ended" if ended
+            else f"sent late: Slack did not take it during run {run_id}")
     return {"text": f"{message['text']} ({note})",
             "blocks": [*message.get("blocks", []), _context(f"_{note}_")]}

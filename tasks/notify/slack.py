@@ -28,14 +28,22 @@ from slack_sdk.http_retry.builtin_handlers import (
 from ..settings import Settings
 
 
+# What Slack answers about a message itself (its blocks, its length): the same message is
+# refused every time, whoever sends it and whenever
+MESSAGE_REFUSED = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long",
+                             "no_text", "invalid_attachments", "too_many_attachments"})
+
+
 class SlackError(RuntimeError):
     """Slack could not be reached or refused the call; names the Slack error, never the token.
     `refused`: Slack answered and turned this call down (a bad message, a missing channel),
     not a rate limit or a server or transport failure that the next call may not meet."""
 
-    def __init__(self, message: str, *, refused: bool = False) -> None:
+    def __init__(self, message: str, *, refused: bool = False, code: str | None = None
+                 ) -> None:
         super().__init__(message)
         self.refused = refused
+        self.code = code  # Slack's error code, when it answered
 
 
 RETRY_AFTER_CAP_S = 30  # a rate limit asking for a longer wait is not waited out
@@ -95,7 +103,8 @@ class SlackNotifier:
         except SlackApiError as exc:
             status = exc.response.status_code
             raise SlackError(f"Slack refused {method}: {exc.response.get('error')} "
-                             f"(HTTP {status})", refused=status != 429 and status < 500) from None
+                             f"(HTTP {status})", refused=status != 429 and status < 500,
+                             code=exc.response.get("error")) from None
         except (SlackClientError, OSError) as exc:
             raise SlackError(f"Slack unreachable for {method}: {type(exc).__name__}") from None
 

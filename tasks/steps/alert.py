@@ -46,8 +46,8 @@ from ..notify.messages import (
     thread_reply,
 )
 from ..notify.failure import untaken_failure
-from ..notify.slack import SlackError, SlackNotifier, notifier_for
-from ..run_context import RunContext, replace_json
+from ..notify.slack import MESSAGE_REFUSED, SlackError, SlackNotifier, notifier_for
+from ..run_context import RunContext, folder_of, replace_json
 from ..settings import Settings
 from ..views.history import Histories
 from ..views.tables import (
@@ -257,7 +257,7 @@ def untaken(doc: dict, kind: str) -> list[str]:
         return []
     return [slot for slot in ("run", "invalid")
             if isinstance(doc.get(slot), dict) and not doc[slot].get("ts")
-            and (slot == "invalid" or kind == "release")]
+            and not doc[slot].get("refused") and (slot == "invalid" or kind == "release")]
 
 
 def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -> int:
@@ -269,7 +269,7 @@ def resend(store: Store, notifier: SlackNotifier, runs_dir: Path, run_id: str) -
     sent = 0
     try:
         for earlier in reversed(store.latest_runs(RESEND_LOOKBACK)):
-            folder = Path(earlier["artifact_dir"] or runs_dir / earlier["run_id"])
+            folder = folder_of(earlier, runs_dir / earlier["run_id"])
             for path, slot in _untaken_in(folder, earlier, run_id):
                 sent += _send_late(store, notifier, path, slot, earlier["run_id"], run_id)
     except SlackError as exc:
@@ -295,11 +295,18 @@ def _send_late(store: Store, notifier: SlackNotifier, path: Path, slot: str | No
     doc = kept_messages(path) or {}
     message = doc if slot is None else doc[slot]
     try:
-        ts = notifier.post(sent_late(message, earlier))
+        ts = notifier.post(sent_late(message, earlier, ended=slot is not None))
     except SlackError as exc:
         if not exc.refused:
             raise
-        print(f"alert: {path.name} of run {earlier} not sent late ({exc}); kept for the next run")
+        if exc.code in MESSAGE_REFUSED:  # refused for itself: no later run tries it again
+            message = {**message, "refused": str(exc)}
+            replace_json(path, message if slot is None else {**doc, slot: message})
+            print(f"alert: {path} of run {earlier}: Slack refuses this message itself ({exc}); "
+                  "kept there, not sent again")
+        else:
+            print(f"alert: {path.name} of run {earlier} not sent late ({exc}); kept for the "
+                  "next run")
         return 0
     message = {**message, "ts": ts, "sent_late_by": tonight}
     replace_json(path, message if slot is None else {**doc, slot: message})

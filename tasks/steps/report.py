@@ -11,7 +11,7 @@ from sql import Store
 
 from .. import rundir
 from ..analysis.policy import Policy
-from ..run_context import RunContext
+from ..run_context import RunContext, folder_of
 from ..settings import load_settings
 from ..views.history import Histories
 from ..views.report import render
@@ -63,8 +63,7 @@ def run(ctx: RunContext, call: Call) -> str:
 def rerender(store: Store, run_id: str, out: Path | None = None) -> str:
     """`perfpipe report RUN_ID`: the report of a stored run, from the results store, written
     to `out` (default: the run folder's report.html); returns its path."""
-    run = store.run(run_id)  # its folder as the run recorded it (another state dir, say)
-    run_dir = Path(run["artifact_dir"]) if run else load_settings().run_dir(run_id)
+    run_dir = folder_of(store.run(run_id), load_settings().run_dir(run_id))
     path = out or run_dir / rundir.REPORT
     html = render_stored(store, run_id, run_dir if run_dir.exists() else None)
     path.parent.mkdir(parents=True, exist_ok=True)

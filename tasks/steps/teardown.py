@@ -1,5 +1,5 @@
-"""Step teardown (always runs): stop leftover drivers and the broker, restore tuning, and
-close the run with its status.
+"""Step teardown (always runs): stop leftover drivers and the broker, restore tuning, remove
+the raw files collect brought over from the SSH hosts, and close the run with its status.
 
 The status comes from the steps that finished (`tasks.steps.STEPS`, each marked in the run
 folder when it finished): a run in which any step before teardown did not finish, for
@@ -61,6 +61,30 @@ def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
     return stopped
 
 
+def remove_collected(ctx: RunContext, say: Callable[[str], None]) -> list[str]:
+    """Remove from each SSH host the run's raw files, which collect brought over with their
+    checksums, and its discarded attempts (never read), so nightly runs do not fill the
+    hosts' work_root; the broker's folder (its config and log) stays. Nothing is removed
+    before collect finished (the hosts' files are then the only copy); a host that cannot
+    be reached keeps them, said, without failing the run. Returns the hosts cleaned."""
+    if not ctx.finished("collect"):
+        return []
+    cleaned = []
+    for config in ctx.inventory.hosts:
+        host = ctx.host(config.name)
+        remote = ctx.remote_run_dir(host)
+        if remote == str(ctx.run_dir):
+            continue
+        try:
+            host.run(["rm", "-rf", "--", f"{remote}/{rundir.RAW_DIR}",
+                      f"{remote}/{rundir.DISCARDED_DIR}"])
+        except HostError as exc:
+            say(f"teardown: the run's files on {config.name} not removed ({remote}): {exc}")
+            continue
+        cleaned.append(config.name)
+    return cleaned
+
+
 def unfinished_steps(ctx: RunContext) -> list[str]:
     """The steps before teardown that did not finish (`step@host` for per-host steps)."""
     hosts = [h.name for h in ctx.inventory.hosts]
@@ -107,10 +131,14 @@ def run(ctx: RunContext, call: Call) -> dict:
         call.say(f"teardown: run {ctx.run_id} was already closed ({closed['status']}): its "
                  "status stands and no tuning is restored (`perfpipe tune --restore` puts a "
                  "host back)")
+        if call.airflow and problems:
+            raise TeardownIncomplete(f"run {ctx.run_id} already closed {closed['status']}, "
+                                     "teardown incomplete: " + "; ".join(problems))
         return {"status": closed["status"], "stored": True, "warning": closed.get("warning"),
                 "drivers_stopped": stopped, "broker": broker, "tuning_restored": {},
                 "problems": problems, "already_closed": True}
     restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx, problems, call.say))
+    cleaned = remove_collected(ctx, call.say)
     for line in problems:
         call.say(f"teardown: {line}")
     warning = slack_warning(ctx)
@@ -127,7 +155,7 @@ def run(ctx: RunContext, call: Call) -> dict:
                                  + ("; ".join(problems) or "its status is not stored"))
     return {"status": status, "stored": stored, "warning": warning,
             "drivers_stopped": stopped, "broker": broker, "tuning_restored": restored,
-            "problems": problems}
+            "files_removed_on": cleaned, "problems": problems}
 
 
 def _closed(ctx: RunContext) -> dict | None:

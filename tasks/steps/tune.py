@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from sql import StoreError
 
 from .. import rundir
 from ..fingerprint import tuning_hash
@@ -60,7 +63,7 @@ def restore_run_tuning(ctx: RunContext, problems: list[str],
         return {}
     paths = {h.name: snapshot_path(ctx.settings.state_dir, h.name) for h in inventory.hosts}
     recorded = [ctx.host(name) for name, path in paths.items() if path.exists()]
-    still_open = _open_holders(ctx, [paths[h.name] for h in recorded])
+    still_open = _open_holders(ctx, [paths[h.name] for h in recorded], say)
     left: dict[str, str] = {}
 
     def put_back(host: Host) -> list:
@@ -87,15 +90,40 @@ def restore_run_tuning(ctx: RunContext, problems: list[str],
     return restored
 
 
-def _open_holders(ctx: RunContext, records: list[Path]) -> set[str]:
+# A run still open this long after it started is taken for one that will never close (a
+# CLI run killed, a teardown that never ran): it holds no host's tuning any more
+HOLD_AT_MOST = timedelta(hours=24)
+
+
+def _open_holders(ctx: RunContext, records: list[Path], say: Callable[[str], None]
+                  ) -> set[str]:
     """The runs other than this one that the host records name as holding them and that
-    are still open (`tasks.tuning.runner.restore`)."""
+    are still open, started less than `HOLD_AT_MOST` ago (`tasks.tuning.runner.restore`);
+    none when the store cannot say (the hosts are put back: their owners' state first)."""
     named = set()
     for path in records:
         try:
             named.update(json.loads(path.read_text()).get("held_by", []))
         except (OSError, ValueError, AttributeError):
             continue  # restore itself says what is wrong with a record
-    store = ctx.store()
-    return {run for run in named - {ctx.run_id}
-            if (found := store.run(run)) is not None and found["status"] == "running"}
+    named.discard(ctx.run_id)
+    if not named:
+        return set()
+    try:
+        runs = {run: ctx.store().run(run) for run in sorted(named)}
+    except StoreError as exc:
+        say(f"teardown: whether run(s) {', '.join(sorted(named))} still use the hosts' tuning "
+            f"is unknown ({exc}): put back all the same")
+        return set()
+    since = datetime.now(timezone.utc) - HOLD_AT_MOST
+    stale = sorted(r for r, found in runs.items() if found and found["status"] == "running"
+                   and _aware(found["started_at"]) < since)
+    if stale:
+        say(f"teardown: run(s) {', '.join(stale)} still open after {HOLD_AT_MOST} hold no "
+            "host's tuning (close them: perfpipe step teardown RUN)")
+    return {r for r, found in runs.items() if found and found["status"] == "running"
+            and r not in stale}
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

@@ -57,10 +57,11 @@ def _no_baseline(run: dict, stages: list[dict], reasons_listed: bool = False) ->
 def _feeds(run: dict) -> str:
     """Whether the next run compares against this one: a run that ended other than ok, or
     was set aside, feeds no baseline."""
-    if run.get("excluded_reason"):
-        return f"; this run was set aside ({run['excluded_reason']}), so it feeds no baseline"
     if run["status"] not in ("ok", "running"):
         return f"; this run ended {run['status']}, so it feeds no baseline"
+    if run.get("excluded"):  # an ok run a person or a gate set aside
+        why = f" ({run['excluded_reason']})" if run.get("excluded_reason") else ""
+        return f"; this run was set aside{why}, so it feeds no baseline"
     return NEXT_COMPARES
 
 

@@ -27,10 +27,13 @@ def readable(name: str, value: float | None) -> float | None:
 
 def number(value: float, name: str = "") -> str:
     """A number of metric `name` in its readable unit (`readable`), without the unit:
-    thousands separated, three decimals below 10, one below 100, none above."""
+    thousands separated, three decimals below 10 (three significant digits below 0.001),
+    one below 100, none above."""
     value = readable(name, float(value))
     if value.is_integer():
         return f"{int(value):,}"
+    if abs(value) < 0.001:  # three decimals would read 0.000: three significant digits
+        return f"{value:.3g}"
     return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}" if abs(value) >= 100 \
         else f"{value:,.1f}"
 

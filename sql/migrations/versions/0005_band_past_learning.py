@@ -26,11 +26,16 @@ PAST_LEARNING = {"postgresql": "c.detail ->> 'score' IS NOT NULL",
 
 
 def _recreate(known: str | None) -> None:
-    """v_metric_history again, built as 0003 builds it, its band given when `known`."""
+    """v_metric_history again, built as 0003 builds it, its band given when `known`. On
+    PostgreSQL replaced in place (same columns), which keeps what was granted on it (the
+    Grafana reader's SELECT: a dropped view loses its grants); SQLite has no OR REPLACE."""
     conn = op.get_bind()
-    views = context.script.get_revision("0003").module
+    statement = context.script.get_revision("0003").module._statements(conn, known)[0]
+    if conn.dialect.name == "postgresql":
+        op.execute(statement.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
+        return
     op.execute("DROP VIEW IF EXISTS v_metric_history")
-    op.execute(views._statements(conn, known)[0])
+    op.execute(statement)
 
 
 def upgrade() -> None:
