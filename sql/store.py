@@ -117,12 +117,11 @@ class Store:
                              "password)") from None
         if parsed.drivername == "postgresql":  # psycopg 3 is the installed driver
             parsed = parsed.set(drivername="postgresql+psycopg")
+        backend = parsed.get_backend_name()
         # a password's own '@' makes the rest of it the host, or part of the database name
-        if parsed.get_backend_name() != "sqlite" and "@" in url.split("://", 1)[-1].replace(
-                "@", "", 1):
+        if backend != "sqlite" and "@" in url.split("://", 1)[-1].replace("@", "", 1):
             raise bare_at
         self._url: URL = parsed
-        backend = parsed.get_backend_name()
         if backend not in ("sqlite", "postgresql"):
             raise StoreError(f"unsupported database {self.url_for_display}: "
                              "use sqlite or postgresql")

@@ -124,6 +124,13 @@ class RunContext:
             return str(self.run_dir)
         return f"{host.work_root}/{self.run_id}"
 
+    def remote_dirs(self) -> list[tuple[Host, str]]:
+        """(host, `remote_run_dir`) of every inventory host that keeps this run's files
+        apart from its run directory (an SSH host)."""
+        hosts = (self.host(h.name) for h in self.inventory.hosts)
+        return [(host, folder) for host in hosts
+                if (folder := self.remote_run_dir(host)) != str(self.run_dir)]
+
     def store(self) -> Store:
         return self.settings.store()
 

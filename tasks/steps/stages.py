@@ -435,10 +435,8 @@ def start_clean(ctx: RunContext) -> str | None:
     local = [name for name in (rundir.RAW_DIR, rundir.PROCESSES_DIR, rundir.SEARCH,
                                rundir.BROKER_GONE, rundir.METRICS_DIR, rundir.VERDICTS)
              if (ctx.run_dir / name).exists()]
-    remote = [(host, f"{ctx.remote_run_dir(host)}/{rundir.RAW_DIR}")
-              for host in (ctx.host(h.name) for h in ctx.inventory.hosts)
-              if ctx.remote_run_dir(host) != str(ctx.run_dir)]
-    remote = [(host, raw) for host, raw in remote if host.exists(raw)]
+    remote = [(host, raw) for host, folder in ctx.remote_dirs()
+              if host.exists(raw := f"{folder}/{rundir.RAW_DIR}")]
     if not local and not remote:
         return None
     stopped = stop_drivers(ctx)

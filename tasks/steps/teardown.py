@@ -70,18 +70,14 @@ def remove_collected(ctx: RunContext, say: Callable[[str], None]) -> list[str]:
     if not ctx.finished("collect"):
         return []
     cleaned = []
-    for config in ctx.inventory.hosts:
-        host = ctx.host(config.name)
-        remote = ctx.remote_run_dir(host)
-        if remote == str(ctx.run_dir):
-            continue
+    for host, remote in ctx.remote_dirs():
         try:
             host.run(["rm", "-rf", "--", f"{remote}/{rundir.RAW_DIR}",
                       f"{remote}/{rundir.DISCARDED_DIR}"])
         except HostError as exc:
-            say(f"teardown: the run's files on {config.name} not removed ({remote}): {exc}")
+            say(f"teardown: the run's files on {host.name} not removed ({remote}): {exc}")
             continue
-        cleaned.append(config.name)
+        cleaned.append(host.name)
     return cleaned
 
 

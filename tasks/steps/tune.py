@@ -115,15 +115,10 @@ def _open_holders(ctx: RunContext, records: list[Path], say: Callable[[str], Non
         say(f"teardown: whether run(s) {', '.join(sorted(named))} still use the hosts' tuning "
             f"is unknown ({exc}): put back all the same")
         return set()
-    since = datetime.now(timezone.utc) - HOLD_AT_MOST
-    stale = sorted(r for r, found in runs.items() if found and found["status"] == "running"
-                   and _aware(found["started_at"]) < since)
+    open_runs = {r: found for r, found in runs.items() if found and found["status"] == "running"}
+    since = datetime.now(timezone.utc) - HOLD_AT_MOST  # the store's times are aware, UTC
+    stale = sorted(r for r, found in open_runs.items() if found["started_at"] < since)
     if stale:
         say(f"teardown: run(s) {', '.join(stale)} still open after {HOLD_AT_MOST} hold no "
             "host's tuning (close them: perfpipe step teardown RUN)")
-    return {r for r, found in runs.items() if found and found["status"] == "running"
-            and r not in stale}
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return set(open_runs) - set(stale)
