@@ -217,13 +217,16 @@ class Host:
         ``log_path + '.rc'`` when it ends (128 + N when signal N killed it). The shell that
         waits for it survives the group's TERM (`stop_group`, a fail-fast stop), so the
         code of a process stopped that way is recorded too; a KILL of the group takes both.
+        Those two files of an earlier launch to the same log (a retried step) go first, so
+        its exit code is never read as this one's.
         """
         q = shlex.quote
         inner = (f"{command_line(argv)} >{q(log_path)} 2>&1 & pid=$!; "
                  f"echo $pid >{q(log_path + '.pid')}; trap : TERM INT; wait $pid; rc=$?; "
                  f"while [ $rc -gt 128 ] && kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done; "
                  f"echo $rc >{q(log_path + '.rc')}")
-        line = f"setsid sh -c {q(inner)} </dev/null >/dev/null 2>&1 & echo $!"
+        line = (f"rm -f -- {q(log_path + '.rc')} {q(log_path + '.pid')}; "
+                f"setsid sh -c {q(inner)} </dev/null >/dev/null 2>&1 & echo $!")
         return int(self.run(line).stdout.strip())
 
     def exit_code(self, log_path: str) -> int | None:

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -39,9 +40,10 @@ from tasks.driver.output import (
     RawWriter,
     overrun_after_us,
 )
-from tasks.driver.session import READY, Conn, Sessions
+from tasks.driver.session import DEAD, READY, Conn, Sessions
 from tasks.driver.wire import HEADER, Template
 from tasks.ports import free_port, wait_listening
+from tests.conftest import Broker
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -419,6 +421,18 @@ def test_a_refused_connection_is_counted_and_reported_not_raised(tmp_path):
     (("broker", "cert_file"), "c.pem", "broker.tls: must be true"),
     (("aggregate_rate",), -1, "aggregate_rate: must be > 0"),
     (("publishers", 1, "publisher_index"), "2", "publishers[1].publisher_index: must be int"),
+    # a misspelt key would have left its field at the default, unsaid
+    (("measure_seconds",), 60, "measure_seconds: not a field of this spec (did you mean 'measure_s'?)"),
+    (("sample_rate",), 60, "sample_rate: not a field of this spec (known: run_id, stage_id"),
+    (("publishers", 1, "payload_size"), 4096,
+     "publishers[1].payload_size: not a field of this spec (did you mean 'payload_bytes'?)"),
+    (("broker", "tls_ca"), "ca.pem", "broker.tls_ca: not a field of this spec (did you mean"),
+    (("publishers", 1), 1, "publishers[1]: must be a JSON object, got 1"),
+    # two publishers on one stream: one's messages would be the other's duplicates and gaps
+    (("publishers", 2, "publisher_index"), 1,
+     "publishers[2].publisher_index: stream 1 is publishers[0]'s too"),
+    (("publishers", 0, "topic_cycle"), ["bench/t", "bench/b"],
+     "publishers[1].publisher_index: stream 2 is publishers[0]'s too"),
 ])
 def test_bad_nested_fields_are_rejected_naming_the_field(tmp_path, path, value, message):
     document = spec(1883)
@@ -770,3 +784,88 @@ def test_a_full_inflight_window_holds_messages_back_counts_it_and_loses_nothing(
     assert 0 < summary["totals"]["inflight_full"] <= 2 * 3 * 4000
     assert summary["unique_received"] == sent == summary["totals"]["acked"]
     assert summary["qos_judgement"]["violations"] == 0
+
+
+def test_a_refused_connack_or_suback_ends_that_client_at_once(tmp_path):
+    """Fault: the broker refuses some CONNECTs (no credentials) and a SUBSCRIBE (its ACL).
+    A refused CONNECT leaves the pending-connect count it took (it was taken twice, so each
+    refusal let one more CONNECT than `max_pending_connects` out); a refused subscription
+    is one error and its client is let go, not waited on for `connect_timeout_s` and
+    counted a second time as not ready."""
+    from tasks.driver.engine import Engine
+    from tasks.driver.spec import parse_spec
+
+    port, stop = own_mosquitto(tmp_path, "auth", "allow_anonymous false\n")
+    try:
+        document = spec(port, publishers=6, subscribers=0, max_pending_connects=2)
+        engine = Engine(parse_spec(document), tmp_path / "refused")
+        engine.connect_all()
+        assert engine.sessions.connecting == 0 and engine.sessions.unready == 0
+        engine.sessions.close_all()
+    finally:
+        stop()
+
+    # Mosquitto 2.0.11 grants every subscription its ACLs would not deliver (acl_file
+    # `deny`, dynamic security without a role): the refusal is made at paho's callback, the
+    # SUBACK's return code 0x80 as paho hands it over
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    refused = ReasonCode(PacketTypes.SUBACK, identifier=0x80)
+    running = Broker(tmp_path)
+    try:
+        engine = Engine(parse_spec(spec(running.port, publishers=1, connect_timeout_s=20)),
+                        tmp_path / "suback")
+        granted = engine.sessions._callbacks["on_subscribe"]
+        engine.sessions._callbacks["on_subscribe"] = \
+            lambda client, conn, mid, reasons, props: granted(client, conn, mid, [refused], props)
+        started = time.monotonic()
+        engine.connect_all()
+        took = time.monotonic() - started
+        engine.sessions.close_all()
+    finally:
+        running.kill()
+    assert took < 5  # not connect_timeout_s
+    assert [c.state for c in engine.sessions.conns if c.role == "sub"] == [DEAD]
+    totals = engine.acct.totals()
+    assert totals["errors"] == 1 and totals["connects_ok"] == 2, totals
+
+
+def test_somebody_elses_messages_on_the_stage_topics_are_not_the_stage_errors(broker, tmp_path):
+    """Somebody's messages on the subscribed topics, short or long, retained before the
+    stage (read through paho) or sent inside it (read by the fast path), are not the
+    stage's: not received, not errors (one short message used to make the stage invalid)."""
+    def publish(*args: str) -> None:
+        subprocess.run(["mosquitto_pub", "-p", str(broker.port), *args], check=True, timeout=10)
+
+    publish("-r", "-t", "bench/retained-short", "-m", "on")
+    publish("-r", "-t", "bench/retained-long", "-m", "x" * 64)
+    late = threading.Timer(2.0, lambda: [publish("-t", "bench/t", "-m", m) for m in ("on", "y" * 64)])
+    late.start()
+    try:
+        code, summary = run_to_end(spec(broker.port, publishers=2, rate=20.0, warmup=1, measure=2,
+                                        drain=1), tmp_path / "out")
+    finally:
+        late.join()
+        publish("-r", "-t", "bench/retained-short", "-n")
+        publish("-r", "-t", "bench/retained-long", "-n")
+    assert code == 0 and summary["status"] == "ok", summary["totals"]
+    assert summary["totals"]["errors"] == 0
+    assert summary["totals"]["received"] == sum(summary["last_seq"].values())
+
+
+@pytest.mark.parametrize("broker, message", [
+    ({"ca_file": "/nonexistent/ca.pem"}, "broker.ca_file: cannot use '/nonexistent/ca.pem'"),
+    ({"ciphers": "NOPE-CIPHER"}, "broker.ciphers: cannot use 'NOPE-CIPHER'"),
+    ({"cert_file": "/nonexistent/c.pem"}, "broker.cert_file/key_file: cannot use"),
+])
+def test_tls_files_or_ciphers_the_host_cannot_use_are_rejected_naming_the_field(
+        tmp_path, broker, message):
+    """Read when the driver starts, before any client: said as a rejected spec (exit 2,
+    the field named), not a traceback with no files written."""
+    document = spec(1883)
+    document["broker"].update(tls=True, **broker)
+    process = start_driver(document, tmp_path / "out")
+    assert process.wait(10) == 2
+    stderr = process.stderr.read()
+    assert message in stderr and "Traceback" not in stderr

@@ -25,11 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="directory for the raw files")
     args = parser.parse_args(argv)
     try:
-        spec = load_spec(args.spec)
+        engine = Engine(load_spec(args.spec), args.out)  # its TLS files are read here
     except SpecError as exc:
         print(f"spec rejected: {exc}", file=sys.stderr)
         return 2
-    summary = Engine(spec, args.out).run()
+    summary = engine.run()
     print(json.dumps({k: summary[k] for k in ("status", "totals", "windows")}))
     return 0 if summary["status"] == "ok" else 1
 

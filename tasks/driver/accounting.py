@@ -122,13 +122,12 @@ class Accounting:
         """
         if not self.accepting:
             return
-        row = self.row(now_ns // 1_000_000_000)
         if len(payload) < HEADER.size:
-            row[C_ERRORS] += 1
-            return
+            return  # not one of ours: somebody's message on the stage's topics
         tag, publisher, seq, intended_us, _sent = HEADER.unpack_from(payload)
         if tag != self.tag:
             return  # a stray message from another run or stage
+        row = self.row(now_ns // 1_000_000_000)
         row[C_RECEIVED] += 1
         self.observe("e2e", now_ns // 1000 - intended_us, now_ns)
         track = tracks.get(publisher)

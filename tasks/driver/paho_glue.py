@@ -26,10 +26,11 @@ import socket
 import ssl
 import sys
 import threading
+from collections.abc import Iterator
 
 import paho.mqtt.client as mqtt
 
-from .spec import ProcessSpec
+from .spec import ProcessSpec, SpecError
 
 PAHO_LOCKS = ("_in_callback_mutex", "_callback_mutex", "_msgtime_mutex", "_out_message_mutex",
               "_in_message_mutex", "_reconnect_delay_mutex", "_mid_generate_mutex")
@@ -114,16 +115,29 @@ def send_buffer(spec: ProcessSpec) -> int:
 
 
 def ssl_context(spec: ProcessSpec) -> ssl.SSLContext:
-    """One TLS context for every client of the process (a context per client costs ~100 KB)."""
+    """One TLS context for every client of the process (a context per client costs ~100 KB).
+    A file it cannot load, or ciphers OpenSSL has none of, is a SpecError naming the field."""
     broker = spec.broker
-    context = ssl.create_default_context(cafile=broker.ca_file)
+    with _tls_field("broker.ca_file", broker.ca_file):
+        context = ssl.create_default_context(cafile=broker.ca_file)
     if broker.cert_file:
-        context.load_cert_chain(broker.cert_file, broker.key_file)
+        with _tls_field("broker.cert_file/key_file", f"{broker.cert_file}, {broker.key_file}"):
+            context.load_cert_chain(broker.cert_file, broker.key_file)
     if broker.ciphers:
-        context.set_ciphers(broker.ciphers)
+        with _tls_field("broker.ciphers", broker.ciphers):
+            context.set_ciphers(broker.ciphers)
     if broker.tls_insecure:
         context.check_hostname = False
     return context
+
+
+@contextlib.contextmanager
+def _tls_field(field: str, value: str | None) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:  # ssl.SSLError among them
+        raise SpecError(f"{field}: cannot use {value!r} on this host "
+                        f"({exc.strerror or exc}); fix the path or the value") from None
 
 
 def at_packet_boundary(client: mqtt.Client) -> bool:

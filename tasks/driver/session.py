@@ -203,13 +203,13 @@ class Sessions:
     def _on_connect(self, client, conn: Conn, flags, reason, properties) -> None:
         self.progress += 1
         now = time.time_ns()
-        self.connecting -= 1
         if reason.is_failure:
             self.acct.count(C_CONNECTS_FAILED, now_ns=now)
             self.acct.event("connect_refused", conn.spec.client_id, code=int(reason.value),
                             reason=str(reason))
-            self.drop(conn)
+            self.drop(conn)  # no longer connecting, nor waited on
             return
+        self.connecting -= 1
         conn.state = CONNECTED
         self.last_connack_at = now / 1e9
         self.acct.count(C_CONNECTS_OK, now_ns=now)
@@ -227,6 +227,7 @@ class Sessions:
             self.acct.count(C_ERRORS, now_ns=now)
             self.acct.event("subscribe_refused", conn.spec.client_id,
                             codes=[int(r.value) for r in reasons])
+            self.drop(conn)  # it would receive nothing: not waited on, nor counted again
             return
         for reason in reasons:
             self.granted[int(reason.value)] = self.granted.get(int(reason.value), 0) + 1

@@ -23,6 +23,7 @@ also write one by hand and run ``python -m tasks.driver --spec spec.json --out D
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -119,6 +120,20 @@ def _require_ok(problem: str | None, where: str) -> None:
     _require(problem is None, where, problem or "")
 
 
+def _only_known(doc: object, where: str, shape: type) -> dict:
+    """`doc` as an object whose keys are all fields of `shape` (a key misspelt would
+    otherwise leave its field at the default, unsaid)."""
+    _require(isinstance(doc, dict), where.rstrip(".") or "spec",
+             f"must be a JSON object, got {doc!r}")
+    known = [f.name for f in dataclasses.fields(shape)]
+    for key in doc:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
+            raise SpecError(f"{where}{key}: not a field of this spec ({hint})")
+    return doc
+
+
 def _get(doc: dict, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
     if key not in doc:
         _require(default is not ..., f"{where}{key}", "is required")
@@ -138,6 +153,7 @@ def _qos(doc: dict, where: str) -> int:
 
 
 def _publisher(doc: dict, where: str) -> PublisherSpec:
+    _only_known(doc, where, PublisherSpec)
     rate = _get(doc, "rate", where, float, 1.0)
     _require_ok(limits.rate_problem(rate), f"{where}rate")
     size = _get(doc, "payload_bytes", where, int, 256)
@@ -197,6 +213,7 @@ def _topic_filter_ok(topic: object) -> bool:
 
 
 def _subscriber(doc: dict, where: str) -> SubscriberSpec:
+    _only_known(doc, where, SubscriberSpec)
     topics = _get(doc, "topics", where, list)
     _require(bool(topics), f"{where}topics", "must be a non-empty list of topic filters")
     for i, topic in enumerate(topics):
@@ -211,8 +228,8 @@ def _subscriber(doc: dict, where: str) -> SubscriberSpec:
 
 def parse_spec(doc: dict) -> ProcessSpec:
     """Validate a JSON document into a ProcessSpec, or raise SpecError naming the field."""
-    _require(isinstance(doc, dict), "spec", "must be a JSON object")
-    broker_doc = _get(doc, "broker", "", dict)
+    _only_known(doc, "", ProcessSpec)
+    broker_doc = _only_known(_get(doc, "broker", "", dict), "broker.", BrokerEndpoint)
     port = _get(broker_doc, "port", "broker.", int)
     _require(0 < port < 65536, "broker.port", f"must be 1..65535, got {port}")
     broker = BrokerEndpoint(
@@ -241,6 +258,7 @@ def parse_spec(doc: dict) -> ProcessSpec:
         _require_ok(limits.rate_problem(share), f"aggregate_rate (split over "
                     f"{len(publishers)} publishers)")
         publishers = tuple(dataclasses.replace(p, rate=share) for p in publishers)
+    _streams_apart(publishers)
     ids = [c.client_id for c in publishers + subscribers]
     _require(len(ids) == len(set(ids)), "client_id", "must be unique within a process")
     _require(bool(ids), "publishers/subscribers", "a process needs at least one client")
@@ -290,6 +308,18 @@ def parse_spec(doc: dict) -> ProcessSpec:
     _require(not (broker.key_file and not broker.cert_file), "broker.cert_file",
              "is required with broker.key_file")
     return spec
+
+
+def _streams_apart(publishers: tuple[PublisherSpec, ...]) -> None:
+    """No two publishers share a stream (a publisher index): subscribers would take one's
+    sequence numbers for the other's duplicates and gaps."""
+    owner: dict[int, int] = {}
+    for i, p in enumerate(publishers):
+        for index in range(p.publisher_index, p.publisher_index + max(len(p.topic_cycle), 1)):
+            _require(index not in owner, f"publishers[{i}].publisher_index",
+                     f"stream {index} is publishers[{owner.get(index)}]'s too; give each "
+                     f"publisher (and each of its topic_cycle positions) an index of its own")
+            owner[index] = i
 
 
 def _with_password(broker: BrokerEndpoint) -> BrokerEndpoint:
