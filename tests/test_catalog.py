@@ -312,6 +312,25 @@ def test_an_inventory_number_is_a_number_not_yaml_true():
     assert Inventory(hosts=[{**host, "procs": 2}], broker={"host": "h", "port": 1883}).hosts[0].procs == 2
 
 
+def test_a_host_elsewhere_is_never_run_here_unsaid():
+    """A host without `transport: ssh` is this machine: SSH settings on it, or an address
+    elsewhere with no transport said, were ignored, and every "driver host" was the
+    orchestrator (its fingerprint recorded for each)."""
+    for host, error in (
+            ({"address": "10.0.0.6", "port": 2222}, "transport: local runs on this machine, "
+             "yet port is given: set transport: ssh"),
+            ({"address": "10.0.0.7", "user": "perf", "gateway": "g"}, "yet gateway, user are"),
+            ({"address": "10.0.0.8"}, "address '10.0.0.8' with no transport: set transport: ssh"),
+            ({"transport": "local", "key_file": "/k"}, "yet key_file is given")):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            Inventory(hosts=[{"name": "h", "roles": ["driver"], **host}],
+                      broker={"address": "b", "port": 1883, "managed": False})
+    for host in ({"address": "10.0.0.8", "transport": "local"}, {"address": "127.0.0.1"},
+                 {"address": "10.0.0.8", "transport": "ssh", "port": 2222}, {}):
+        Inventory(hosts=[{"name": "h", "roles": ["driver"], **host}],
+                  broker={"address": "b", "port": 1883, "managed": False})
+
+
 def test_every_gateway_is_another_host_and_following_them_ends():
     """Checked for a broker with no host too (a compose or cloud broker), where the check
     used to be skipped and a bad gateway failed at provision with a bare StopIteration."""
@@ -341,3 +360,31 @@ def test_the_broker_is_kept_on_its_cpus_for_every_stage_or_for_searches_only():
     assert cpus.placement("0-1", "capacity") == "0-1 for capacity"
     assert cpus.searches_only("0", "capacity") and not cpus.searches_only("0", "all")
     assert not cpus.searches_only(None, "capacity")
+
+
+def test_a_suite_overriding_one_search_setting_keeps_the_others(tmp_path: Path) -> None:
+    """`stages: {search: {max_probes: 10}}` changes max_probes only: the scenario's hold
+    (hold_s 10, holds 3) stays. It used to replace the whole search with the defaults, so
+    the night's capacity was a 3 s probe never held, under a setup of its own."""
+    (tmp_path / "catalog").symlink_to(REPO / "scenarios" / "catalog")
+    (tmp_path / "suites.yml").write_text(
+        "suites:\n  fewer: [{scenario: capacity_fanin, stages: {search: {max_probes: 10}}}]\n")
+    (shipped,) = [s for s in load_suite(REPO / "scenarios", "capacity") if s.name == "capacity_fanin"]
+    (scenario,) = load_suite(tmp_path, "fewer")
+    assert scenario.stages.search.max_probes == 10
+    assert scenario.stages.search.model_dump(exclude={"max_probes"}) == \
+        shipped.stages.search.model_dump(exclude={"max_probes"})
+    assert (scenario.stages.search.hold_s, scenario.stages.search.holds) == (10, 3)
+
+
+def test_a_qos_listed_twice_is_refused(tmp_path: Path) -> None:
+    """qos: [0, 0] expanded to two stages with one stage id, sharing raw folders."""
+    from tasks.config_files import ConfigError
+
+    (tmp_path / "catalog").symlink_to(REPO / "scenarios" / "catalog")
+    (tmp_path / "suites.yml").write_text(
+        "suites:\n  twice: [{scenario: ibm_fanin_smoke, qos: [1, 1]}]\n")
+    with pytest.raises(ConfigError, match=re.escape(
+            "suites.twice.0 (overrides of scenario 'ibm_fanin_smoke'): qos: list "
+            "each QoS once, got [1, 1]")):
+        load_suite(tmp_path, "twice")

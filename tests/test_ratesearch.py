@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
+from tasks.catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
 from tasks.steps.load_metrics import confirming_hold
 
 
@@ -34,10 +34,18 @@ def test_search_lands_within_precision_of_the_capacity(start, capacity):
 
 
 def test_a_start_above_capacity_backs_off_first():
+    """Down to just below what the failed probe delivered; by `growth` when it says
+    nothing (it delivered nothing, or more than a growth step lower would offer)."""
     search = RateSearch(10_000, SearchPolicy(max_probes=20))
     rates = run(search, 1_800)
-    assert rates[:3] == [10_000, 5_000, 2_500] and rates[3] < 2_500
+    assert rates[:2] == [10_000, pytest.approx(1_800 * 0.95)]
     assert search.outcome()["converged"]
+
+    silent = RateSearch(10_000, SearchPolicy(max_probes=20))
+    while (rate := silent.next_rate()) is not None:
+        silent.record(ProbeResult(rate, 1.0, 1.0 if rate <= 1_800 else 0.0))
+    assert [p["rate"] for p in silent.outcome()["probes"]][:4] == [10_000, 5_000, 2_500, 1_250]
+    assert silent.outcome()["converged"]
 
 
 def test_unconverged_searches_say_why():
@@ -136,11 +144,30 @@ def test_the_answer_is_held_and_steps_down_when_it_does_not_hold():
 
 def test_a_warm_start_ramps_up_from_below_the_last_capacity_in_small_steps():
     policy = SearchPolicy(growth=2.0, precision=0.02, max_probes=20)
-    start, warm = warm_start(1_000, policy, last_capacity=5_000)
-    assert (start, warm.growth) == (4_500, 1.1)
-    assert warm_start(1_000, policy, last_capacity=None) == (1_000, policy)
-    rates = [rate for _, rate in search_and_hold(RateSearch(start, warm), held(5_000))]
+    warm = RateSearch(1_000, policy, last_capacity=5_000, warm=True)
+    assert warm.start_rate == 4_500 and warm._growth(4_500) == 1.1
+    assert RateSearch(1_000, policy, last_capacity=None, warm=True).start_rate == 1_000
+    assert RateSearch(1_000, policy, last_capacity=5_000).start_rate == 1_000  # not warm
+    rates = [rate for _, rate in search_and_hold(warm, held(5_000))]
     assert rates[0] < 5_000 and len(rates) <= 5
+
+
+@pytest.mark.parametrize("capacity", [20_000, 29_000, 50_000, 130_000, 300_000])
+def test_a_warm_search_finds_a_capacity_far_from_the_last_within_its_probes(capacity):
+    """The nightly capacity search's settings, warm from 100,000 msg/s, against a broker
+    that lost most of its capacity since, or gained much: it converges and holds within
+    `max_probes`. In steps of 10% it stepped down from 90,000 by 1.1 a probe (or up by
+    1.1 to 3.1x), ran out of probes, and was invalid that night and every night after (a
+    warm start begins at the last valid capacity), so the biggest regression was never
+    judged."""
+    policy = SearchPolicy(growth=2.0, precision=0.02, max_probes=14, hold_s=10, holds=3)
+    search = RateSearch(10_000, policy, last_capacity=100_000, warm=True)
+    search_and_hold(search, held(capacity))
+    outcome = search.outcome()
+    assert outcome["converged"], outcome["reason"]
+    assert capacity * 0.95 <= outcome["max_rate"] <= capacity / 0.95
+    counted = [p for p in outcome["probes"] if not p["retried"]]
+    assert len(counted) <= 10, [round(p["rate"]) for p in outcome["probes"]]
 
 
 def test_a_driver_at_its_limit_at_the_answer_makes_the_search_say_so():
@@ -314,7 +341,7 @@ def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
     64.2% of its deliveries (a stall; every other probe kept up to 2,000). Taken as the
     ceiling, it answered 1,769. Probed again, it keeps up and the search finds 2,000."""
     policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10)
-    start, warm = warm_start(1_000, policy, last_capacity=2_061)
+    start = RateSearch(1_000, policy, last_capacity=2_061, warm=True).start_rate
     stalls = [start]
 
     def broker(rate: float) -> ProbeResult:
@@ -326,12 +353,13 @@ def test_a_probe_that_stalls_below_the_last_capacity_is_probed_again():
     def search(search: RateSearch) -> list[float]:
         return [rate for _, rate in search_and_hold(search, lambda rate, _: broker(rate))]
 
-    before = RateSearch(start, warm)  # the search as it was: no capacity to contradict
+    # the search as it was: nothing run again
+    before = RateSearch(1_000, replace(policy, retries=0), last_capacity=2_061, warm=True)
     search(before)
     assert before.outcome()["max_rate"] < 0.9 * 2_000 and not before.probes_aside
 
     stalls.append(start)
-    again = RateSearch(start, warm, last_capacity=2_061)
+    again = RateSearch(1_000, policy, last_capacity=2_061, warm=True)
     rates = search(again)
     assert rates[:2] == [start, start]
     assert 2_000 * 0.95 <= again.outcome()["max_rate"] <= 2_000 / 0.95
@@ -346,11 +374,10 @@ def test_a_hold_that_stalls_below_the_last_capacity_is_held_again():
     below it, `test_a_hold_that_fell_behind_steps_down_to_what_it_delivered`); below the
     capacity last measured, it is held again at the same rate first."""
     policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10, hold_s=10, holds=2)
-    start, warm = warm_start(1_000, policy, last_capacity=2_061)
-    search = RateSearch(start, warm, last_capacity=2_061)
+    search = RateSearch(1_000, policy, last_capacity=2_061, warm=True)
     steps = search_and_hold(search, held(2_000))
     assert not search.probes_aside and not search.held_aside  # no stall: none run twice
-    stalled = RateSearch(start, warm, last_capacity=2_061)
+    stalled = RateSearch(1_000, policy, last_capacity=2_061, warm=True)
     run(stalled, 2_000)  # the probes, as above
     best = stalled.best
     assert stalled.next_hold() == best < 2_061
@@ -371,14 +398,12 @@ def test_a_hold_that_stalls_just_above_the_last_capacity_is_held_again():
     little above the capacity last measured (a probe keeps up within the tolerance): a stall
     there read as a 6% loss, a suspicion, and the next such night a regression."""
     policy = SearchPolicy(growth=2.0, precision=0.02, max_probes=10, hold_s=10, holds=3)
-    start, warm = warm_start(1_000, policy, last_capacity=2_000)
-    probe = RateSearch(start, warm, last_capacity=2_000)
-    run(probe, 2_000)
-    best = probe.best
-    for last, again in ((best / 1.04, True), (best / 1.06, False)):
-        search = RateSearch(start, warm, last_capacity=last)
+    for above, again in ((1.04, True), (1.06, False)):
+        search = RateSearch(1_000, policy, last_capacity=2_000, warm=True)
         run(search, 2_000)
-        assert search.best == best and search.next_hold() == best
+        best = search.best
+        search.last_capacity = best / above  # what the hold is judged against
+        assert search.next_hold() == best
         search.record_hold(ProbeResult(best, 1.0, 0.85))  # a stall
         if again:  # within the tolerance above it: held again at the same rate
             assert search.retrying and search.next_hold() == best
@@ -388,11 +413,12 @@ def test_a_hold_that_stalls_just_above_the_last_capacity_is_held_again():
 
 def test_a_broker_that_lost_capacity_falls_behind_again_and_costs_one_probe():
     policy = SearchPolicy(growth=2.0, precision=0.05, max_probes=10)
-    start, warm = warm_start(1_000, policy, last_capacity=2_000)  # now 1,500
-    plain, warm_again = RateSearch(start, warm), RateSearch(start, warm, last_capacity=2_000)
+    # now 1,500; `plain` runs nothing again
+    plain = RateSearch(1_000, replace(policy, retries=0), last_capacity=2_000, warm=True)
+    warm_again = RateSearch(1_000, policy, last_capacity=2_000, warm=True)
     rates, rates_again = run(plain, 1_500), run(warm_again, 1_500)
     assert rates_again == [rates[0]] + rates  # the first failure probed twice, no more
-    assert [warm_again.probes[i][0].rate for i in warm_again.probes_aside] == [start]
+    assert [warm_again.probes[i][0].rate for i in warm_again.probes_aside] == [1_800]
     # a hold that falls behind after the search's one retry is stepped down at once
     warm_again.policy = replace(warm_again.policy, hold_s=10)
     warm_again.record_hold(ProbeResult(warm_again.next_hold(), 1.0, 0.5))
@@ -462,8 +488,7 @@ def test_warm_started_nights_see_a_5pct_loss_and_a_coarse_search_is_refused():
         answers, last = [], None
         for capacity in capacities:
             policy = SearchPolicy(growth=2.0, precision=precision, max_probes=14, hold_s=10)
-            start, warm = warm_start(1_000, policy, last)
-            search = RateSearch(start, warm, last_capacity=last)
+            search = RateSearch(1_000, policy, last_capacity=last, warm=True)
             search_and_hold(search, held(capacity))
             last = search.outcome()["max_rate"]
             answers.append(last)

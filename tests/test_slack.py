@@ -362,6 +362,22 @@ def test_a_searchs_probes_that_fell_behind_do_not_make_a_run_mostly_invalid(
     assert "cap.search.p1" not in blocks_text(post)
 
 
+def test_a_search_that_measured_no_capacity_is_told(nights: Nights) -> None:
+    """A max-rate search that converged on nothing (its broker fell far below the capacity
+    its warm start began from) is one invalid stage of many: told all the same, since its
+    night's capacity, the figure the suite exists for, was not measured."""
+    lost = "not converged after 14 probes: between 29587 and 30526 msg/s"
+    search = {**FANIN, "search": {"growth": 2.0, "max_probes": 14, "hold_s": 10}}
+    run_id = nights.run({"fanin.q1.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)],
+                         "fanin.q0.c100": [("delivered_rate", "unchanged", 2000.0, 2001.0, 1)]},
+                        invalid={"cap.search": lost}, params={"cap.search": search})
+    nights.alert(run_id)
+    (post,) = nights.slack.calls
+    assert post.body["text"] == (f":warning: perfpipe nightly run {run_id}: 1 of 3 stages "
+                                 "invalid, so they were not compared")
+    assert f"cap.search: {lost}" in blocks_text(post)
+
+
 def test_a_release_summary_and_an_invalid_run_message_slack_refused_are_sent_by_the_next_run(
         nights: Nights) -> None:
     """Fault: Slack answers invalid_auth to a release run (its summary) and to a mostly

@@ -21,6 +21,10 @@ SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "
                          "run", "sbin", "sys"})
 
 
+SSH_ONLY = frozenset({"port", "user", "key_file", "gateway", "ssh_conn_id"})
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
 class HostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +52,24 @@ class HostConfig(BaseModel):
                                     description="Airflow Connection with address, user and key")
     tuning_allow: list[str] = Field(["*"], description="globs of sysctl keys perfpipe may change "
                                     "here; others are only checked")
+
+    @model_validator(mode="after")
+    def _reached_as_said(self) -> HostConfig:
+        """A local host is this machine: SSH settings on it, or an address elsewhere with
+        no transport said, would be ignored and the host's work run here unsaid."""
+        if self.transport == "ssh":
+            return self
+        ssh_only = sorted(name for name in SSH_ONLY  # as given, or stored in a run's plan
+                          if getattr(self, name) != type(self).model_fields[name].default)
+        if ssh_only:
+            raise ValueError(f"transport: local runs on this machine, yet {', '.join(ssh_only)} "
+                             f"{'is' if len(ssh_only) == 1 else 'are'} given: set transport: "
+                             "ssh to reach the host over SSH (or leave them out)")
+        if "transport" not in self.model_fields_set and self.address not in LOOPBACK:
+            raise ValueError(f"address {self.address!r} with no transport: set transport: ssh "
+                             "for a host reached over SSH, or transport: local for this "
+                             "machine at that address")
+        return self
 
     @field_validator("procs", "search_procs")
     @classmethod

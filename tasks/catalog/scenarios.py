@@ -376,6 +376,14 @@ class Scenario(BaseModel):
     full_scale: dict[str, Any] = Field(default_factory=dict,
                                        description="the report's full-scale values, for reference")
 
+    @field_validator("qos")
+    @classmethod
+    def _qos_once(cls, values: list[int]) -> list[int]:
+        if len(values) != len(set(values)):
+            raise ValueError(f"list each QoS once, got {values} (a QoS listed twice gives two "
+                             "stages one stage id: one's results would replace the other's)")
+        return values
+
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         groups = [g.group for g in self.publishers] + [g.group for g in self.subscribers]
@@ -536,12 +544,22 @@ def load_suites(scenarios_dir: Path) -> Suites:
     return load_model(Suites, path) if path.exists() else Suites(suites={})
 
 
+def _merged(base: dict, overrides: dict) -> dict:
+    """`base` with `overrides` laid over it, nested settings key by key: a suite's
+    `search: {max_probes: 10}` keeps the scenario's hold_s and holds."""
+    out = dict(base)
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merged(base[key], value) if nested else value
+    return out
+
+
 def _apply(entry: SuiteEntry, scenario: Scenario, where: str) -> Scenario:
     doc = scenario.model_dump()
     if entry.qos is not None:
         doc["qos"] = entry.qos
     if entry.stages is not None:
-        doc["stages"] = {**doc["stages"], **entry.stages}
+        doc["stages"] = _merged(doc["stages"], entry.stages)
     return validate(Scenario, doc, f"{where} (overrides of scenario {scenario.name!r})")
 
 

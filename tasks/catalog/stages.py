@@ -128,6 +128,12 @@ def is_probe(row: dict) -> bool:
     return bool((row.get("params") or {}).get("probe_of"))
 
 
+def is_search(row: dict) -> bool:
+    """A stored stage that is a max-rate search's own (its capacity), not one of its
+    probes or holds."""
+    return bool((row.get("params") or {}).get("search")) and not is_probe(row)
+
+
 def probe_id(template_id: str, number: int, hold: bool = False) -> str:
     """The stage id of probe `number` (from 1) of a search template, or of its hold."""
     return f"{template_id}.{'h' if hold else 'p'}{number}"

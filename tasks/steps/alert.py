@@ -34,7 +34,7 @@ from sql.alerts import alert_key
 
 from .. import rundir
 from ..airflow_glue.dag_runs import split_dag_run_key
-from ..catalog.stages import is_probe
+from ..catalog.stages import is_probe, is_search
 from ..metrics import CAPACITY_AND_COST, FLAGGED
 from ..notify.messages import (
     Links,
@@ -136,16 +136,20 @@ def links_for(settings: Settings, run: dict, report_path: str) -> Links:
 def invalid_to_tell(stages: list[dict], broken: frozenset[str] = frozenset()
                     ) -> tuple[dict[str, str], int]:
     """(stage id -> reason of the invalid stages, of how many), when more than half the
-    stages with results are invalid or one of them is `broken` (a driver process died in
-    it); ({}, 0) otherwise. A max-rate search's probes and holds are not counted: one falls
-    behind wherever the search passes the broker's limit, as it is meant to, and the
-    search's own stage says whether it found one (a probe in which a driver died is told)."""
+    stages with results are invalid, or one of them is `broken` (a driver process died in
+    it) or a max-rate search's own (no capacity measured: a broker far below its last
+    capacity would otherwise never be told); ({}, 0) otherwise. A search's probes and holds
+    are not counted: one falls behind wherever the search passes the broker's limit, as it
+    is meant to, and the search's own stage says whether it found one (a probe in which a
+    driver died is told)."""
     judged = [s for s in stages if s.get("validity") is not None]
     counted = [s for s in judged if not is_probe(s) or s["stage_id"] in broken]
     invalid = {s["stage_id"]: s.get("reason") or s["validity"] for s in counted
                if s["validity"] != "valid"}
     mostly = counted and 2 * len(invalid) > len(counted)
-    return (invalid, len(counted)) if mostly or broken & set(invalid) else ({}, 0)
+    unmeasured = {s["stage_id"] for s in counted if is_search(s)} & set(invalid)
+    return (invalid, len(counted)) if mostly or (broken | unmeasured) & set(invalid) \
+        else ({}, 0)
 
 
 class Courier:

@@ -42,7 +42,7 @@ from ..catalog.placement import (
     recorded_params,
     stage_slots,
 )
-from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy, warm_start
+from ..catalog.ratesearch import ProbeResult, RateSearch, SearchPolicy
 from ..catalog.stages import Stage, probe
 from ..driver.output import (
     COUNTERS_FILE,
@@ -393,8 +393,8 @@ def run_search(ctx: RunContext, template: Stage, broker: dict, progress=print) -
     settings = dict(template.search)
     warm = settings.pop("warm_start", False)
     last = last_capacity(ctx, template)  # a stall below it is probed again, warm or not
-    search = RateSearch(*warm_start(template.target_publish_rate, SearchPolicy(**settings),
-                                    last if warm else None), last_capacity=last)
+    search = RateSearch(template.target_publish_rate, SearchPolicy(**settings),
+                        last_capacity=last, warm=warm)
     if last and warm:
         progress(f"  warm start at {search.start_rate:,.0f} msg/s: 90% of the capacity last "
                  f"measured here, {last:,.0f} msg/s")
