@@ -239,6 +239,10 @@ class Host:
         Each call is a process of its own: two calls may, rarely, name the same port."""
         return int(self.run([self.python, "-c", PORTS_SOURCE]).stdout.strip())
 
+    def port_held(self, port: int) -> bool:
+        """Whether a server already listens on `port` on this host (`ports.held`)."""
+        return self.run([self.python, "-c", PORTS_SOURCE, str(port)]).stdout.strip() == "held"
+
     def stop_group(self, pid: int, timeout_s: float) -> None:
         """TERM a launched process group, KILL it if it outlives timeout_s."""
         self.kill_group(pid, "TERM")

@@ -86,6 +86,19 @@ def free_port(tries: int = 200, range_file: str = RANGE_FILE) -> int:
             return port
 
 
+def held(port: int) -> bool:
+    """Whether a server already listens on `port` here (any IPv4 address): a bind with
+    SO_REUSEADDR, as brokers bind, fails. A connection in TIME_WAIT (a server stopped a
+    moment ago) does not hold it."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 def wait_listening(port: int, timeout_s: float, host: str = "127.0.0.1",
                    poll_s: float = 0.05) -> bool:
     """Whether a server took connections on `port` within `timeout_s` (a server perfpipe,
@@ -101,5 +114,7 @@ def wait_listening(port: int, timeout_s: float, host: str = "127.0.0.1",
             time.sleep(poll_s)
 
 
-if __name__ == "__main__":
-    print(free_port())
+if __name__ == "__main__":  # run on hosts as `python -c SOURCE [PORT]` (tasks.hosts)
+    import sys
+
+    print(("held" if held(int(sys.argv[1])) else "free") if len(sys.argv) > 1 else free_port())

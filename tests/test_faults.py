@@ -417,6 +417,27 @@ def test_a_broker_whose_start_fails_after_it_was_launched_is_stopped(
         execute("teardown", ctx)
 
 
+def test_a_broker_port_another_server_listens_on_is_refused_before_the_start(
+        tmp_path: Path, tiny_suite: Path, broker) -> None:
+    """Fault: the inventory gives the managed broker a port the host's own Mosquitto
+    already listens on. Mosquitto fails to bind within milliseconds, and the health check
+    mostly saw it exit; a broker that takes seconds to bind (RabbitMQ, ActiveMQ) had the
+    health check's CONNECT answered by the other server, the step passed, and every stage
+    then failed with "broker died". Now the step says so before it starts anything."""
+    from tasks.brokers import BrokerError
+    from tasks.steps import Call, execute
+
+    ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [broker, "
+                      f"driver], procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, "
+                      f"address: 127.0.0.1, port: {broker.port}}}\n", "tiny")
+    execute("provision", ctx, Call(host="localhost"))
+    with pytest.raises(BrokerError, match=f"localhost: port {broker.port} is already listened "
+                                          "on by another server"):
+        execute("broker", ctx)
+    assert not (ctx.run_dir / "broker" / "mosquitto.log.pid").exists()  # nothing launched
+    assert broker.process.poll() is None  # the host's own broker untouched
+
+
 def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
                                                                 tiny_suite: Path) -> None:
     """Fault: teardown run again days later (`perfpipe step teardown RUN` once the

@@ -148,3 +148,49 @@ def test_a_file_is_read_as_root_and_one_that_cannot_be_read_is_not_taken_for_mis
     write_only = "/proc/sys/net/ipv4/route/flush"  # mode 0200: not even root reads it
     with pytest.raises(HostError, match=f"cannot read {write_only}, not even as root"):
         host.read_root_file(write_only)
+
+
+def test_a_port_a_server_listens_on_is_held_and_one_in_time_wait_is_not(tmp_path: Path):
+    """`Host.port_held`, the broker step's check of a fixed broker port, on this host:
+    a listener holds its port; a connection closed a moment ago (TIME_WAIT) does not, as
+    a broker binding with SO_REUSEADDR takes the port all the same."""
+    host = LocalHost(work_root=str(tmp_path))
+    port = ports.free_port()
+    assert host.port_held(port) is False
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        assert host.port_held(port) is True
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+        client.close()
+    assert host.port_held(port) is False
+
+
+def test_a_driver_host_is_checked_for_the_host_kinds_of_a_broker_servers_profile(
+        tmp_path: Path):
+    """The IBM MQ server profile on a host that is not the broker's: its sysctl, limits
+    and TasksMax are read, the queue manager's qm.ini and the MQXR heap are not (a driver
+    host has neither: the tune step failed there, every run). TasksMax's user mqm is not
+    on this machine: said, not an error. Check mode: nothing here is changed."""
+    import pwd
+
+    from tasks.tuning.profile import load_profile
+    from tasks.tuning.runner import tune
+
+    if "mqm" in {p.pw_name for p in pwd.getpwall()}:
+        pytest.skip("this machine has an mqm user")
+    profile = load_profile(Path(__file__).parent.parent / "infra" / "tuning",
+                           "ibm-mq-telemetry-server")
+    host = LocalHost(name="driver1", work_root=str(tmp_path))
+    entries = tune(host, profile, mode="check", allow=["*"], state_dir=tmp_path,
+                   broker_host=False)
+    assert {e.kind for e in entries} == {"sysctl", "limits", "tasks_max"}
+    (tasks_max,) = [e for e in entries if e.kind == "tasks_max"]
+    assert (tasks_max.action, tasks_max.note) == ("check-only",
+                                                   "user mqm not on this host: not set")
+    assert all(e.action in ("unchanged", "check-only") for e in entries)
+    with pytest.raises(HostError, match="qm.ini does not exist"):  # the broker's host
+        tune(host, profile, mode="check", allow=["*"], state_dir=tmp_path)

@@ -23,6 +23,7 @@ class BrokerAdapter:
     kind = ""  # the inventory's broker.kind
     title = ""  # the broker's name for people
     supports_tls = False  # the broker step can give a broker it starts a TLS listener
+    startable = True  # perfpipe can start it on a host (`start`); False: it says why not
     # the command line of its processes, to find a broker perfpipe did not start on its host
     # (`tasks.driver.procfs`; the inventory's broker.processes names another way)
     process_pattern: str | None = None

@@ -40,6 +40,7 @@ class ConfigOnlyBroker(BrokerAdapter):
     """Base of the configuration-only adapters (see the module docstring)."""
 
     managed_fix = ""  # what to do instead of managed: true
+    startable = False
     sys_stats_topics: tuple[str, ...] = ("$SYS/#",)
 
     @classmethod

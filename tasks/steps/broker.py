@@ -167,6 +167,18 @@ def start_managed(ctx: RunContext, adapter, state: dict, port: int, options: dic
         state["tls"]["installed_ca_files"] = tls["ca_files"]
 
 
+def _refuse_held(host, config, ports: list[int]) -> None:
+    """A port of the broker's that another server already listens on: the broker perfpipe
+    starts would exit ("address in use") a moment after the health check had its CONNECT
+    answered by that other server, and every stage would fail with "broker died"."""
+    for port in ports:
+        if host.port_held(port):
+            raise BrokerError(f"{host.name}: port {port} is already listened on by another "
+                              f"server (a {config.kind} service of the host's own?): stop it, "
+                              "or give broker.port (connection.tls.port for TLS) a free port, "
+                              "or leave broker.port out for one perfpipe picks")
+
+
 def stop_launched(adapter, failure: BaseException) -> None:
     """Stop the broker a failed start launched (its state never reached broker.json, so
     teardown would not know of it: it would hold its port on somebody's host); a failure to
@@ -203,6 +215,8 @@ def run(ctx: RunContext, call: Call) -> dict:
             (ctx.run_dir / rundir.BROKER_MOVED).unlink(missing_ok=True)  # of that broker
         port = config.port or host.free_port()
         tls = tls_wanted(ctx)
+        if adapter.startable:  # else its start says why it is not
+            _refuse_held(host, config, [port] + ([tls["port"]] if tls else []))
         options = {"extra_config": config.extra_config} if config.extra_config else {}
         if tls:
             if not adapter.supports_tls:

@@ -37,7 +37,8 @@ def run(ctx: RunContext, call: Call) -> dict:
         entries = [e.to_dict() for e in tune(
             host, profile, mode=inventory.tuning_mode,
             allow=inventory.host(host_name).tuning_allow, state_dir=ctx.settings.state_dir,
-            by=f"run {ctx.run_id}, step tune", holder=ctx.run_id)]
+            by=f"run {ctx.run_id}, step tune", holder=ctx.run_id,
+            broker_host="broker" in inventory.host(host_name).roles)]
     finally:
         host.close()
     snapshot = {"host": host_name, "profile": profile.name, "mode": inventory.tuning_mode,

@@ -33,7 +33,8 @@ def tune_command(settings: Settings, *, inventory: Path, profile: str | None, mo
         chosen = load_profile(settings.tuning_dir, name)
         results = run_on_hosts(targets, lambda host: tune(
             host, chosen, mode=mode, allow=inv.host(host.name).tuning_allow,
-            state_dir=settings.state_dir, by=f"perfpipe tune --{mode}"))
+            state_dir=settings.state_dir, by=f"perfpipe tune --{mode}",
+            broker_host="broker" in inv.host(host.name).roles))
     rows = [{"host": r.host, "kind": e.kind, "key": e.key, "wanted": e.wanted,
              "before": e.before, "after": e.after, "ok": "yes" if e.ok else "NO",
              "action": e.action} for r in results for e in r.entries]

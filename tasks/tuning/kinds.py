@@ -221,9 +221,13 @@ def apply_limits(host: Host, limits: list[LimitEntry], undo: Undo, profile: str,
 
 
 # ---- TasksMax --------------------------------------------------------------------------
-def _tasks_max_target(host: Host, spec: TasksMax) -> tuple[str, str]:
-    """("systemd", unit) where systemd runs, else ("cgroup", path of pids.max)."""
-    uid = host.run(["id", "-u", spec.user]).stdout.strip()
+def _tasks_max_target(host: Host, spec: TasksMax) -> tuple[str, str] | None:
+    """("systemd", unit) where systemd runs, else ("cgroup", path of pids.max); None when
+    the user is not on this host (mqm on a driver host)."""
+    found = host.run(["id", "-u", spec.user], check=False)
+    if not found.ok:
+        return None
+    uid = found.stdout.strip()
     if host.run(["test", "-d", "/run/systemd/system"], check=False).ok:
         return "systemd", f"user-{uid}.slice"
     if host.run(["test", "-e", "/sys/fs/cgroup/cgroup.controllers"], check=False).ok:
@@ -251,7 +255,12 @@ def read_tasks_max(host: Host, mode: str, target: str) -> str | None:
 
 def apply_tasks_max(host: Host, spec: TasksMax, undo: Undo, profile: str,
                     apply: bool) -> list[Entry]:
-    mode, target = _tasks_max_target(host, spec)
+    found = _tasks_max_target(host, spec)
+    if found is None:
+        return [Entry("tasks_max", spec.user, str(spec.value), None, None,
+                      "absent" if apply else "check-only",
+                      f"user {spec.user} not on this host: not set")]
+    mode, target = found
     dropin = systemd_dropin(target) if mode == "systemd" else None
     wanted = str(spec.value)
     before = read_tasks_max(host, mode, target)

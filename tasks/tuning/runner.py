@@ -106,12 +106,15 @@ def _one_at_a_time(state_dir: Path, host: Host, by: str) -> AbstractContextManag
 
 
 def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
-         state_dir: Path, by: str = "perfpipe tune", holder: str | None = None
-         ) -> list[kinds.Entry]:
+         state_dir: Path, by: str = "perfpipe tune", holder: str | None = None,
+         broker_host: bool = True) -> list[kinds.Entry]:
     """Check or apply one profile on one host; each before-value is saved to the undo
     record before the change it guards (`kinds.Undo`). A check reads no record. `holder`:
     the run that measures with the tuning applied, which the record then names among the
-    runs that hold it (`restore`); an apply of a host tuned already names it too."""
+    runs that hold it (`restore`); an apply of a host tuned already names it too. A host
+    that is not the broker's (`broker_host` False) gets the host's own kinds only: the
+    broker's qm.ini and JVM heap are not on it."""
+    profile = profile if broker_host else profile.model_copy(update=BROKER_ONLY)
     if mode != "apply":
         return _tune(host, profile, kinds.Undo(), allow, apply=False)
     with _one_at_a_time(state_dir, host, by):
@@ -122,6 +125,9 @@ def tune(host: Host, profile: TuningProfile, *, mode: str, allow: list[str],
         if holder and undo.records:  # named even when this apply recorded nothing new
             _save_undo(path, undo.records, profile.name, host.where, held_by)
         return entries
+
+
+BROKER_ONLY = {"qm_ini": None, "jvm_heap": None}  # a profile's kinds of the broker's own
 
 
 def _tune(host: Host, profile: TuningProfile, undo: kinds.Undo, allow: list[str], *,
