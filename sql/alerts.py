@@ -101,8 +101,8 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
                    ) -> tuple[int, bool] | None:
     """Keep the open alert of tonight's history in step with tonight's verdict; (id,
     changed), or None when there is none and none is needed. suspected / regression open or
-    update it; any other judged verdict closes it: `cleared` if it was only suspected, else
-    `recovered`. invalid and no_baseline say nothing about the change: no-op.
+    update it; any other judged verdict closes it: `cleared` if it was only suspected (acked
+    or not), else `recovered`. invalid and no_baseline say nothing about the change: no-op.
 
     Given `judged_on` (tonight's history), an alert opened on a night of another history
     (another host fingerprint or setup; a release run's, for a nightly judged against the
@@ -119,8 +119,26 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
         return _update(alert, run_id, VERDICT_STATUS[verdict], change_pct)
     if alert is None:
         return None
-    closing = "cleared" if alert.status == "suspected" else "recovered"
+    closing = "recovered" if _ever_confirmed(s, alert) else "cleared"
     return _update(alert, run_id, closing, change_pct)
+
+
+def _ever_confirmed(s: Session, alert: Alert) -> bool:
+    """Whether the alert's change was ever confirmed: its status says so, or, acked (a
+    person saw it), a night of it was judged a regression (an alert acked while only
+    suspected that the next night does not repeat is cleared, not recovered)."""
+    if alert.status != "acked":
+        return alert.status != "suspected"  # confirmed (or new, told as confirmed)
+    base = alert.stage_key.split(_VS, 1)[0]
+    first, last = s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id)
+    details = s.scalars(
+        select(Comparison.detail)
+        .join(Stage, (Stage.run_id == Comparison.run_id) & (Stage.stage_id == Comparison.stage_id))
+        .join(Run, Run.run_id == Stage.run_id)
+        .where(Stage.stage_key == base, Comparison.metric == alert.metric,
+               Comparison.verdict == "regression",
+               Run.started_at.between(first.started_at, last.started_at)))
+    return any(alert_key(base, detail) == alert.stage_key for detail in details)
 
 
 def _check_run(s: Session, run_id: str) -> None:

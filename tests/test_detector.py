@@ -155,6 +155,31 @@ def test_a_suspicion_cleared_by_the_next_night_rejoins_the_baseline(lab: Lab) ->
     assert held[blip] == []
 
 
+def test_a_suspicion_a_person_acked_and_the_next_night_cleared_rejoins_the_baseline(
+        lab: Lab) -> None:
+    """Acked while only suspected, then not repeated: cleared, as an unacked suspicion
+    is, and its night back in the baseline. It closed as "recovered", a regression gone
+    that never was one, and the night stayed held out. An acked alert that was confirmed
+    still closes as recovered."""
+    quiet(lab)
+    blip, _, _ = lab.night(p99=7500.0)
+    (alert,) = lab.store.alerts(open_only=True)
+    assert alert["status"] == "suspected"
+    lab.store.set_alert_status(alert["id"], "acked")
+    after, _, _ = lab.night()
+    assert lab.verdict(after, P99)["verdict"] == "unchanged"
+    assert lab.store.alert(alert["id"])["status"] == "cleared"
+    held = {h["run_id"]: h["held_out"] for h in lab.store.history(KEY, "fp1", before_run=after)}
+    assert held[blip] == []
+
+    drop, _, _ = lab.night(rate=1600.0)  # confirmed at once, then acked: a regression
+    (confirmed,) = lab.store.alerts(open_only=True)
+    assert confirmed["status"] == "confirmed"
+    lab.store.set_alert_status(confirmed["id"], "acked")
+    lab.night()
+    assert lab.store.alert(confirmed["id"])["status"] == "recovered"
+
+
 def test_a_changed_fingerprint_starts_a_new_history_and_says_so(lab: Lab) -> None:
     quiet(lab, 3)
     run_id, counts, _ = lab.night(fp="fp2")
