@@ -729,7 +729,7 @@ def test_tls_with_a_client_certificate_and_a_cipher_choice_loses_nothing_after_a
     document["broker"].update(tls=True, ca_file=str(certs / "ca.crt"),
                               cert_file=str(certs / "client.crt"),
                               key_file=str(certs / "client.key"),
-                              ciphers="ECDHE+AESGCM")
+                              tls_version="TLSv1.2", ciphers="ECDHE+AESGCM")
     out = tmp_path / "out"
     process = start_driver(document, out)
     start_at = release(out, process)
@@ -856,7 +856,7 @@ def test_somebody_elses_messages_on_the_stage_topics_are_not_the_stage_errors(br
 
 @pytest.mark.parametrize("broker, message", [
     ({"ca_file": "/nonexistent/ca.pem"}, "broker.ca_file: cannot use '/nonexistent/ca.pem'"),
-    ({"ciphers": "NOPE-CIPHER"}, "broker.ciphers: cannot use 'NOPE-CIPHER'"),
+    ({"ciphers": "NOPE-CIPHER", "tls_version": "TLSv1.2"}, "broker.ciphers: cannot use 'NOPE-CIPHER'"),
     ({"cert_file": "/nonexistent/c.pem"}, "broker.cert_file/key_file: cannot use"),
 ])
 def test_tls_files_or_ciphers_the_host_cannot_use_are_rejected_naming_the_field(
@@ -869,3 +869,29 @@ def test_tls_files_or_ciphers_the_host_cannot_use_are_rejected_naming_the_field(
     assert process.wait(10) == 2
     stderr = process.stderr.read()
     assert message in stderr and "Traceback" not in stderr
+
+
+def test_a_stage_held_to_tls_1_2_and_a_cipher_gets_them_and_records_what_it_got(
+        tls_broker, tmp_path):
+    """A report's protocol (MessageSight's CONNBURST.SEC: TLSv1.2, AES256-GCM-SHA384): the
+    cipher list alone left TLS 1.3 on offer, which OpenSSL 3 takes, so the list changed
+    nothing measured. The version is pinned, and the summary says what was agreed."""
+    port, certs = tls_broker
+    got = {}
+    for name, pinned in (("pinned", {"tls_version": "TLSv1.2", "ciphers": "AES256-GCM-SHA384"}),
+                         ("newest", {})):
+        document = spec(port, publishers=1, warmup=0, measure=1, drain=0)
+        document["broker"].update(tls=True, ca_file=str(certs / "ca.crt"),
+                                  cert_file=str(certs / "client.crt"),
+                                  key_file=str(certs / "client.key"), **pinned)
+        code, summary = run_to_end(document, tmp_path / name)
+        assert code == 0
+        got[name] = summary["tls"]
+    assert got["pinned"] == {"version": "TLSv1.2", "cipher": "AES256-GCM-SHA384"}
+    assert got["newest"]["version"] == "TLSv1.3"
+
+    document = spec(port)
+    document["broker"].update(tls=True, ciphers="AES256-GCM-SHA384")
+    process = start_driver(document, tmp_path / "refused")
+    assert process.wait(10) == 2
+    assert "broker.tls_version: ciphers apply to TLS 1.2 only" in process.stderr.read()

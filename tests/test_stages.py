@@ -91,7 +91,8 @@ name: secured
 qos: [0, 1]
 connection:
   tls: {ca_file: /etc/perfpipe/ca.crt, cert_file: /etc/perfpipe/client.crt,
-        key_file: /etc/perfpipe/client.key, ciphers: AES256-GCM-SHA384, port: 8883}
+        key_file: /etc/perfpipe/client.key, version: TLSv1.2, ciphers: AES256-GCM-SHA384,
+        port: 8883}
   username: perf
   password_env: PERFPIPE_TEST_MQTT_PASSWORD
   clean_session: false
@@ -140,7 +141,7 @@ def test_connection_settings_flow_from_yaml_to_the_driver_spec(tmp_path, monkeyp
     assert doc["broker"] == {
         "host": "10.0.0.1", "port": 8883, "tls": True, "ca_file": "/etc/perfpipe/ca.crt",
         "cert_file": "/etc/perfpipe/client.crt", "key_file": "/etc/perfpipe/client.key",
-        "ciphers": "AES256-GCM-SHA384", "username": "perf",
+        "ciphers": "AES256-GCM-SHA384", "tls_version": "TLSv1.2", "username": "perf",
         "password_env": "PERFPIPE_TEST_MQTT_PASSWORD"}
     assert doc["connect_rate"] == pytest.approx(300.0)  # 900/s over 3 processes
     assert (doc["clean_session"], doc["keepalive_s"], doc["max_inflight"],

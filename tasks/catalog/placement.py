@@ -232,6 +232,8 @@ def process_spec(stage: Stage, plan: ProcessPlan, *, run_id: str, broker: dict) 
         for key in ("ca_file", "cert_file", "key_file", "ciphers"):
             if tls.get(key):
                 endpoint[key] = tls[key]
+        if tls.get("version"):
+            endpoint["tls_version"] = tls["version"]
         if tls.get("insecure"):
             endpoint["tls_insecure"] = True
         if tls.get("port"):

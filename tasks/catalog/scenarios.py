@@ -297,8 +297,11 @@ class TlsSettings(BaseModel):
                                 "the system's")
     cert_file: str | None = Field(None, description="client certificate on the driver hosts")
     key_file: str | None = Field(None, description="its private key (default: in cert_file)")
+    version: str | None = Field(None, description="the one TLS version the clients offer, "
+                                "TLSv1.2 or TLSv1.3 (a report's protocol); default: the "
+                                "newest both sides have")
     ciphers: str | None = Field(None, description="OpenSSL cipher string, e.g. "
-                                "AES256-GCM-SHA384")
+                                "AES256-GCM-SHA384: TLS 1.2's suites, so with version TLSv1.2")
     insecure: bool = Field(False, description="skip the server host name check")
     port: StrictInt | None = Field(None, ge=1, le=65535, description="the broker's TLS listener; "
                              "default: the inventory's broker port")
@@ -307,6 +310,8 @@ class TlsSettings(BaseModel):
     def _key_needs_cert(self) -> TlsSettings:
         if self.key_file and not self.cert_file:
             raise ValueError("key_file: needs cert_file (the client certificate it belongs to)")
+        if problem := limits.tls_problem(self.version, self.ciphers):
+            raise ValueError(problem)
         return self
 
 

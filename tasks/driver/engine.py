@@ -241,6 +241,7 @@ class Engine:
                          for index, seq in stream_last_seqs(c.spec, c.seq).items()},
             "unacked_at_end": sum(len(c.inflight or ()) for c in publishers),
             "qos2_pubacks": sessions.reader.qos2_pubacks,
+            "tls": sessions.tls_seen,
             "subscriptions_granted": {str(q): n for q, n in sorted(sessions.granted.items())},
             "qos_judgement": acct.judgement(),
             "connect_phase": {

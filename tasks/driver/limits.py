@@ -82,3 +82,18 @@ def topic_problem(topic: str) -> str | None:
     if len(topic.encode("utf-8", "surrogatepass")) > TOPIC_BYTES:
         return f"must be at most {TOPIC_BYTES} bytes in UTF-8 (MQTT's limit)"
     return None
+
+
+TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")  # what a stage's clients may be held to
+
+
+def tls_problem(version: str | None, ciphers: str | None) -> str | None:
+    """Why a TLS version and cipher list cannot go together, or None. A cipher list picks
+    among TLS 1.2's suites only (OpenSSL's TLS 1.3 suites are its own), so with TLS 1.3
+    allowed the handshake takes 1.3 and the list changes nothing that is measured."""
+    if version is not None and version not in TLS_VERSIONS:
+        return f"version must be one of {', '.join(TLS_VERSIONS)}, got {version!r}"
+    if ciphers and version != "TLSv1.2":
+        return ("ciphers apply to TLS 1.2 only (TLS 1.3 suites are OpenSSL's own): give "
+                "version TLSv1.2 with them, or leave ciphers out")
+    return None

@@ -58,6 +58,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               summed ``connected`` over max(last) - min(first)); times are
                               null when nothing connected
                   unacked_at_end  QoS 1/2 publishes still unacknowledged when the drain ended
+                  tls         {version, cipher} the process's first TLS handshake agreed
+                              with the broker (e.g. TLSv1.2, AES256-GCM-SHA384); null
+                              without TLS
                   qos2_pubacks  QoS 2 publishes the broker acknowledged with a PUBACK, as
                               QoS 1 (it downgraded them; RabbitMQ's MQTT plugin does), over
                               the process's whole life: each is counted acked, its pub_ack

@@ -123,6 +123,9 @@ def ssl_context(spec: ProcessSpec) -> ssl.SSLContext:
     if broker.cert_file:
         with _tls_field("broker.cert_file/key_file", f"{broker.cert_file}, {broker.key_file}"):
             context.load_cert_chain(broker.cert_file, broker.key_file)
+    if broker.tls_version:  # that version only: a report's protocol, not the newest
+        context.minimum_version = context.maximum_version = \
+            ssl.TLSVersion[broker.tls_version.replace(".", "_")]
     if broker.ciphers:
         with _tls_field("broker.ciphers", broker.ciphers):
             context.set_ciphers(broker.ciphers)

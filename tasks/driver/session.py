@@ -126,6 +126,7 @@ class Sessions:
         self.segments_in: int | None = 0
         self.stamped_reads = 0
         self.ssl_context = ssl_context(spec) if spec.broker.tls else None
+        self.tls_seen: dict | None = None  # {version, cipher} the first handshake agreed
         self.sndbuf = send_buffer(spec)
         # one bound method object per callback, shared by every client (memory)
         self._callbacks = {
@@ -212,6 +213,9 @@ class Sessions:
         self.connecting -= 1
         conn.state = CONNECTED
         self.last_connack_at = now / 1e9
+        if conn.tls and self.tls_seen is None:
+            sock = client.socket()  # an ssl.SSLSocket, its handshake done
+            self.tls_seen = {"version": sock.version(), "cipher": (sock.cipher() or [None])[0]}
         self.acct.count(C_CONNECTS_OK, now_ns=now)
         self.acct.observe("connect", (now - conn.connect_ns) // 1000, now)
         if conn.role == "sub":

@@ -3,7 +3,9 @@
 Errors name the field and the fix, e.g. ``publishers[3].qos: must be 0, 1 or 2, got 5``.
 
 Optional fields beyond the pipeline's minimum: TLS (``broker.tls``, ``ca_file``,
-``cert_file``/``key_file`` for a client certificate, ``ciphers`` in OpenSSL syntax,
+``cert_file``/``key_file`` for a client certificate, ``tls_version`` (TLSv1.2 or
+TLSv1.3: the one version offered) and ``ciphers`` in OpenSSL syntax (TLS 1.2's suites:
+with ``tls_version`` TLSv1.2 only),
 ``tls_insecure`` to skip the host name check), ``broker.username`` with its password
 given as ``password`` (a hand-written spec), or by reference as ``password_env`` (an
 environment variable of the driver process) or ``password_file`` (a file on the driver
@@ -47,6 +49,7 @@ class BrokerEndpoint:
     cert_file: str | None = None
     key_file: str | None = None
     ciphers: str | None = None
+    tls_version: str | None = None  # TLSv1.2 or TLSv1.3: the only one offered (None: any)
     tls_insecure: bool = False
     username: str | None = None
     password: str | None = field(default=None, repr=False)  # secret: never echoed
@@ -239,6 +242,7 @@ def parse_spec(doc: dict) -> ProcessSpec:
         cert_file=_get(broker_doc, "cert_file", "broker.", str, None),
         key_file=_get(broker_doc, "key_file", "broker.", str, None),
         ciphers=_get(broker_doc, "ciphers", "broker.", str, None),
+        tls_version=_get(broker_doc, "tls_version", "broker.", str, None),
         tls_insecure=_get(broker_doc, "tls_insecure", "broker.", bool, False),
         username=_get(broker_doc, "username", "broker.", str, None),
         password=_get(broker_doc, "password", "broker.", str, None),
@@ -302,9 +306,11 @@ def parse_spec(doc: dict) -> ProcessSpec:
     for name in ("connect_timeout_s", "start_timeout_s"):
         _require(getattr(spec, name) > 0, name, "must be > 0 seconds")
         _require_ok(limits.TIMEOUT_SECONDS.problem(getattr(spec, name)), name)
-    if broker.cert_file or broker.key_file or broker.ciphers or broker.ca_file:
-        _require(broker.tls, "broker.tls", "must be true when ca_file, cert_file, key_file "
-                 "or ciphers is given")
+    if broker.cert_file or broker.key_file or broker.ciphers or broker.ca_file \
+            or broker.tls_version:
+        _require(broker.tls, "broker.tls", "must be true when ca_file, cert_file, key_file, "
+                 "ciphers or tls_version is given")
+    _require_ok(limits.tls_problem(broker.tls_version, broker.ciphers), "broker.tls_version")
     _require(not (broker.key_file and not broker.cert_file), "broker.cert_file",
              "is required with broker.key_file")
     return spec
