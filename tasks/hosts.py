@@ -240,7 +240,7 @@ class Host:
         return int(self.run([self.python, "-c", PORTS_SOURCE]).stdout.strip())
 
     def port_held(self, port: int) -> bool:
-        """Whether a server already listens on `port` on this host (`ports.held`)."""
+        """Whether another process holds `port` on this host (`ports.held`)."""
         return self.run([self.python, "-c", PORTS_SOURCE, str(port)]).stdout.strip() == "held"
 
     def stop_group(self, pid: int, timeout_s: float) -> None:

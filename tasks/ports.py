@@ -87,9 +87,9 @@ def free_port(tries: int = 200, range_file: str = RANGE_FILE) -> int:
 
 
 def held(port: int) -> bool:
-    """Whether a server already listens on `port` here (any IPv4 address): a bind with
-    SO_REUSEADDR, as brokers bind, fails. A connection in TIME_WAIT (a server stopped a
-    moment ago) does not hold it."""
+    """Whether another process holds `port` here (listens on it, or has bound it, on any
+    IPv4 address): a bind with SO_REUSEADDR, as brokers bind, fails. A connection in
+    TIME_WAIT (a server stopped a moment ago) does not hold it."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

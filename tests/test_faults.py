@@ -431,8 +431,8 @@ def test_a_broker_port_another_server_listens_on_is_refused_before_the_start(
                       f"driver], procs: 1}}]\nbroker: {{kind: mosquitto, host: localhost, "
                       f"address: 127.0.0.1, port: {broker.port}}}\n", "tiny")
     execute("provision", ctx, Call(host="localhost"))
-    with pytest.raises(BrokerError, match=f"localhost: port {broker.port} is already listened "
-                                          "on by another server"):
+    with pytest.raises(BrokerError, match=f"localhost: port {broker.port} is taken by another "
+                                          "process"):
         execute("broker", ctx)
     assert not (ctx.run_dir / "broker" / "mosquitto.log.pid").exists()  # nothing launched
     assert broker.process.poll() is None  # the host's own broker untouched

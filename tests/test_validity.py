@@ -99,7 +99,7 @@ def test_loss_at_qos_0_passes_the_gates_and_is_said():
 
     lossy = stage(0)
     metrics = loss_metrics(lossy)
-    assert metrics == {"lost": 10, "loss_ratio": 0.01}
+    assert metrics == {"lost": 10, "loss_ratio": 0.01, "unacked_at_end": 0}
     assert lossy.problem_list() == [
         "10 of 1,000 messages lost (1.00%): QoS 0 allows it, so no gate fails on it, but a "
         "broker that keeps up loses none (one drops QoS 0 messages past a subscriber's queue)"]

@@ -199,6 +199,9 @@ class Loss:
     expected: int
     unique: int
     unmatched: tuple[str, ...] = ()  # "publisher I of HOST/PROC": none in ``receivers``
+    # deliveries owed by messages the broker had not acknowledged when the drain ended
+    # (the publishers' ``unacked_by_stream`` times their receivers): not promised yet
+    unacked: int = 0
 
     @property
     def lost(self) -> int:
@@ -207,7 +210,7 @@ class Loss:
 
 def message_loss(summaries: Iterable[Mapping], receivers: Mapping[str, int]) -> Loss:
     """The stage's `Loss` (the aggregation's ``lost`` metric, and a search's probes)."""
-    expected = unique = 0
+    expected = unique = unacked = 0
     unmatched = []
     for summary in summaries:
         for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
@@ -216,17 +219,24 @@ def message_loss(summaries: Iterable[Mapping], receivers: Mapping[str, int]) -> 
                                  f"{summary.get('proc')}")
             expected += int(last_seq) * int(receivers.get(str(index), 0))
         unique += int(summary.get("unique_received") or 0)
-    return Loss(expected, unique, tuple(unmatched))
+        unacked += sum(int(n) * int(receivers.get(str(index), 0))
+                       for index, n in (summary.get("unacked_by_stream") or {}).items())
+    return Loss(expected, unique, tuple(unmatched), unacked)
 
 
-def broken_promises(qos: int, lost: float, duplicated: float) -> list[str]:
+def broken_promises(qos: int, lost: float, duplicated: float, unacked: float = 0) -> list[str]:
     """What the deliveries broke of the promise of the QoS they are held to
     (`promised_qos`): a message lost at QoS 1 or 2, a duplicate at QoS 2. A validity gate
     of a stage, and what makes a search's probe or hold fail (the broker did not keep up
-    its promise at that rate)."""
+    its promise at that rate). QoS 1 and 2 promise only what the broker acknowledged: of
+    the deliveries missing, up to `unacked` (`Loss.unacked`) were of messages it had not
+    acknowledged when the drain ended, and break no promise."""
     reasons = []
-    if qos >= 1 and lost > 0:
-        reasons.append(f"{lost:.0f} messages lost at QoS {qos}, which promises delivery")
+    promised_lost = max(0.0, lost - unacked)
+    if qos >= 1 and promised_lost > 0:
+        of_acked = " the broker acknowledged" if unacked else ""
+        reasons.append(f"{promised_lost:.0f} messages{of_acked} lost at QoS {qos}, which "
+                       "promises delivery")
     if qos == 2 and duplicated > 0:
         reasons.append(f"{duplicated:.0f} duplicates at QoS 2, which promises exactly once")
     return reasons
@@ -262,5 +272,6 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
         reasons.append(f"{failed:.0f} of {tried:.0f} connections failed (refused, or no CONNACK "
                        "by the connect deadline): the stage ran fewer clients than planned")
     reasons += broken_promises(promised_qos(qos, metrics), metrics.get("lost") or 0,
-                               metrics.get("duplicated") or 0)
+                               metrics.get("duplicated") or 0,
+                               metrics.get("unacked_at_end") or 0)
     return ("invalid" if reasons else "valid"), reasons

@@ -32,7 +32,7 @@ from .accounting import C_CONNECTS_FAILED, C_ERRORS, Accounting
 from .output import READY_FILE, START_FILE, RawWriter, write_json
 from .paho_glue import check_paho
 from .receive import Reader
-from .send import Scheduler, stream_last_seqs
+from .send import Scheduler, stream_last_seqs, stream_unacked
 from .session import CONNECTED, DEAD, READY, Sessions
 from .spec import ProcessSpec
 from .wire import HEADER, run_tag
@@ -240,6 +240,9 @@ class Engine:
             "last_seq": {index: seq for c in publishers
                          for index, seq in stream_last_seqs(c.spec, c.seq).items()},
             "unacked_at_end": sum(len(c.inflight or ()) for c in publishers),
+            "unacked_by_stream": {index: n for c in publishers if c.inflight
+                                  for index, n in stream_unacked(c.spec, c.seq,
+                                                                 len(c.inflight)).items()},
             "qos2_pubacks": sessions.reader.qos2_pubacks,
             "tls": sessions.tls_seen,
             "subscriptions_granted": {str(q): n for q, n in sorted(sessions.granted.items())},

@@ -58,6 +58,9 @@ measured; at the end both are rewritten whole, with any late event, before
                               summed ``connected`` over max(last) - min(first)); times are
                               null when nothing connected
                   unacked_at_end  QoS 1/2 publishes still unacknowledged when the drain ended
+                  unacked_by_stream  {stream: count} of those, keyed like last_seq: the
+                              last messages of each publisher (acknowledgements come in
+                              the order messages were sent)
                   tls         {version, cipher} the process's first TLS handshake agreed
                               with the broker (e.g. TLSv1.2, AES256-GCM-SHA384); null
                               without TLS

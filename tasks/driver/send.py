@@ -340,6 +340,19 @@ def stream_last_seqs(spec, seq: int) -> dict[str, int]:
     return {str(spec.publisher_index + k): (seq - k + cycle - 1) // cycle for k in range(cycle)}
 
 
+def stream_unacked(spec, seq: int, unacked: int) -> dict[str, int]:
+    """How many of a publisher's last `unacked` messages (of `seq` sent) each of its
+    streams holds: the messages the broker has not acknowledged are its last ones, since
+    acknowledgements come in the order the messages were sent (MQTT 3.1.1, 4.6). Streams
+    with none are left out."""
+    cycle = max(len(spec.topic_cycle), 1)
+    out: dict[str, int] = {}
+    for k in range(seq - unacked + 1, seq + 1):
+        stream = str(spec.publisher_index + (k - 1) % cycle)
+        out[stream] = out.get(stream, 0) + 1
+    return out
+
+
 def _intended_by(first: int, interval: float, t: int) -> int:
     """How many messages of a publisher are intended at or before t (message k at
     first + int((k-1) * interval), the heap's key): the float division alone can come out

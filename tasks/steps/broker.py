@@ -168,13 +168,14 @@ def start_managed(ctx: RunContext, adapter, state: dict, port: int, options: dic
 
 
 def _refuse_held(host, config, ports: list[int]) -> None:
-    """A port of the broker's that another server already listens on: the broker perfpipe
+    """A port of the broker's that another process holds (listens on, or has bound): the
+    broker perfpipe
     starts would exit ("address in use") a moment after the health check had its CONNECT
     answered by that other server, and every stage would fail with "broker died"."""
     for port in ports:
         if host.port_held(port):
-            raise BrokerError(f"{host.name}: port {port} is already listened on by another "
-                              f"server (a {config.kind} service of the host's own?): stop it, "
+            raise BrokerError(f"{host.name}: port {port} is taken by another process (a "
+                              f"{config.kind} service of the host's own?): stop it, "
                               "or give broker.port (connection.tls.port for TLS) a free port, "
                               "or leave broker.port out for one perfpipe picks")
 

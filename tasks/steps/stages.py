@@ -353,8 +353,9 @@ def probe_outcome(planned: Mapping, counters: list[str], summaries: list[dict],
              for name in ("connects_failed", "duplicated")}
     promised = promised_qos(planned["qos"], {"delivery_qos": delivered_qos(summaries)})
     # loss needs every process's summary (the aggregation computes none without them)
-    lost = message_loss(summaries, planned["receivers"]).lost if all(summaries) else 0
-    broken = broken_promises(promised, lost, whole["duplicated"])
+    loss = message_loss(summaries, planned["receivers"]) if all(summaries) else None
+    broken = broken_promises(promised, loss.lost if loss else 0, whole["duplicated"],
+                             loss.unacked if loss else 0)
     busiest = [pct for pct in map(process_cpu_pct, summaries) if pct is not None]
     seconds = last - first
     offered = rate * seconds
