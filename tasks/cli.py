@@ -215,7 +215,8 @@ def parser() -> argparse.ArgumentParser:
     nightly.add_argument("--suite", help=SUITE_HELP)
     run = _command(sub, "run", "run the whole pipeline once, without Airflow",
                    "Run every step of the pipeline once in this process, without Airflow: "
-                   "plan, then the steps listed below, teardown whatever happens.", _run)
+                   "plan, then the steps listed below, teardown whatever happens (a failed "
+                   "step, Ctrl-C, SIGTERM or SIGHUP: the run is closed failed, exit 1).", _run)
     run.add_argument("--suite", help=SUITE_HELP)
     run.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
     run.add_argument("--kind", default="manual", choices=RUN_KINDS,

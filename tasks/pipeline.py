@@ -1,13 +1,18 @@
 """The whole run without Airflow: plan, then every step of `tasks.steps.STEPS` in order
-(per-host steps once per host), and teardown whatever happened. The run holds its lab
-from before its plan to its teardown, so another run's steps never come between its own
-(its broker is up for it alone), and a run that cannot get the lab leaves no run behind.
+(per-host steps once per host), and teardown whatever happened: a failed step, Ctrl-C, or
+SIGTERM or SIGHUP (a CI job's timeout, `timeout`, a closed SSH session), which stop the
+steps as Ctrl-C does. The run holds its lab from before its plan to its teardown, so
+another run's steps never come between its own (its broker is up for it alone), and a run
+that cannot get the lab leaves no run behind.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +54,8 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
         ctx = RunContext.load(settings, run_id)
         results: dict[str, object] = {}
         try:
-            _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
+            with _stopped_as_by_ctrl_c(say):
+                _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
         finally:
             ctx.close_hosts()
     closed = results["teardown"]
@@ -95,6 +101,33 @@ def _promoted(settings: Settings, run_id: str, label: str, stored: bool) -> str:
         return f"not promoted: {exc}; {later}"
 
 
+STOPPING = (signal.SIGTERM, signal.SIGHUP)  # stop a run as Ctrl-C does: teardown runs
+
+
+@contextmanager
+def _stopped_as_by_ctrl_c(say: Callable[[str], None]) -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the steps, once: Python's default
+    for them ends the process at once, skipping teardown, and the broker, the drivers and
+    the sampler (each in a session of its own) ran on, the tuning stayed and the run
+    stayed `running`. A second one while teardown runs is said, not obeyed (SIGKILL
+    still ends it). Only the main thread can take signals: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        for sig in STOPPING:
+            signal.signal(sig, lambda *_: say("already stopping: teardown runs first"))
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    before = {sig: signal.signal(sig, stop) for sig in STOPPING}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
                say: Callable[[str], None]) -> None:
     try:
@@ -106,7 +139,7 @@ def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
                 # a step that returns a list said each item as it went: say how many
                 said = f"{len(result)} done" if isinstance(result, list) else result
                 say(f"{step.name}{' ' + host if host else ''}: {said}")
-    except Exception as exc:  # the run is closed as failed below; the trace goes to a file
+    except (Exception, KeyboardInterrupt) as exc:  # closed as failed below; trace to a file
         trace = ctx.run_dir / rundir.ERROR_LOG
         try:
             trace.write_text(traceback.format_exc())

@@ -8,6 +8,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sql import Store
 from tests.conftest import planned_run, unmanaged_run
 
 
@@ -446,7 +448,7 @@ def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
     import subprocess
 
     from tasks.hosts import LocalHost
-    from tasks.steps.teardown import stop_drivers
+    from tasks.steps.teardown import stop_stage_processes
 
     ctx = planned_run(tmp_path, "hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
                    "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
@@ -462,7 +464,7 @@ def test_teardown_stops_only_the_driver_groups_the_run_launched(tmp_path: Path,
              "started": here.started(other.pid) - 1},
             # a driver already gone when the stages step recorded it, its id given since
             {"host": "localhost", "group_pid": later.pid, "started": None}]})
-        assert stop_drivers(ctx) == 1
+        assert stop_stage_processes(ctx) == 1
         assert ours.wait(timeout=10) == -signal.SIGTERM
         assert other.poll() is None, "teardown signalled a process group the run never had"
         assert later.poll() is None, "teardown signalled a process group the run never had"
@@ -719,3 +721,47 @@ def test_a_disk_that_fills_mid_stage_fails_the_run_saying_so_and_leaves_nothing_
     left = subprocess.run(["pgrep", "-f", f"tasks.driver.*{run['run_id']}"],
                           capture_output=True, text=True, check=False)
     assert left.stdout == "", left.stdout  # no driver left running
+
+
+def test_a_cli_run_stopped_by_sigterm_tears_down_and_closes_the_run(
+        tmp_path: Path, tiny_suite: Path) -> None:
+    """Fault: `perfpipe run` gets SIGTERM inside its stages (a CI job's timeout, `timeout`,
+    a closed SSH session: SIGHUP). Python's default ended it at once: no teardown, so
+    the broker, the drivers and the sampler (each in a session of its own) ran on and the
+    run stayed `running`. Now the steps stop as by Ctrl-C, and teardown stops what the run
+    started and closes it failed."""
+    import subprocess
+    import sys
+
+    from tasks.settings import load_settings
+
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver], "
+                         "procs: 1}]\nbroker: {kind: mosquitto, host: localhost, address: "
+                         "127.0.0.1}\n")
+    run = subprocess.Popen([sys.executable, "-m", "tasks.cli", "run", "--suite", "tiny",
+                            "--inventory", str(inventory)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    try:
+        for line in run.stdout:  # the broker is up: the stages step is next
+            said.append(line)
+            if line.startswith("broker: "):
+                break
+        time.sleep(2)  # inside the first stage
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    said.append(out)
+    whole = "".join(said)
+    assert run.returncode == 1, whole
+    assert "FAILED: KeyboardInterrupt: stopped by SIGTERM" in whole
+    assert "teardown: " in whole
+    (run_id,) = re.findall(r"run id: (\S+)", whole)
+    assert Store(load_settings().database_url()).run(run_id)["status"] == "failed"
+    run_dir = load_settings().run_dir(run_id)
+    started = [int(p.read_text()) for p in run_dir.rglob("*.pid") if p.read_text().strip()]
+    assert started, sorted(run_dir.rglob("*"))
+    assert [pid for pid in started if _environ(pid) is not None] == []  # all stopped

@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 from datetime import datetime, timezone
 
 from .. import rundir
@@ -57,7 +58,7 @@ from . import STEPS, Call
 from .broker import kept_for_search, let_go
 from .load_metrics import stage_key
 from .provision import host_pythonpath, run_fingerprint, usable_cpus
-from .teardown import stop_drivers
+from .teardown import stop_stage_processes
 
 READY_TIMEOUT_S = 60.0
 # seconds at least between the barrier and the common start (a whole second): enough to
@@ -214,28 +215,38 @@ def broker_sampler(ctx: RunContext, broker: dict) -> BrokerSampler | None:
                           "dedicated": dedicated, "stats": described})
 
 
+class Group(NamedTuple):
+    """A process group a stage launched on a host (a driver process, the sampler)."""
+
+    host_name: str
+    host: Host
+    group_pid: int
+
+
 def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until: int,
-                   broker: dict) -> None:
+                   broker: dict) -> Group:
     host = ctx.host(sampler.host)
     out_dir = f"{ctx.remote_run_dir(host)}/{rundir.sampler_dir(stage.stage_id, sampler.host)}"
     host.mkdir(out_dir)
-    host.launch(pinned(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python,
-                        "-m", "tasks.driver.sampler", *sampler.args, "--until", str(until),
-                        "--out", out_dir], own_cpus(broker, sampler.host)),
-                f"{out_dir}/sampler.log")
+    return Group(sampler.host, host, host.launch(
+        pinned(["env", f"PYTHONPATH={host_pythonpath(ctx, sampler.host)}", host.python,
+                "-m", "tasks.driver.sampler", *sampler.args, "--until", str(until),
+                "--out", out_dir], own_cpus(broker, sampler.host)),
+        f"{out_dir}/sampler.log"))
 
 
-def record_launched(ctx: RunContext, stage_id: str, launched: list[Launched]) -> None:
-    """processes/<stage>.json, for teardown: each process group, written before anything
-    else is asked of a host, then again with when each started (`Host.started`: None for
-    one already gone, nothing for a host that did not answer), so a group whose id the
-    kernel gave another process since is left alone."""
+def record_launched(ctx: RunContext, stage_id: str, launched: list[Group]) -> None:
+    """processes/<stage>.json, for teardown: each process group (the drivers, then the
+    sampler, which ends by itself at the stage's end, but not when a run stops early),
+    written before anything else is asked of a host, then again with when each started
+    (`Host.started`: None for one already gone, nothing for a host that did not answer),
+    so a group whose id the kernel gave another process since is left alone."""
     path = rundir.processes_file(stage_id)
-    groups = [{"host": p.plan.host, "group_pid": p.group_pid} for p in launched]
+    groups = [{"host": g.host_name, "group_pid": g.group_pid} for g in launched]
     ctx.write_json(path, {"processes": groups})
-    for group, proc in zip(groups, launched):
+    for group, launch in zip(groups, launched):
         try:
-            group["started"] = proc.host.started(proc.group_pid)
+            group["started"] = launch.host.started(launch.group_pid)
         except HostError:
             continue
     ctx.write_json(path, {"processes": groups})
@@ -245,7 +256,8 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     inventory = ctx.inventory
     plans = place(stage, stage_slots(stage, inventory, usable_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
-    record_launched(ctx, stage.stage_id, launched)
+    groups = [Group(p.plan.host, p.host, p.group_pid) for p in launched]
+    record_launched(ctx, stage.stage_id, groups)
     try:
         _wait_ready(launched, READY_TIMEOUT_S)
     except StageError:
@@ -274,7 +286,8 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
         "sampler": sampler and sampler.sampled,
     })
     if sampler is not None:
-        _start_sampler(ctx, sampler, stage, windows["end"], broker)
+        record_launched(ctx, stage.stage_id,
+                        [*groups, _start_sampler(ctx, sampler, stage, windows["end"], broker)])
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
@@ -440,7 +453,7 @@ def start_clean(ctx: RunContext) -> str | None:
               if host.exists(raw := f"{folder}/{rundir.RAW_DIR}")]
     if not local and not remote:
         return None
-    stopped = stop_drivers(ctx)
+    stopped = stop_stage_processes(ctx)
     discarded = ctx.run_dir / rundir.DISCARDED_DIR
     attempt = f"{rundir.DISCARDED_DIR}/{len(list(discarded.iterdir())) + 1 if discarded.exists() else 1}"
     (ctx.run_dir / attempt).mkdir(parents=True)

@@ -36,9 +36,9 @@ class TeardownIncomplete(RuntimeError):
     green); `perfpipe` commands say it in their output and exit code."""
 
 
-def stop_drivers(ctx: RunContext, problems: list[str] | None = None) -> int:
-    """Stop every driver process group of the run still alive (its leader the process
-    launched: a group id the kernel gave another process since, when teardown runs again
+def stop_stage_processes(ctx: RunContext, problems: list[str] | None = None) -> int:
+    """Stop every process group the run's stages launched (driver processes, the broker's
+    sampler) still alive (its leader the process launched: a group id the kernel gave another process since, when teardown runs again
     days later, is left alone); a host that cannot be reached is noted in `problems`
     (once) and the others are still stopped."""
     stopped, unreachable = 0, set()
@@ -118,7 +118,7 @@ def run(ctx: RunContext, call: Call) -> dict:
     the run itself started is stopped: its status stands, and the hosts' tuning records,
     which a later run may hold by now, are left as they are."""
     problems: list[str] = []
-    stopped = stop_drivers(ctx, problems)
+    stopped = stop_stage_processes(ctx, problems)
     broker = _guarded(problems, "broker not stopped", lambda: stop_broker(ctx))
     closed = _closed(ctx)
     if closed is not None:
@@ -131,7 +131,7 @@ def run(ctx: RunContext, call: Call) -> dict:
             raise TeardownIncomplete(f"run {ctx.run_id} already closed {closed['status']}, "
                                      "teardown incomplete: " + "; ".join(problems))
         return {"status": closed["status"], "stored": True, "warning": closed.get("warning"),
-                "drivers_stopped": stopped, "broker": broker, "tuning_restored": {},
+                "processes_stopped": stopped, "broker": broker, "tuning_restored": {},
                 "problems": problems, "already_closed": True}
     restored = _guarded(problems, "tuning not restored", lambda: restore_run_tuning(ctx, problems, call.say))
     unremoved: list[str] = []  # said, not a problem of the run: its files are collected
@@ -152,7 +152,7 @@ def run(ctx: RunContext, call: Call) -> dict:
         raise TeardownIncomplete(f"run {ctx.run_id} closed {status}, teardown incomplete: "
                                  + ("; ".join(problems) or "its status is not stored"))
     return {"status": status, "stored": stored, "warning": warning,
-            "drivers_stopped": stopped, "broker": broker, "tuning_restored": restored,
+            "processes_stopped": stopped, "broker": broker, "tuning_restored": restored,
             "files_removed_on": cleaned, "problems": problems}
 
 
