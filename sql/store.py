@@ -41,6 +41,7 @@ from .common import (
 )
 from .histories import History, reset_label
 from .models import (
+    Alert,
     Baseline,
     Comparison,
     HostFingerprint,
@@ -518,12 +519,18 @@ class Store:
         also restarts the alert's metric's history the alert's first run is a night of
         there (its fingerprint and setup; the others of the stage key, and the stage's other
         metrics, go on), unless it already starts later; not for an alert against a pinned
-        release, whose baseline is the release run (promote another to move it)."""
+        release, whose baseline is the release run (promote another to move it). An
+        accepted alert set to another status takes that restart back."""
         with self._tx() as s:
+            was = getattr(s.get(Alert, alert_id), "status", None)  # set_status says if none
             alert = alerts.set_status(s, alert_id, status)
-            if status == "accepted" and not alerts.release_of(alert.stage_key):
-                upsert_baseline(s, "reset", reset_label(alert.stage_key, alert.first_run_id,
-                                                        alert.metric), alert.first_run_id)
+            if alerts.release_of(alert.stage_key) or (status == "accepted") == (was == "accepted"):
+                return
+            label = reset_label(alert.stage_key, alert.first_run_id, alert.metric)
+            if status == "accepted":
+                upsert_baseline(s, "reset", label, alert.first_run_id)
+            else:
+                s.execute(delete(Baseline).where(Baseline.kind == "reset", Baseline.label == label))
 
     def alerts_flagged_with(self, alert_id: int) -> list[int]:
         """The open alerts the run's stages flagged with this one (`alerts.flagged_with`)."""

@@ -283,6 +283,12 @@ def test_history(store: Store, count) -> None:
                 for h in store.history("fanin.q1", "fp1", before_run="tonight")}
 
     assert held_out() == {"n9": [], "n8": ["delivered_rate"]}
+    # a person who accepted it, then called it a false positive (or fixed): the reset
+    # goes with the acceptance, and its metric's earlier nights feed the baseline again
+    store.set_alert_status(alert_id, "false_positive")
+    assert held_out() == {"n9": [], "n8": []}
+    store.set_alert_status(alert_id, "accepted")
+    assert held_out() == {"n9": [], "n8": ["delivered_rate"]}
     old_id, _ = store.upsert_alert(stage_key="fanin.q1", metric="lost", run_id="n2",
                                    status="new", change_pct=None)
     store.set_alert_status(old_id, "accepted")
