@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import zipfile
 from pathlib import Path
 
@@ -30,7 +31,10 @@ def _sources() -> list[tuple[str, Path]]:
 
 
 def build(out_dir: Path) -> Path:
-    """Write the bundle into out_dir (if not there yet); returns its path."""
+    """Write the bundle into out_dir (unless it is there, whole); returns its path. It is
+    written under another name and renamed, and a file of its name with other bytes (a
+    write cut short by a full disk or a kill) is written again: provision ships this file
+    and checks the hosts' copies against it, so a broken one would go everywhere."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, path in _sources():
@@ -39,7 +43,9 @@ def build(out_dir: Path) -> Path:
             archive.writestr(info, path.read_bytes())
     data = buffer.getvalue()
     path = Path(out_dir) / f"perfpipe-driver-{hashlib.sha256(data).hexdigest()[:12]}.zip"
-    if not path.exists():
+    if not path.exists() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_bytes(data)
+        partial.replace(path)
     return path

@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"perfpipe: {exc}", file=sys.stderr)
         return 2
+    except (PermissionError, NotADirectoryError, FileExistsError) as exc:  # e.g. a bad --out
+        print(f"perfpipe: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
     except LockBusy as exc:  # another run has the lab: nothing was started
         print(f"perfpipe: {exc}", file=sys.stderr)
         return 3

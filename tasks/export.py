@@ -31,6 +31,10 @@ def export_run(store: Store, run_id: str, fmt: str, out: Path,
     """Write run `run_id` in format `fmt` to `out`; say what was written and how to use it."""
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "bencher" and out.is_dir():
+        raise ValueError(f"--out {out}: a folder; bencher writes one JSON file: give its path")
+    if fmt == "otava" and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file; otava writes a folder of CSVs: give a folder")
     run = store.run(run_id)
     if run is None:
         raise ValueError(f"no run {run_id!r}; recent: "

@@ -15,13 +15,13 @@ pin a release baseline, move an alert through its lifecycle.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from sql import Store
 from sql.alerts import release_of
 
 from . import rundir
 from .metrics import ALERT_ACTIONS
+from .run_context import folder_of
 from .settings import Settings, load_settings
 from .views.summary import run_summary
 from .views.tables import table
@@ -42,7 +42,7 @@ EFFECT_OF_RELEASE_RUN = ("accepted and closed; it was opened by release {run}, w
 
 def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> None:
     run = store.run(run_id)
-    run_dir = Path(run["artifact_dir"])
+    run_dir = folder_of(run, load_settings().run_dir(run_id))
     say(run_summary(run, store.stages(run_id), {
         "report": run_dir / rundir.REPORT, "slack message": run_dir / rundir.SLACK_MESSAGE}))
 

@@ -40,8 +40,10 @@ class Settings(BaseSettings):
     slack_conn_id: str = "perfpipe_slack"  # under Airflow: the Slack Connection, if defined
     airflow_base_url: str | None = None  # for links from alerts to the Airflow run
     report_base_url: str | None = None  # where run folders are served: <url>/<run id>/report.html
-    nightly_max_age_h: float = 26.0  # the watchdog's alarm: no nightly started for this long
-    lab_wait_s: float = 4 * 3600.0  # how long a step waits for another run's step on the lab
+    # the watchdog's alarm: no nightly started for this long (at most ten years)
+    nightly_max_age_h: float = Field(26.0, gt=0, le=87_600, allow_inf_nan=False)
+    # how long a step waits for another run's step on the lab (nan would wait for ever)
+    lab_wait_s: float = Field(4 * 3600.0, ge=0, allow_inf_nan=False)
     # how long a database down or locked is waited for, in seconds (not negative, nan or
     # inf; default: the store's own, sql.store.DB_RETRY_S)
     db_retry_s: float | None = Field(None, ge=0, allow_inf_nan=False)

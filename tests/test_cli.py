@@ -119,6 +119,12 @@ def test_the_nightly_summary_lists_what_needs_a_look_and_counts_the_rest(tmp_pat
     assert "slack message: (not written" in text and len(text.splitlines()) < 15
     failed = short_summary({**run, "status": "failed"}, [], files)
     assert "no verdicts: the run ended before load_metrics" in failed
+    assert "slack message: (not written: the run failed before it)" in failed
+    # a run still going (perfpipe show while the nightly runs), its version not read yet:
+    # it did not fail, and its version is no "None"
+    going = short_summary({**run, "status": "running", "broker_version": None}, [], files)
+    assert "slack message: (not written yet: the run is still going)" in going
+    assert "mosquitto (version not known yet)): running" in going and "None" not in going
     # nothing compared because a stage's setup changed: the summary and the table say so
     why = "setup changed (measure_s: 10 -> 60): a new history starts here"
     fresh = {**stage, "comparisons": [{**verdict("delivered_rate", "no_baseline"),

@@ -67,16 +67,21 @@ def test_a_database_down_before_the_run_fails_in_one_line_and_leaves_no_run_fold
     assert not runs.exists() or not any(runs.iterdir())  # no folder without a run
 
 
-@pytest.mark.parametrize("value, why", [("nan", "finite number"), ("inf", "finite number"),
-                                        ("-1", "greater than or equal to 0")])
-def test_a_retry_window_that_is_no_number_of_seconds_is_refused_naming_it(
-        perfpipe_env: Path, monkeypatch, value: str, why: str):
+@pytest.mark.parametrize("name, value, why", [
+    ("PERFPIPE_DB_RETRY_S", "nan", "finite number"), ("PERFPIPE_DB_RETRY_S", "inf", "finite number"),
+    ("PERFPIPE_DB_RETRY_S", "-1", "greater than or equal to 0"),
+    # the watchdog's age: inf crashed (OverflowError), -1 alerted of "the last -1 h"
+    ("PERFPIPE_NIGHTLY_MAX_AGE_H", "inf", "finite number"),
+    ("PERFPIPE_NIGHTLY_MAX_AGE_H", "-1", "greater than 0"),
+    ("PERFPIPE_LAB_WAIT_S", "nan", "finite number")])  # waited on the lab for ever
+def test_a_time_setting_that_is_no_number_of_seconds_is_refused_naming_it(
+        perfpipe_env: Path, monkeypatch, name: str, value: str, why: str):
     """nan would never reach the window's end (every comparison with it is false): the
     store would try again every 8 s without end."""
-    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", value)
-    done = _cli("show", "nightly-none")
+    monkeypatch.setenv(name, value)
+    done = _cli("check-nightly") if "NIGHTLY" in name else _cli("show", "nightly-none")
     assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert f"PERFPIPE_DB_RETRY_S={value!r}: " in done.stderr and why in done.stderr, done.stderr
+    assert f"{name}={value!r}: " in done.stderr and why in done.stderr, done.stderr
 
 
 @pytest.mark.alone

@@ -119,6 +119,20 @@ def test_perfpipe_export_writes_both_formats_and_names_a_bad_run_in_one_line(
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("perfpipe")]
     assert len(said) == 1 and said[0].startswith("perfpipe: no run 'nope'; recent: ['n14'")
 
+    # an --out of the wrong kind, or where nothing can be written: one line, exit 2 (it
+    # was a traceback, and exit 1, which says a run did not end ok)
+    for argv, message in (
+            (["export", last, "--format", "bencher", "--out", str(tmp_path)],
+             f"--out {tmp_path}: a folder; bencher writes one JSON file"),
+            (["export", last, "--format", "otava", "--out", str(bmf)],
+             f"--out {bmf}: a file; otava writes a folder of CSVs"),
+            (["report", last, "--out", str(tmp_path)],
+             f"--out {tmp_path}: a folder; the report is one HTML file"),
+            (["report", last, "--out", str(bmf / "r.html")], f"{bmf}: File exists")):
+        assert main(argv) == 2, argv
+        said = capsys.readouterr().err.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith(f"perfpipe: {message}"), said
+
 
 def test_bencher_export_holds_the_stored_metrics_in_bencher_units(sqlite_store, tmp_path):
     run_id = history(sqlite_store)

@@ -161,3 +161,9 @@ def test_the_driver_bundle_imports_with_the_standard_library_alone(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     assert set(out.stdout.split()) - set(sys.stdlib_module_names) - {"__main__"} == {
         "tasks", "paho"}
+
+    # cut short (a full disk, a kill mid-write): built again, not shipped as it is
+    whole = bundle.read_bytes()
+    bundle.write_bytes(whole[: len(whole) // 2])
+    assert build(tmp_path) == bundle and bundle.read_bytes() == whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -64,6 +64,8 @@ def rerender(store: Store, run_id: str, out: Path | None = None) -> str:
     """`perfpipe report RUN_ID`: the report of a stored run, from the results store, written
     to `out` (default: the run folder's report.html); returns its path."""
     run_dir = folder_of(store.run(run_id), load_settings().run_dir(run_id))
+    if out is not None and out.is_dir():
+        raise ValueError(f"--out {out}: a folder; the report is one HTML file: give its path")
     path = out or run_dir / rundir.REPORT
     html = render_stored(store, run_id, run_dir if run_dir.exists() else None)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,14 +29,21 @@ NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage fee
 
 
 def _header(run: dict) -> list[str]:
+    version = run.get("broker_version") or "(version not known yet)"
     return [f"\nrun {run['run_id']} ({run['kind']}, suite {run['suite']}, {run['broker_kind']} "
-            f"{run.get('broker_version')}): {run['status']}"] + (
+            f"{version}): {run['status']}"] + (
         [f"warning: {run['warning']}"] if run.get("warning") else [])
 
 
-def _files(files: dict[str, Path]) -> list[str]:
-    return [f"{label}: {path if path.exists() else '(not written: the run failed before it)'}"
-            for label, path in files.items()]
+def _files(run: dict, files: dict[str, Path]) -> list[str]:
+    """Where the report and the Slack message are; why one is not there."""
+    def why(path: Path) -> str:
+        if not path.parent.is_dir():
+            return "(not on this machine: the run's folder is elsewhere)"
+        return {"running": "(not written yet: the run is still going)",
+                "failed": "(not written: the run failed before it)"}.get(
+            run["status"], "(not written)")
+    return [f"{label}: {path if path.exists() else why(path)}" for label, path in files.items()]
 
 
 def _no_baseline(run: dict, stages: list[dict], reasons_listed: bool = False) -> str:
@@ -105,7 +112,7 @@ def run_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
         lines.append("\n" + _no_verdicts(run, stages))
     else:
         lines.append(f"\nnothing compared: {_no_baseline(run, stages, reasons_listed=True)}")
-    return "\n".join(lines + _files(files))
+    return "\n".join(lines + _files(run, files))
 
 
 def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
@@ -127,4 +134,4 @@ def short_summary(run: dict, stages: list[dict], files: dict[str, Path]) -> str:
         notable = [v for v in verdicts if v["verdict"] in NOTABLE]
         if notable:
             lines.append(table(notable))
-    return "\n".join(lines + _files(files))
+    return "\n".join(lines + _files(run, files))
