@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     outcome = run_pipeline(load_settings(), suite=args.suite, inventory=args.inventory,
                            kind=args.kind, release_label=args.release_label,
                            options=run_options(args))
-    return exit_code(outcome.status, outcome.warning)
+    return exit_code(outcome.status, outcome.warning, stored=outcome.stored)
 
 
 def run_options(args: argparse.Namespace) -> dict:

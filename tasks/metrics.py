@@ -251,12 +251,17 @@ RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")
 
 
-def exit_code(status: str, warning: str | None, airflow_state: str = "success") -> int:
+def exit_code(status: str, warning: str | None, airflow_state: str = "success", *,
+              stored: bool = True) -> int:
     """A closed run's status as `perfpipe run` and `perfpipe nightly` exit with it: 0 ok,
     1 not ok, 5 ok with a warning (Slack not told): a script or a scheduler sees
     a night nobody heard of, though its results are good. Under Airflow (`perfpipe
     nightly`) a DAG run that is not green is 1, unless its run ended ok with the warning:
-    then its alert task failed on purpose, and it is the same 5."""
+    then its alert task failed on purpose, and it is the same 5. 4 when the run's status
+    is not stored (the database away at teardown: `perfpipe step teardown RUN` stores it
+    once it is back), as the CLI exits whenever the database is away."""
+    if not stored:
+        return 4
     if airflow_state != "success" and not (status == "ok" and warning):
         return 1
     return 1 if status != "ok" else 5 if warning else 0

@@ -36,6 +36,7 @@ class RunOutcome:
     report: str | None
     message: str | None
     warning: str | None = None  # the run ended well but Slack was not told
+    stored: bool = True  # False: the database was away at teardown (its status not stored)
 
 
 def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Path | None = None,
@@ -65,7 +66,7 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
         say(_promoted(settings, run_id, release_label or "", closed["stored"]))
     alert = results.get("alert") or {}
     return RunOutcome(run_id, closed["status"], results.get("report"), alert.get("message"),
-                      closed["warning"])
+                      closed["warning"], closed["stored"])
 
 
 def check_release_choices(kind: str, release_label: str | None, options: dict) -> None:

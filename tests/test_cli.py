@@ -245,6 +245,8 @@ def test_exit_codes_of_a_run_and_of_a_nightly_dag_run() -> None:
     assert exit_code("ok", "Slack not told", airflow_state="failed") == 5
     assert exit_code("ok", None, airflow_state="failed") == 1
     assert exit_code("failed", None, airflow_state="failed") == 1
+    # the database away at teardown: the status not stored, as the step itself exits
+    assert exit_code("failed", None, stored=False) == exit_code("ok", None, stored=False) == 4
 
 
 def test_a_step_is_refused_a_host_it_cannot_run_for_and_a_run_id_never_planned(

@@ -121,7 +121,7 @@ def test_a_database_outage_mid_run_is_waited_out_and_nothing_is_stored_twice(
     assert "unreachable" in failed and "tried" in failed, failed
     (unstored,) = [line for line in lines if "is not stored" in line]
     assert f"perfpipe step teardown {outcome.run_id}" in unstored, unstored
-    assert outcome.status == "failed"
+    assert outcome.status == "failed" and outcome.stored is False
 
     pg.up()
     closed = run_step("teardown", outcome.run_id)
