@@ -864,10 +864,21 @@ def test_the_results_db_can_come_from_an_airflow_connection(pg_server, monkeypat
     from tasks.settings import load_settings
 
     url = make_url(create_database(pg_server, f"t_{uuid.uuid4().hex[:12]}"))
+    # its libpq extras reach the connection: TLS asked of a server without it is refused
+    # (they were dropped, so sslmode=require quietly became libpq's `prefer`)
     conn = {"conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
-            "password": url.password, "schema": url.database}
+            "password": url.password, "schema": url.database,
+            "extra": {"sslmode": "require", "application_name": "perfpipe-test"}}
     monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps(conn))
     monkeypatch.setenv("PERFPIPE_DB_CONN_ID", "perfpipe_results")
+    asked = make_url(load_settings().database_url()).query
+    assert (asked["sslmode"], asked["application_name"]) == ("require", "perfpipe-test")
+    monkeypatch.setenv("PERFPIPE_DB_RETRY_S", "0")  # refused for good: no wait
+    with pytest.raises(StoreError, match="SSL"):
+        load_settings().store().migrate()
+    monkeypatch.delenv("PERFPIPE_DB_RETRY_S")
+    conn["extra"] = {"sslmode": "disable"}
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps(conn))
     store = Store(load_settings().database_url())
     store.migrate()
     store.create_run("r1", kind="manual", suite="smoke", broker_kind="mosquitto", artifact_dir="/x")
@@ -875,6 +886,10 @@ def test_the_results_db_can_come_from_an_airflow_connection(pg_server, monkeypat
     assert url.password is None or url.password not in repr(store)
     monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", json.dumps({"conn_type": "http", "host": "x"}))
     with pytest.raises(ValueError, match="make it a postgres Connection"):
+        load_settings().database_url()
+    monkeypatch.setenv("PERFPIPE_DB_CONN_ID", "perfpipe_resluts")  # misspelt: said, named
+    with pytest.raises(ValueError, match="PERFPIPE_DB_CONN_ID='perfpipe_resluts': no such "
+                                         "Airflow Connection"):
         load_settings().database_url()
 
 
