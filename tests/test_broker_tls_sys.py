@@ -26,7 +26,7 @@ from tasks.driver import broker_stats, sampler
 from tasks.driver.output import SAMPLER_COLUMNS, SAMPLER_FILE
 from tasks.driver.paho_glue import stop_client
 from tasks.hosts import LocalHost
-from tasks.steps.broker import tls_wanted
+from tasks.brokers.tls import tls_listener
 from tasks.ports import free_port
 from tests.conftest import Broker
 
@@ -231,14 +231,41 @@ def stage(stage_id: str, tls: dict | None) -> SimpleNamespace:
 def test_the_tls_listener_follows_the_planned_scenarios():
     ca = f"/var/tmp/perfpipe/tls/{GENERATED_CA}"
     plain = stage("a", None)
-    assert tls_wanted(SimpleNamespace(stages=[plain])) is None
-    wanted = tls_wanted(SimpleNamespace(stages=[plain, stage("b", {"port": 8883, "ca_file": ca}),
-                                                stage("c", {"port": 8883, "ca_file": "/etc/x.pem"})]))
+    assert tls_listener([plain]) is None
+    wanted = tls_listener([plain, stage("b", {"port": 8883, "ca_file": ca}),
+                           stage("c", {"port": 8883, "ca_file": "/etc/x.pem"})])
     assert wanted == {"port": 8883, "ca_files": [ca]}  # only the generated CA's path is written
     with pytest.raises(BrokerError, match="needs port"):
-        tls_wanted(SimpleNamespace(stages=[stage("d", {"ca_file": ca})]))
+        tls_listener([stage("d", {"ca_file": ca})])
     with pytest.raises(BrokerError, match="same port"):
-        tls_wanted(SimpleNamespace(stages=[stage("e", {"port": 8883}), stage("f", {"port": 8884})]))
+        tls_listener([stage("e", {"port": 8883}), stage("f", {"port": 8884})])
+
+
+
+def test_a_tls_block_a_managed_broker_cannot_serve_is_refused_when_the_run_is_planned(
+        tiny_suite, tmp_path):
+    """No port (or two): refused by `perfpipe plan` and a run's plan, before anything
+    touches a host; it was found at the broker step, after provision and tune."""
+    from tasks.config_files import ConfigError
+    from tasks.settings import load_settings
+    from tasks.steps.plan import check_plan
+
+    scenarios = tiny_suite.parent / "scenarios"
+    (scenarios / "catalog" / "tiny_tls.yml").write_text(
+        (scenarios / "catalog" / "tiny_fanin.yml").read_text().replace(
+            "name: tiny_fanin", "name: tiny_tls") + "connection: {tls: {ca_file: /x/ca.pem}}\n")
+    (scenarios / "suites.yml").write_text("suites: {tls: [tiny_tls]}\n")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver]}]\n"
+                         "broker: {kind: mosquitto, host: localhost}\n")
+    with pytest.raises(ConfigError, match=r"suite 'tls': stage tiny_tls\.q0\.c100\.r100: "
+                                          "connection.tls needs port"):
+        check_plan(load_settings(), "tls", inventory)
+    # a broker perfpipe does not start takes the inventory's port: nothing to refuse
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"
+                         "broker: {kind: mosquitto, managed: false, address: 127.0.0.1, "
+                         "port: 8883}\n")
+    check_plan(load_settings(), "tls", inventory)
 
 
 if __name__ == "__main__":

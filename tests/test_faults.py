@@ -245,7 +245,7 @@ def test_a_probe_whose_broker_dropped_qos_1_messages_did_not_keep_up(tmp_path: P
     assert lost >= gaps > 0, (lost, gaps)
 
 
-def test_a_search_confirmed_by_a_hold_the_gates_call_invalid_is_invalid(tmp_path: Path,
+def test_a_search_confirmed_by_a_hold_or_probe_the_gates_call_invalid_is_invalid(tmp_path: Path,
                                                                        tiny_suite: Path,
                                                                        broker):
     """A probe keeps up on what it sent and received (within 5%); a hold that did so while
@@ -293,6 +293,26 @@ def test_a_search_confirmed_by_a_hold_the_gates_call_invalid_is_invalid(tmp_path
     assert (searched["validity"], searched["reason"]) == ("invalid", (
         f"the hold that confirmed 160 msg/s ({hold.stage_id}) is invalid: it has no stage "
         "results"))
+
+    # a search without holds (the release suite's ibm_fanin_maxrate): the probe that found
+    # its rate vouches for it, and was not looked at (a best probe the gates call invalid
+    # left max_rate valid)
+    best = probe(template, 160.0, 2)
+    record = {"probes": [probe(template, 80.0, 1).to_dict(), best.to_dict()], "outcomes": {
+        template.stage_id: {"max_rate": 160.0, "ceiling": 170.0, "converged": True,
+                            "reason": None, "holds": [], "hold_s": 0,
+                            "probes": [{**kept, "rate": 80.0}, kept]}}}
+    ctx.write_json(rundir.SEARCH, record)
+    ctx.write_json(rundir.STAGE_METRICS, {"stages": [
+        {"stage_id": best.stage_id, "status": "partial", "problems": ["driver h/0: no summary"],
+         "series": {}, "metrics": {"delivered_rate": 155.2, "published_rate": 160.0,
+                                   "target_rate": 160.0, "expected_delivery_rate": 160.0,
+                                   "achieved_ratio": 0.97}}]})
+    execute("load_metrics", ctx, Call(say=lambda line: None))
+    searched = {s["stage_id"]: s for s in ctx.store().stages(ctx.run_id)}[template.stage_id]
+    assert searched["validity"] == "invalid"
+    assert searched["reason"].startswith(f"the probe that confirmed 160 msg/s ({best.stage_id}) "
+                                         "is invalid: aggregation partial"), searched["reason"]
 
 
 SECRET_SCENARIO = """

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import posixpath
+from collections.abc import Iterable
 from pathlib import Path
+
+from .errors import BrokerError
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.pem", "server.pem", "server.key"
 GENERATED_CA = "perfpipe-ca.pem"  # a tls.ca_file with this name gets perfpipe's generated CA
@@ -68,3 +72,24 @@ def make_certificates(out_dir: Path, names: list[str], key_bits: int = 2048,
     key_pem = key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
                                 serialization.NoEncryption())
     return {"ca": out_dir / CA_FILE, "cert": out_dir / CERT_FILE, "key_pem": key_pem}
+
+
+def tls_listener(stages: Iterable) -> dict | None:
+    """{port, ca_files} of the one TLS listener a managed broker opens for the planned
+    `stages` (`tasks.catalog.stages.Stage`), or None; BrokerError for stages it cannot
+    serve (checked when a run is planned, and at the broker step)."""
+    ports, ca_files = set(), set()
+    for stage in stages:
+        tls = (stage.connection or {}).get("tls")
+        if tls is None:
+            continue
+        if not tls.get("port"):
+            raise BrokerError(f"stage {stage.stage_id}: connection.tls needs port: (the broker's "
+                              f"TLS listener, e.g. 8883); the default is the plain port")
+        ports.add(tls["port"])
+        if tls.get("ca_file") and posixpath.basename(tls["ca_file"]) == GENERATED_CA:
+            ca_files.add(tls["ca_file"])
+    if len(ports) > 1:
+        raise BrokerError(f"the planned TLS stages use ports {sorted(ports)}; perfpipe opens one "
+                          f"TLS listener, so give every connection.tls the same port")
+    return {"port": ports.pop(), "ca_files": sorted(ca_files)} if ports else None

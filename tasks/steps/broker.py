@@ -30,31 +30,12 @@ from pathlib import Path
 
 from .. import rundir
 from ..brokers import ADAPTERS, BrokerError, affinity
-from ..brokers.tls import GENERATED_CA
+from ..brokers.tls import tls_listener
 from ..catalog import cpus as cpu_lists
 from ..hosts import Host
 from ..run_context import RunContext
 from . import Call
 from .plan import choice_named
-
-
-def tls_wanted(ctx: RunContext) -> dict | None:
-    """{port, ca_files} of the TLS listener the planned stages connect to, or None."""
-    ports, ca_files = set(), set()
-    for stage in ctx.stages:
-        tls = (stage.connection or {}).get("tls")
-        if tls is None:
-            continue
-        if not tls.get("port"):
-            raise BrokerError(f"stage {stage.stage_id}: connection.tls needs port: (the broker's "
-                              f"TLS listener, e.g. 8883); the default is the plain port")
-        ports.add(tls["port"])
-        if tls.get("ca_file") and posixpath.basename(tls["ca_file"]) == GENERATED_CA:
-            ca_files.add(tls["ca_file"])
-    if len(ports) > 1:
-        raise BrokerError(f"the planned TLS stages use ports {sorted(ports)}; perfpipe opens one "
-                          f"TLS listener, so give every connection.tls the same port")
-    return {"port": ports.pop(), "ca_files": sorted(ca_files)} if ports else None
 
 
 def install_ca(ctx: RunContext, local_ca: str, ca_files: list[str]) -> None:
@@ -215,7 +196,7 @@ def run(ctx: RunContext, call: Call) -> dict:
             stop_broker(ctx)
             (ctx.run_dir / rundir.BROKER_MOVED).unlink(missing_ok=True)  # of that broker
         port = config.port or host.free_port()
-        tls = tls_wanted(ctx)
+        tls = tls_listener(ctx.stages)
         if adapter.startable:  # else its start says why it is not
             _refuse_held(host, config, [port] + ([tls["port"]] if tls else []))
         options = {"extra_config": config.extra_config} if config.extra_config else {}

@@ -157,6 +157,17 @@ def confirming_hold(template_id: str, outcome: dict) -> str | None:
                 None)
 
 
+def vouching_stage(template_id: str, outcome: dict) -> str | None:
+    """The stage whose run vouches for a search's max rate: the hold that confirmed it,
+    or, in a search without holds, the probe that found it (the highest that kept up and
+    counted); None without one."""
+    if outcome.get("hold_s"):
+        return confirming_hold(template_id, outcome)
+    best = [(p["rate"], number) for number, p in enumerate(outcome.get("probes", []), 1)
+            if p["kept_up"] and not p.get("retried")]
+    return probe_id(template_id, max(best)[1]) if best else None
+
+
 def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str, dict],
                     judged: dict[str, dict], cpus: dict[str, int],
                     cores: dict[str, int]) -> list[dict]:
@@ -190,12 +201,14 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
         validity = "valid" if outcome["converged"] else "invalid"
         reason = outcome["reason"]
         held = confirming_hold(template_id, outcome)
-        if validity == "valid" and held and judged.get(held, {}).get("validity") != "valid":
+        vouching = vouching_stage(template_id, outcome)
+        if validity == "valid" and vouching and \
+                judged.get(vouching, {}).get("validity") != "valid":
             validity = "invalid"
-            why = ("; ".join(judged[held]["reasons"]) if held in judged
+            why = ("; ".join(judged[vouching]["reasons"]) if vouching in judged
                    else "it has no stage results")
-            reason = (f"the hold that confirmed {outcome['max_rate']:.0f} msg/s ({held}) is "
-                      f"invalid: {why}")
+            reason = (f"the {'hold' if held else 'probe'} that confirmed "
+                      f"{outcome['max_rate']:.0f} msg/s ({vouching}) is invalid: {why}")
         at_capacity = results.get(held, {}).get("metrics", {}) if held else {}
         metrics = {"max_rate": outcome["max_rate"],
                    **{name: at_capacity.get(name) for name in AT_CAPACITY},

@@ -15,6 +15,8 @@ from pathlib import Path
 from sql import StoreError
 
 from .. import rundir
+from ..brokers import BrokerError
+from ..brokers.tls import tls_listener
 from ..catalog.inventory import Inventory, load_inventory
 from ..catalog.placement import too_many_for_hosts
 from ..catalog.scenarios import ConfigError, Scenario, load_suite
@@ -50,6 +52,11 @@ def check_plan(settings: Settings, suite: str, inventory: Path
         problem = too_many_for_hosts(stage, len(inv.driver_hosts()))
         if problem:
             raise ConfigError(f"{inventory}: hosts: {problem}")
+    if inv.broker.managed:  # its TLS listener: said now, not after provision and tune
+        try:
+            tls_listener(stages)
+        except BrokerError as exc:
+            raise ConfigError(f"suite {suite!r}: {exc}") from None
     return scenarios, inv, stages
 
 
