@@ -17,6 +17,8 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import create_engine, delete, event, insert, select, text
 from sqlalchemy.engine import URL, make_url
@@ -220,6 +222,25 @@ class Store:
             raise self._error(exc) from exc
         except CommandError as exc:  # e.g. the database is at a revision this code lacks
             raise StoreError(f"cannot migrate {self.url_for_display}: {exc}") from exc
+
+    def open_for_commands(self) -> None:
+        """A store a command reads or manages (`perfpipe show`, `alerts`, `baseline`, ...):
+        made when nothing wrote to it yet, else left at its revision, which must be this
+        perfpipe's. A command never migrates a database runs share: a newer checkout's
+        `perfpipe show` upgraded it, and every older worker then refused it."""
+        try:
+            with self._engine.connect() as conn:
+                current = MigrationContext.configure(conn).get_current_revision()
+        except SQLAlchemyError as exc:
+            raise self._error(exc) from exc
+        if current is None:
+            self.migrate()
+            return
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        if current != head:
+            raise StoreError(f"{self.url_for_display} is at schema revision {current}, this "
+                             f"perfpipe's is {head}: use the perfpipe its runs use (a run of "
+                             "this one migrates it; a command does not)")
 
     def _sqlite_migrate_lock(self):
         """SQLite has no advisory lock: runs that migrate one file at once (the first

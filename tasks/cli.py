@@ -78,12 +78,13 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _with_store(call: Callable[[Store, argparse.Namespace], int]
                 ) -> Callable[[argparse.Namespace], int]:
-    """A command that works on the results store: migrated first, closed after (a
-    StoreError or a ValueError is said in one line by `main`)."""
+    """A command that works on the results store: made if new, never migrated
+    (`Store.open_for_commands`), closed after (a StoreError or a ValueError is said in one
+    line by `main`)."""
     def run(args: argparse.Namespace) -> int:
         store = load_settings().store()
         try:
-            store.migrate()
+            store.open_for_commands()
             return call(store, args)
         finally:
             store.close()

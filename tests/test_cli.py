@@ -287,3 +287,39 @@ def test_a_perfpipe_variable_that_cannot_be_used_is_named_as_it_was_set(
         "perfpipe: PERFPIPE_LAB_WAIT_S='soon': Input should be a valid number, unable to parse "
         "string as a number", "PERFPIPE_DB_RETRY_S='-1': Input should be greater than or equal "
         "to 0"]
+
+
+def test_a_command_never_migrates_a_database_runs_share(perfpipe_env: Path, capsys) -> None:
+    """A newer checkout's `perfpipe alerts list` upgraded the shared results database,
+    and every worker of the deployed, older perfpipe then refused it. A command makes a
+    new store, and otherwise says the revision it found and leaves it."""
+    from alembic import command
+    from sqlalchemy import create_engine, text
+
+    from sql.store import alembic_config
+    from tasks.settings import load_settings
+
+    url = load_settings().database_url()
+
+    def revision() -> str:
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+        engine.dispose()
+        return found
+
+    assert main(["alerts", "list"]) == 0  # a new store: made, at this perfpipe's revision
+    head = revision()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0004")
+    engine.dispose()
+    capsys.readouterr()
+    for argv in (["alerts", "list"], ["show", "nightly-x"], ["baseline", "list"]):
+        assert main(argv) == 2, argv
+        assert f"is at schema revision 0004, this perfpipe's is {head}" in capsys.readouterr().err
+    assert revision() == "0004"
+    load_settings().store().migrate()  # as a run of this perfpipe does
+    assert main(["alerts", "list"]) == 0 and revision() == head
