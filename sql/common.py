@@ -69,10 +69,14 @@ def upsert(session: Session, model: type[Base], values: dict[str, Any], keys: tu
     session.execute(ins.on_conflict_do_update(index_elements=list(keys), set_=set_))
 
 
-def upsert_baseline(session: Session, kind: str, label: str, run_id: str) -> None:
+def upsert_baseline(session: Session, kind: str, label: str, run_id: str,
+                    broker_kind: str = "") -> None:
+    """A reset marker, or a release pin (`broker_kind`: its run's; a label is pinned once
+    per broker kind)."""
     check("baselines.kind", kind)
-    upsert(session, Baseline, {"kind": kind, "label": label, "run_id": run_id,
-                               "created_at": utcnow()}, ("kind", "label"))
+    upsert(session, Baseline, {"kind": kind, "broker_kind": broker_kind, "label": label,
+                               "run_id": run_id, "created_at": utcnow()},
+           ("kind", "broker_kind", "label"))
 
 
 def row_dict(row: Base, *, skip: tuple[str, ...] = ("id",)) -> dict[str, Any]:

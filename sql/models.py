@@ -183,10 +183,12 @@ class Baseline(Base):
     histories were kept apart, starts every one of its histories)."""
 
     __tablename__ = "baselines"
-    __table_args__ = (UniqueConstraint("kind", "label"),)
+    __table_args__ = (UniqueConstraint("kind", "broker_kind", "label"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     kind: Mapped[str]
+    # a release pin's broker kind (its run's): one label per broker kind; "" for resets
+    broker_kind: Mapped[str] = mapped_column(default="", server_default="")
     label: Mapped[str | None]
     run_id: Mapped[str] = mapped_column(_run_fk())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -206,9 +206,8 @@ def release_baseline_at(s: Session, when: datetime, broker_kind: str) -> tuple[s
     """(label, run_id) of the release baseline of this broker kind pinned most recently at
     `when` (another broker's stages share none of its stage keys)."""
     row = s.execute(select(Baseline.label, Baseline.run_id)
-                    .join(Run, Run.run_id == Baseline.run_id)
                     .where(Baseline.kind == "release", Baseline.created_at <= when,
-                           Run.broker_kind == broker_kind)
+                           Baseline.broker_kind == broker_kind)
                     .order_by(Baseline.created_at.desc(), Baseline.id.desc()).limit(1)).first()
     return None if row is None else (row.label, row.run_id)
 

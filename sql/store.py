@@ -483,15 +483,18 @@ class Store:
                 raise StoreError(f"run {run_id!r} is {run.status}"
                                  f"{' and excluded' if run.excluded else ''}: only an ok, "
                                  "not excluded run can be a release baseline")
-            before = s.scalar(select(Baseline.run_id).where(Baseline.kind == "release",
-                                                            Baseline.label == label))
-            upsert_baseline(s, "release", label, run_id)
+            before = s.scalar(select(Baseline.run_id).where(
+                Baseline.kind == "release", Baseline.broker_kind == run.broker_kind,
+                Baseline.label == label))
+            upsert_baseline(s, "release", label, run_id, run.broker_kind)
             return before
 
-    def release_baseline(self, label: str) -> str | None:
+    def release_baseline(self, label: str, broker_kind: str) -> str | None:
+        """The run pinned as release `label`'s baseline of this broker kind, or None."""
         with self._tx() as s:
-            return s.scalar(select(Baseline.run_id).where(Baseline.kind == "release",
-                                                          Baseline.label == label))
+            return s.scalar(select(Baseline.run_id).where(
+                Baseline.kind == "release", Baseline.broker_kind == broker_kind,
+                Baseline.label == label))
 
     def release_baseline_for(self, run_id: str) -> tuple[str, str] | None:
         """(label, run_id) of the release baseline of the run's broker kind pinned most
@@ -506,8 +509,7 @@ class Store:
         with self._tx() as s:
             q = select(Baseline).where(Baseline.kind == "release").order_by(Baseline.created_at)
             if broker_kind is not None:
-                q = q.join(Run, Run.run_id == Baseline.run_id).where(
-                    Run.broker_kind == broker_kind)
+                q = q.where(Baseline.broker_kind == broker_kind)
             return [row_dict(b, skip=("id",)) for b in s.scalars(q)]
 
     # -- alerts (see sql/alerts.py) ---------------------------------------------------

@@ -48,7 +48,8 @@ def show_run(store: Store, run_id: str, say: Callable[[str], None] = print) -> N
 
 
 def promote(store: Store, run_id: str, label: str, say: Callable[[str], None] = print) -> int:
-    """Pin a run as the release baseline `label` (the store refuses a run that is not ok)."""
+    """Pin a run as the release baseline `label` of its broker kind (the store refuses a
+    run that is not ok)."""
     before = store.pin_release_baseline(label, run_id)
     moved = (f" (was run {before}: verdicts and alerts against {label} so far were judged "
              "on that run)") if before not in (None, run_id) else ""
@@ -58,8 +59,8 @@ def promote(store: Store, run_id: str, label: str, say: Callable[[str], None] = 
 
 
 def list_baselines(store: Store, say: Callable[[str], None] = print) -> int:
-    say(table([{"label": b["label"], "run": b["run_id"], "pinned at": str(b["created_at"])[:19]}
-               for b in store.release_baselines()]))
+    say(table([{"broker": b["broker_kind"], "label": b["label"], "run": b["run_id"],
+                "pinned at": str(b["created_at"])[:19]} for b in store.release_baselines()]))
     return 0
 
 

@@ -27,7 +27,7 @@ def store(perfpipe_env: Path) -> Store:
 
 def test_promote_pins_an_ok_run_and_refuses_a_failed_one(store: Store, capsys) -> None:
     assert main(["baseline", "promote", "r1", "--label", "9.4.5"]) == 0
-    assert store.release_baseline("9.4.5") == "r1"
+    assert store.release_baseline("9.4.5", "mosquitto") == "r1"
     assert main(["baseline", "promote", "r2", "--label", "9.4.6"]) == 2
     assert "is failed" in capsys.readouterr().err
     assert main(["baseline", "promote", "nope", "--label", "9.4.6"]) == 2
@@ -43,7 +43,7 @@ def test_promote_pins_an_ok_run_and_refuses_a_failed_one(store: Store, capsys) -
     assert main(["baseline", "promote", "r3", "--label", "9.4.5"]) == 0
     assert "release baseline 9.4.5: run r3 (was run r1: verdicts and alerts against 9.4.5 " \
         "so far were judged on that run)" in capsys.readouterr().out
-    assert store.release_baseline("9.4.5") == "r3"
+    assert store.release_baseline("9.4.5", "mosquitto") == "r3"
 
 
 def test_alerts_list_ack_false_positive_and_fixed(store: Store, capsys) -> None:
@@ -167,7 +167,7 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
     (pinned,) = store.latest_runs(5)
     assert (pinned["kind"], pinned["release_label"], pinned["status"]) == \
         ("release", "9.4.5", "ok")
-    assert store.release_baseline("9.4.5") == pinned["run_id"]
+    assert store.release_baseline("9.4.5", "mosquitto") == pinned["run_id"]
     # a run that fails (the broker is not the version asked for) is not pinned, and says so
     assert main(given + [*release, "--release-label", "9.4.6", "--promote",
                          "--broker-version", "0.0.0"]) == 1
@@ -176,7 +176,7 @@ def test_a_release_run_from_the_command_line_pins_itself_and_a_later_run_is_comp
     # the error names the option that asked, as the release DAG's Param and the CLI spell it
     assert ("but the run asked for 0.0.0 (fix the host's broker, or broker_version "
             "(--broker-version of perfpipe run))") in said
-    assert store.release_baseline("9.4.6") is None
+    assert store.release_baseline("9.4.6", "mosquitto") is None
     # the trigger's baseline: a pinned label, 'rolling' (which a release run has none of)
     for baseline, judged in (("9.4.5", "release:9.4.5"), ("rolling", "rolling")):
         assert main(given + [*release, "--release-label", "9.4.7", "--baseline", baseline]) == 0

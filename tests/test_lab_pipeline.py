@@ -110,7 +110,7 @@ def test_a_release_runs_the_rated_suite_over_ssh_on_the_lab(lab, perfpipe_env, s
         assert broker1.exists(f"{broker1.work_root}/{release}/broker/mosquitto.log")
     finally:
         broker1.close()
-    assert store.release_baseline("lab-rc1") == release
+    assert store.release_baseline("lab-rc1", "mosquitto") == release
 
     (summary,) = slack_connection.posts()  # a release run always posts its summary
     assert summary.headers["Authorization"] == f"Bearer {TOKEN}"

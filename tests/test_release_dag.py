@@ -58,7 +58,7 @@ def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path, slack
     assert state == "failed"
     run = store().run(run_id)
     assert run["status"] == "failed" and run["excluded"]  # never a baseline
-    assert store().release_baseline("broken") is None
+    assert store().release_baseline("broken", "mosquitto") is None
     run_dir = Path(run["artifact_dir"])
     assert json.loads((run_dir / "broker.json").read_text())["stopped"]  # teardown ran
     messages = [json.loads(p.read_text()) for p in (run_dir / "failures").glob("*.json")]

@@ -106,7 +106,7 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() \
-            == ["0005"]
+            == ["0006"]
     # back to 0003 and up again: the stages' notes column goes and comes back beside the
     # views of 0003 (a copy of the table, as a batch drop makes on SQLite, fails on them)
     config = alembic_config()
@@ -117,6 +117,31 @@ def test_migrate_on_empty_db_then_again(db_url: str) -> None:
         command.upgrade(config, "head")
         assert conn.execute(text("SELECT count(*) FROM v_metric_history")).scalar() == 0
     engine.dispose()
+    store.close()
+
+
+def test_release_pins_stored_before_0006_take_their_runs_broker_kind(db_url: str) -> None:
+    """0006 keys a release pin by broker kind: a pin stored before takes its run's, a
+    reset marker takes none, and the stores' reads find both."""
+    Store(db_url).close()  # (an SQLite file's folder made)
+    engine = create_engine(db_url)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0005")
+        conn.execute(text("INSERT INTO runs (run_id, kind, suite, broker_kind, status, "
+                          "excluded, artifact_dir, started_at) VALUES ('rel1', 'release', "
+                          "'smoke', 'rabbitmq', 'ok', false, '/x', :t)"), {"t": T0})
+        conn.execute(text("INSERT INTO baselines (kind, label, run_id, created_at) VALUES "
+                          "('release', '3.12', 'rel1', :t), ('reset', 'k@rel1', 'rel1', :t)"),
+                     {"t": T0})
+        command.upgrade(config, "head")
+        rows = conn.execute(text("SELECT kind, broker_kind FROM baselines ORDER BY kind")).all()
+    engine.dispose()
+    assert [tuple(r) for r in rows] == [("release", "rabbitmq"), ("reset", "")]
+    store = Store(db_url)
+    assert store.release_baseline("3.12", "rabbitmq") == "rel1"
+    assert store.release_baseline("3.12", "mosquitto") is None
     store.close()
 
 
@@ -348,7 +373,7 @@ def test_release_baseline(store: Store) -> None:
         store.pin_release_baseline("v1", "rel1")
     nightly(store, "rel2", 2)
     store.pin_release_baseline("v1", "rel2")
-    assert store.release_baseline("v1") == "rel2" and store.release_baseline("v0") is None
+    assert store.release_baseline("v1", "mosquitto") == "rel2" and store.release_baseline("v0", "mosquitto") is None
     store.finish_run("rel2", "ok", excluded=True, reason="bad host")
     with pytest.raises(StoreError, match="excluded"):
         store.pin_release_baseline("v1", "rel2")
@@ -759,6 +784,14 @@ def test_release_runs_never_feed_the_rolling_history_and_pick_their_baseline(
     assert store.release_baseline_for("rel2") == ("9.4.4", "rel1")
     assert [b["label"] for b in store.release_baselines("mosquitto")] == ["9.4.4"]
     assert [b["label"] for b in store.release_baselines()] == ["9.4.4", "emqx-5.8"]
+    # the same label pinned for another broker: its own pin, beside Mosquitto's (the
+    # second pin moved the first, and Mosquitto's release runs lost their baseline)
+    assert store.pin_release_baseline("9.4.4", "e1") is None  # new for emqx
+    assert (store.release_baseline("9.4.4", "mosquitto"), store.release_baseline("9.4.4", "emqx")
+            ) == ("rel1", "e1")
+    assert store.release_baseline_for("rel2") == ("9.4.4", "rel1")
+    assert [(b["broker_kind"], b["label"]) for b in store.release_baselines()] == [
+        ("mosquitto", "9.4.4"), ("emqx", "emqx-5.8"), ("emqx", "9.4.4")]
 
 
 def test_a_stage_invalid_in_the_pinned_release_run_is_no_reference(store: Store) -> None:

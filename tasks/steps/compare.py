@@ -45,7 +45,7 @@ def release_stages(store: Store, run: dict, plan: dict) -> tuple[str, str | None
     choice = (plan.get("options") or {}).get("baseline")
     if choice == "rolling" or (choice is None and run["kind"] != "release"):
         return None
-    chosen = (choice, store.release_baseline(choice)) if choice \
+    chosen = (choice, store.release_baseline(choice, run["broker_kind"])) if choice \
         else store.release_baseline_for(run["run_id"])
     if chosen is None:
         return None
