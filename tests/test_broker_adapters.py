@@ -101,6 +101,37 @@ def test_ibmmq_renders_channel_mqsc_qmini_heap_and_setup():
     assert "perfpipe does not run this" in setup
 
 
+def test_ibmmq_setup_stops_before_a_heap_change_that_would_break_mqxr(tmp_path):
+    """The rendered setup.sh ran mqxr-heap.mqsc as rendered: its ALTER SERVICE set STARTARG
+    to the placeholder plus the heap, dropping MQXR's own -m/-d/-g arguments, so the MQTT
+    service could not start again. It stops there now until the file holds the service's
+    STARTARG. IBM MQ cannot run here: its commands are stand-ins that log their calls."""
+    import subprocess
+
+    files = IbmMq().render(qmgr="QM1")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("dspmq", "crtmqm", "strmqm", "runmqsc"):
+        (bin_dir / command).write_text(f'#!/bin/sh\necho "{command} $*" >> {tmp_path}/calls\n'
+                                       "cat > /dev/null\n")
+        (bin_dir / command).chmod(0o755)
+
+    def setup() -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "setup.sh"], cwd=tmp_path, capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+    done = setup()
+    assert done.returncode == 1 and "mqxr-heap.mqsc: replace <current STARTARG>" in done.stderr
+    assert (tmp_path / "calls").read_text().count("runmqsc QM1") == 2  # the service check, the channel
+    (tmp_path / "mqxr-heap.mqsc").write_text(files["mqxr-heap.mqsc"].replace(
+        "<current STARTARG>", "-m QM1 -d /var/mqm/qmgrs/QM1/mqxr -g /var/mqm"))
+    (tmp_path / "calls").unlink()
+    assert setup().returncode == 0
+    assert (tmp_path / "calls").read_text().count("runmqsc QM1") == 3  # and the heap
+
+
 def test_ibmmq_without_mcauser_says_so():
     assert "MCAUSER is left empty" in mqtt_channel_mqsc("QM1", "C", 1883)
 
@@ -121,9 +152,15 @@ def test_ibmmq_settings_are_checked_with_the_field_named(kwargs, message):
 
 # ---- EMQX and TBMQ -----------------------------------------------------------------------
 
-def test_emqx_image_is_the_one_docker_compose_runs():
+def test_emqx_image_and_settings_are_the_ones_docker_compose_runs():
+    """The compose emqx service (the emqx-compose inventory's broker) ran the image's
+    defaults: 1000 queued messages before it drops, slow subscribers shut down, no VM
+    collectors (no broker CPU or memory)."""
+    from tasks.brokers.emqx import environment
+
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     assert compose["services"]["emqx"]["image"] == EMQX_IMAGE
+    assert compose["services"]["emqx"]["environment"] == environment()
 
 
 def test_emqx_renders_benchmark_settings_as_image_environment():

@@ -86,6 +86,14 @@ def setup_script(qmgr: str, channel: str, port: int, qm_ini_path: str) -> str:
         f"echo 'DISPLAY SERVICE(SYSTEM.MQXR.SERVICE)' | runmqsc {qmgr} >/dev/null || \\",
         f"  runmqsc {qmgr} < {MQXR_SAMPLE}",
         f"runmqsc {qmgr} < perfpipe-mqtt.mqsc",
+        "# the MQXR heap: only once mqxr-heap.mqsc holds the service's own STARTARG (its",
+        "# placeholder would replace the -m/-d/-g arguments, and MQXR would not start again)",
+        f"if grep -q '{mqxr.PLACEHOLDER}' mqxr-heap.mqsc; then",
+        f"  echo \"mqxr-heap.mqsc: replace {mqxr.PLACEHOLDER} with what"
+        f" 'DISPLAY SERVICE(SYSTEM.MQXR.SERVICE) STARTARG' shows, then: runmqsc {qmgr} <"
+        " mqxr-heap.mqsc\" >&2",
+        "  exit 1",
+        "fi",
         f"runmqsc {qmgr} < mqxr-heap.mqsc",
         f"# then in the inventory: broker: {{kind: ibmmq, managed: false, address: <this host>, "
         f"port: {port}}}",
@@ -136,14 +144,14 @@ class IbmMq(ConfigOnlyBroker):
             default_path, stanzas = report_stanzas()
             qm_ini_path = qm_ini_path or default_path.replace("/PERF0/", f"/{qmgr}/")
         qm_ini_path = qm_ini_path or f"/var/mqm/qmgrs/{qmgr}/qm.ini"
-        heap = mqxr.heap_commands("<current STARTARG>", xms, xmx)
+        heap = mqxr.heap_commands(mqxr.PLACEHOLDER, xms, xmx)
         return {
             "setup.sh": setup_script(qmgr, channel, port, qm_ini_path),
             "perfpipe-mqtt.mqsc": mqtt_channel_mqsc(qmgr, channel, port, mcauser),
             "qm.ini.fragment": (f"# perfpipe: stanzas of the IBM MQ Telemetry report (A.1.2) "
                                 f"for {qm_ini_path}\n" + qmini.set_values("", stanzas)),
             "mqxr-heap.mqsc": "\n".join([
-                "* perfpipe: fix the MQXR heap (report section 4.2). Replace <current STARTARG>",
+                f"* perfpipe: fix the MQXR heap (report section 4.2). Replace {mqxr.PLACEHOLDER}",
                 "* with the value DISPLAY SERVICE(SYSTEM.MQXR.SERVICE) STARTARG shows.",
                 *heap, ""]),
         }

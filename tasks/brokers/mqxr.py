@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 SERVICE = "SYSTEM.MQXR.SERVICE"
+PLACEHOLDER = "<current STARTARG>"  # in rendered commands: the service's STARTARG, read first
 _HEAP_OPTION = re.compile(r'\s*-J\s+"?-Xm[sx]\d+[KMGkmg]?"?')
 _SIZE = re.compile(r"^\d+[KMG]$")
 
