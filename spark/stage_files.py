@@ -259,6 +259,19 @@ def _check_clocks(stage: StageFiles, clocks: dict[str, dict]) -> None:
                   f"stage's clients on one host")
 
 
+def _check_before_sent(stage: StageFiles) -> None:
+    """Deliveries received before they were sent, by the hosts' clocks (the driver counts
+    them as 0 us): a receiver's clock behind a sender's, though within the tolerance the
+    clock check allows; the stage's e2e latency reads low, and says so."""
+    early = sum(int(s.get("e2e_before_sent") or 0) for s in stage.summaries)
+    if early:
+        received = sum(int((s.get("totals") or {}).get("received") or 0) for s in stage.summaries)
+        stage.problem(f"{early:,} of {received:,} deliveries were received before they were "
+                      "sent by the hosts' clocks (counted as 0 us): a receiving host's clock "
+                      "is behind a sending host's, so e2e latency reads low; synchronise them "
+                      "(chrony, NTP) or keep each stage's clients on one host")
+
+
 def _recorded_clocks(run_dir: Path) -> dict[str, dict]:
     """host -> its fingerprint as provisioning recorded it (hosts/<host>.json), where the
     run folder has one (a raw folder aggregated by hand may not)."""
@@ -285,4 +298,5 @@ def discover(run_dir: Path, wanted: list[str] | None) -> list[StageFiles]:
     clocks = _recorded_clocks(run_dir)
     for stage in stages:
         _check_clocks(stage, clocks)
+        _check_before_sent(stage)
     return stages

@@ -79,6 +79,33 @@ def test_tls_listener_with_a_generated_ca_and_a_private_key(tls_broker):
         health_check("127.0.0.1", tls_broker.tls_port, timeout_s=1, ca_file=str(other["ca"]))
 
 
+@pytest.mark.parametrize("run_dir", ["private"], indirect=True)
+def test_extra_config_applies_to_the_plain_listener_with_a_tls_one_too(run_dir, tmp_path):
+    """broker.extra_config's listener options (max_qos here) apply to the plain listener
+    the rated stages use, TLS listener or not: written after the TLS listener, they were
+    its, and the plain one kept Mosquitto's defaults on a suite with TLS stages."""
+    adapter = Mosquitto(LocalHost(work_root=str(run_dir)))
+    port, tls_port = free_port(), free_port()
+    state = adapter.start(str(run_dir), "127.0.0.1", port, tls_port=tls_port,
+                          tls_names=["127.0.0.1"], local_dir=tmp_path / "local",
+                          extra_config=["max_qos 0"])
+    granted: list[int] = []
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="asks-qos-1")
+    client.on_subscribe = lambda c, u, mid, codes, props: granted.extend(
+        int(code.value) for code in codes)
+    client.on_connect = lambda c, u, flags, reason, props: c.subscribe("a", qos=1)
+    try:
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+        deadline = time.monotonic() + 5
+        while not granted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop_client(client)
+        adapter.stop(state["group_pid"])
+    assert granted == [0]  # the plain listener's max_qos: 1 asked, 0 granted
+
+
 @pytest.mark.parametrize("run_dir", ["traversable"], indirect=True)
 def test_the_sampler_records_sys_next_to_cpu_and_rss(tls_broker, tmp_path):
     out = tmp_path / "sampler"

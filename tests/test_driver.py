@@ -929,3 +929,40 @@ def test_messages_the_broker_never_acknowledged_are_missing_but_not_lost_promise
              "which promises delivery"])
     assert broken_promises(1, loss.lost, 0) == [  # what the gate said before
         f"{loss.lost} messages lost at QoS 1, which promises delivery"]
+
+
+def test_deliveries_received_before_they_were_sent_by_the_clocks_are_counted(broker, tmp_path):
+    """Fault: the publishing host's clock 5 ms ahead of the subscribing host's (within
+    what a clock check of a few ms lets through). Each delivery's latency reads about
+    -5 ms: it was counted as 0 us without a word, and the stage's e2e latency read 0.
+    The subscriber counts them (`e2e_before_sent`), and the aggregation says so."""
+    from spark.stage_files import StageFiles, _check_before_sent
+
+    ahead = ("import sys, time; t = time.time_ns; time.time_ns = lambda: t() + 5_000_000; "
+             "time.time = lambda: time.time_ns() / 1e9; "
+             "from tasks.driver.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    publishing, subscribing = tmp_path / "pub" / "out", tmp_path / "sub" / "out"
+    for out in (publishing, subscribing):
+        out.parent.mkdir()
+    document = spec(broker.port, publishers=4, subscribers=0, rate=50.0, warmup=0, measure=2,
+                    drain=1)
+    (publishing.parent / "spec.json").write_text(json.dumps(document))
+    publisher = subprocess.Popen([sys.executable, "-c", ahead, "--spec",
+                                 str(publishing.parent / "spec.json"), "--out", str(publishing)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subscriber = start_driver({**spec(broker.port, publishers=0, warmup=0, measure=2, drain=1),
+                               "proc": 1}, subscribing)
+    start_at = release(subscribing, subscriber)
+    release(publishing, publisher, start_at)
+    assert subscriber.wait(30) == 0 and publisher.wait(30) == 0, publisher.communicate()
+    summaries = [json.loads((out / SUMMARY_FILE).read_text()) for out in (publishing, subscribing)]
+    received = summaries[1]["totals"]["received"]
+    assert received >= 4 * 50 * 2 * 0.9
+    assert summaries[1]["e2e_before_sent"] >= 0.9 * received  # 5 ms is more than the transit
+    assert histograms(subscribing)["e2e"].get(0, 0) >= summaries[1]["e2e_before_sent"]
+    assert summaries[0]["e2e_before_sent"] == 0  # (it received nothing)
+    stage = StageFiles("s", summaries=summaries)
+    _check_before_sent(stage)
+    (said,) = stage.problem_list()
+    assert said.startswith(f"{summaries[1]['e2e_before_sent']:,} of {received:,} deliveries were "
+                           "received before they were sent by the hosts' clocks")

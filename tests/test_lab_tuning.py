@@ -496,6 +496,27 @@ def test_a_nofile_limit_above_nr_open_is_refused_before_anything_is_written(
                                          "value": "unlimited"}])
 
 
+def test_a_limit_for_everyone_is_read_as_the_root_logins_get_it(lab, perfpipe_env):
+    """pam_limits applies `*` (and @group) lines to no root login, and perfpipe logs in as
+    root here: the line was read back from the file and said "applied, ok" of a limit its
+    own processes never got (messagesight-client's nofile 200000). What a root login gets
+    is read, and said why it differs."""
+    from tasks.tuning import runner
+    from tasks.tuning.profile import TuningProfile
+
+    host = lab_hosts()[0]
+    before = host_state(host)
+    profile = TuningProfile(name="everyone", limits=[
+        {"domain": "*", "type": "soft", "item": "nofile", "value": "12345"}])
+    try:
+        (entry,) = runner.tune(host, profile, mode="apply", allow=[], state_dir=perfpipe_env)
+        assert entry.action == "applied" and entry.after != "12345" and not entry.ok, entry
+        assert "pam_limits applies * lines to no root login" in entry.note
+    finally:
+        runner.restore(host, state_dir=perfpipe_env)
+    assert host_state(host) == before
+
+
 def test_a_restore_that_does_not_put_a_value_back_keeps_its_record_and_fails(
         lab, perfpipe_env, capsys):
     """A value the kernel reads back otherwise than recorded (here a before-value with tabs,

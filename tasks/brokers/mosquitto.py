@@ -37,7 +37,10 @@ def render_config(port: int, bind: str, tls: dict | None = None,
     """A mosquitto.conf for benchmarking: no persistence, queues large enough not to discard,
     $SYS every second; `tls` ({port, cafile, certfile, keyfile, user}) adds a TLS listener
     (`user`: who Mosquitto runs as when started as root, if not its default); `extra`
-    lines (the inventory's broker.extra_config) come last."""
+    lines (the inventory's broker.extra_config) follow the plain listener, before any TLS
+    one: a listener option among them (max_connections, protocol) applies to the plain
+    listener whether or not the suite has TLS stages (it applied to the TLS one when there
+    was one), global ones to the broker."""
     lines = [f"user {tls['user']}"] if tls and tls.get("user") else []
     lines += [
         f"listener {port} {bind}",
@@ -49,6 +52,7 @@ def render_config(port: int, bind: str, tls: dict | None = None,
         "log_dest stderr",
         "log_type error",
         "log_type warning",
+        *extra,
     ]
     if tls:
         lines += [
@@ -57,7 +61,7 @@ def render_config(port: int, bind: str, tls: dict | None = None,
             f"certfile {tls['certfile']}",
             f"keyfile {tls['keyfile']}",
         ]
-    return "\n".join(lines + list(extra) + [""])
+    return "\n".join(lines + [""])
 
 
 class Mosquitto(BrokerAdapter):

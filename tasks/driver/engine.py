@@ -245,6 +245,7 @@ class Engine:
                                                                  len(c.inflight)).items()},
             "qos2_pubacks": sessions.reader.qos2_pubacks,
             "tls": sessions.tls_seen,
+            "e2e_before_sent": acct.e2e_before_sent,
             "subscriptions_granted": {str(q): n for q, n in sorted(sessions.granted.items())},
             "qos_judgement": acct.judgement(),
             "connect_phase": {

@@ -61,6 +61,9 @@ measured; at the end both are rewritten whole, with any late event, before
                   unacked_by_stream  {stream: count} of those, keyed like last_seq: the
                               last messages of each publisher (acknowledgements come in
                               the order messages were sent)
+                  e2e_before_sent  deliveries whose end-to-end latency read negative (the
+                              receiving host's clock behind the sending host's by more
+                              than the transit): each counted as 0 us in the histogram
                   tls         {version, cipher} the process's first TLS handshake agreed
                               with the broker (e.g. TLSv1.2, AES256-GCM-SHA384); null
                               without TLS

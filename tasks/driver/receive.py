@@ -203,7 +203,7 @@ class Reader:
         accepting = acct.accepting
         tracks = conn.tracks
         out = conn.out  # None until an ack must be written (idle clients stay small)
-        received = lost = dup = ooo = acked = 0
+        received = lost = dup = ooo = acked = early = 0
         i = 0
         while i + 2 <= end:
             b0 = buf[i]
@@ -252,6 +252,8 @@ class Reader:
                             received += 1
                             v = now_us - intended
                             if v < 128:
+                                if v < 0:  # received before it was sent, by the clocks
+                                    early += 1
                                 bucket = v if v > 0 else 0
                             else:
                                 if v >> 40:
@@ -311,6 +313,8 @@ class Reader:
                 self.freshest_us = lag
             row = self.row
             row[C_RECEIVED] += received
+            if early:
+                acct.e2e_before_sent += early
             if lost or dup or ooo:
                 row[C_LOST] += lost
                 row[C_DUPLICATED] += dup

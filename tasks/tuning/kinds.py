@@ -160,9 +160,12 @@ def limits_text(entries: list[LimitEntry], profile: str) -> str:
 
 
 def _login_limit(host: Host, entry: LimitEntry, kind: str) -> str | None:
-    """The limit a fresh login of the host's user gets (PAM reads limits.d at login)."""
+    """The limit a fresh login of the host's user gets (PAM reads limits.d at login), for
+    an entry whose domain names that user, or `*` or a group, which pam_limits applies to
+    no root login: root's logins (perfpipe's processes, where it logs in as root) keep
+    their own limit, and that is what is read."""
     flag = _ULIMIT_FLAGS.get((entry.item, kind))
-    if flag is None or entry.domain != host.user:
+    if flag is None or not (entry.domain == host.user or _for_everyone_but_root(host, entry)):
         return None
     fresh = host.fresh()
     try:
@@ -171,9 +174,17 @@ def _login_limit(host: Host, entry: LimitEntry, kind: str) -> str | None:
         fresh.close()
 
 
+def _for_everyone_but_root(host: Host, entry: LimitEntry) -> bool:
+    """A `*` or @group entry, read as root: pam_limits applies it to no root login."""
+    return host.user == "root" and (entry.domain == "*" or entry.domain.startswith("@"))
+
+
 def _limit_reading(host: Host, entry: LimitEntry, kind: str, text: str | None) -> tuple[str | None, str]:
     """What a limit is now: from a fresh login where possible, else from the file."""
     login = _login_limit(host, entry, kind) if host.supports_login else None
+    if login is not None and _for_everyone_but_root(host, entry):
+        return login, (f"read in a fresh root login: pam_limits applies {entry.domain} lines "
+                       "to no root login; name root in the domain for perfpipe's processes")
     if login is not None:
         return login, "read in a fresh login"
     line = f"{entry.domain} {entry.type} {entry.item} {entry.value}"
