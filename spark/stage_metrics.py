@@ -151,7 +151,7 @@ def loss_metrics(stage: StageFiles, promised: int | None = None) -> dict:
         stage.problem(f"{lost:,} of {expected:,} messages lost ({lost / expected:.2%}): QoS 0 "
                       "allows it, so no gate fails on it, but a broker that keeps up loses "
                       "none (one drops QoS 0 messages past a subscriber's queue)")
-    return {"lost": lost, "loss_ratio": _ratio(lost, expected), "unacked_at_end": loss.unacked}
+    return {"lost": lost, "loss_ratio": _ratio(lost, expected), "unacked_deliveries": loss.unacked}
 
 
 def qos_metrics(stage: StageFiles) -> dict:

@@ -119,26 +119,29 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
         return _update(alert, run_id, VERDICT_STATUS[verdict], change_pct)
     if alert is None:
         return None
-    closing = "recovered" if _ever_confirmed(s, alert) else "cleared"
+    closing = "recovered" if _ever_confirmed(s, alert, judged_on) else "cleared"
     return _update(alert, run_id, closing, change_pct)
 
 
-def _ever_confirmed(s: Session, alert: Alert) -> bool:
+def _ever_confirmed(s: Session, alert: Alert, judged_on: History | None) -> bool:
     """Whether the alert's change was ever confirmed: its status says so, or, acked (a
-    person saw it), a night of it was judged a regression (an alert acked while only
-    suspected that the next night does not repeat is cleared, not recovered)."""
+    person saw it), a night of its history (`judged_on`) was judged a regression (an alert
+    acked while only suspected that the next night does not repeat is cleared, not
+    recovered)."""
     if alert.status != "acked":
         return alert.status != "suspected"  # confirmed (or new, told as confirmed)
     base = alert.stage_key.split(_VS, 1)[0]
     first, last = s.get(Run, alert.first_run_id), s.get(Run, alert.last_run_id)
-    details = s.scalars(
-        select(Comparison.detail)
+    nights = s.execute(
+        select(Comparison.detail, Run.run_id)
         .join(Stage, (Stage.run_id == Comparison.run_id) & (Stage.stage_id == Comparison.stage_id))
         .join(Run, Run.run_id == Stage.run_id)
         .where(Stage.stage_key == base, Comparison.metric == alert.metric,
                Comparison.verdict == "regression",
                Run.started_at.between(first.started_at, last.started_at)))
-    return any(alert_key(base, detail) == alert.stage_key for detail in details)
+    return any(alert_key(base, detail) == alert.stage_key
+               and (judged_on is None or holds(s, run_id, judged_on))
+               for detail, run_id in nights)
 
 
 def _check_run(s: Session, run_id: str) -> None:

@@ -131,11 +131,10 @@ def _step(args: argparse.Namespace) -> int:
     print(result)
     if args.name != "teardown":
         return 0
-    if not result["stored"]:  # the database is down: run it again once it is back
-        return 4
-    if result.get("already_closed") and result["problems"]:
+    if result["stored"] and result.get("already_closed") and result["problems"]:
         return 1  # what it could not stop is said; the run's status stands
-    return exit_code(result["status"], result["warning"])
+    # not stored (the database down): 4, and run it again once it is back
+    return exit_code(result["status"], result["warning"], stored=result["stored"])
 
 
 # Texts that several options share: one definition each.
@@ -164,7 +163,8 @@ def _baseline_and_alert_commands(sub: argparse._SubParsersAction) -> None:
     baseline = sub.add_parser(
         "baseline", help="pin a run as a release baseline, list them",
         description="Release baselines: a release run triggered with baseline=LABEL is "
-        "compared with the run pinned as LABEL instead of the rolling history.")
+        "compared with the run pinned as LABEL for its broker kind instead of the rolling "
+        "history.")
     bsub = baseline.add_subparsers(dest="action", required=True, metavar="ACTION",
                                    help="promote or list")
     promote = _command(bsub, "promote", "pin an ok run as the release baseline LABEL",
@@ -217,7 +217,8 @@ def parser() -> argparse.ArgumentParser:
     run = _command(sub, "run", "run the whole pipeline once, without Airflow",
                    "Run every step of the pipeline once in this process, without Airflow: "
                    "plan, then the steps listed below, teardown whatever happens (a failed "
-                   "step, Ctrl-C, SIGTERM or SIGHUP: the run is closed failed, exit 1).", _run)
+                   "step, Ctrl-C, SIGTERM or SIGHUP: the run is closed failed, exit 1; 4 when "
+                   "its status could not be stored).", _run)
     run.add_argument("--suite", help=SUITE_HELP)
     run.add_argument("--inventory", type=Path, help=INVENTORY_HELP)
     run.add_argument("--kind", default="manual", choices=RUN_KINDS,

@@ -69,9 +69,9 @@ _DEFS: list[MetricDef] = [
     MetricDef("messages_delivered", "msg", "none"),
     MetricDef("lost", "msg", "lower"),
     MetricDef("loss_ratio", "ratio", "lower"),
-    # deliveries owed by QoS 1/2 messages the broker had not acknowledged when the drain
-    # ended: missing, but no promise broken (`validity.broken_promises`)
-    MetricDef("unacked_at_end", "msg", "none"),
+    # missing deliveries of QoS 1/2 messages the broker had not acknowledged when the
+    # drain ended: no promise broken (`validity.Loss.unacked`, `broken_promises`)
+    MetricDef("unacked_deliveries", "msg", "none"),
     MetricDef("duplicated", "msg", "lower"),
     # the highest QoS the subscribers received the stage's messages at (a delivery's is the
     # lower of the publish's and what the broker granted): where it is below the stage's,

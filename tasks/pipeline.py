@@ -55,8 +55,8 @@ def run_pipeline(settings: Settings, *, suite: str | None = None, inventory: Pat
         ctx = RunContext.load(settings, run_id)
         results: dict[str, object] = {}
         try:
-            with _stopped_as_by_ctrl_c(say):
-                _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say)
+            with _stopped_as_by_ctrl_c(say) as shield:
+                _run_steps(ctx, [h.name for h in ctx.inventory.hosts], results, say, shield)
         finally:
             ctx.close_hosts()
     closed = results["teardown"]
@@ -106,31 +106,41 @@ STOPPING = (signal.SIGTERM, signal.SIGHUP)  # stop a run as Ctrl-C does: teardow
 
 
 @contextmanager
-def _stopped_as_by_ctrl_c(say: Callable[[str], None]) -> Iterator[None]:
+def _stopped_as_by_ctrl_c(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt in the steps, once: Python's default
     for them ends the process at once, skipping teardown, and the broker, the drivers and
     the sampler (each in a session of its own) ran on, the tuning stayed and the run
-    stayed `running`. A second one while teardown runs is said, not obeyed (SIGKILL
-    still ends it). Only the main thread can take signals: elsewhere nothing changes."""
+    stayed `running`. Yields `shield`, which teardown calls first: from then on these and
+    Ctrl-C are said, not obeyed (SIGKILL still ends it). Only the main thread can take
+    signals: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
 
     def stop(signum: int, _frame: object) -> None:
-        for sig in STOPPING:
-            signal.signal(sig, lambda *_: say("already stopping: teardown runs first"))
+        shield()
         raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
-    before = {sig: signal.signal(sig, stop) for sig in STOPPING}
+    def shield() -> None:
+        """From here on (teardown) these are said, not obeyed: SIGKILL still ends it."""
+        for sig in (*STOPPING, signal.SIGINT):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, lambda *_: say("already stopping: teardown runs first"))
+
+    # a signal ignored already (`nohup` ignores SIGHUP) stays ignored
+    before = {sig: signal.getsignal(sig) for sig in (*STOPPING, signal.SIGINT)}
+    for sig in STOPPING:
+        if before[sig] is not signal.SIG_IGN:
+            signal.signal(sig, stop)
     try:
-        yield
+        yield shield
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
 
 def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
-               say: Callable[[str], None]) -> None:
+               say: Callable[[str], None], shield: Callable[[], None] = lambda: None) -> None:
     try:
         for step in STEPS:
             if step.name == "plan" or step.always:
@@ -149,6 +159,7 @@ def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
             where = f"full trace not written: {why}"
         say(f"FAILED: {type(exc).__name__}: {exc}\n({where})")
     finally:
+        shield()  # a signal now would stop teardown halfway: the run left open
         for step in STEPS:
             if step.always:
                 results[step.name] = execute(step.name, ctx, Call(say=say))

@@ -743,7 +743,7 @@ def test_more_unique_deliveries_than_expected_is_said_not_hidden_as_no_loss():
              "unique_received": unique}])
 
     short, over = stage(190), stage(230)
-    assert loss_metrics(short) == {"lost": 10, "loss_ratio": 0.05, "unacked_at_end": 0}
+    assert loss_metrics(short) == {"lost": 10, "loss_ratio": 0.05, "unacked_deliveries": 0}
     assert short.problem_list() == [] and not short.incomplete
     assert loss_metrics(over)["lost"] == 0 and not over.incomplete
     (said,) = over.problem_list()

@@ -258,21 +258,22 @@ def stage(stage_id: str, tls: dict | None) -> SimpleNamespace:
 def test_the_tls_listener_follows_the_planned_scenarios():
     ca = f"/var/tmp/perfpipe/tls/{GENERATED_CA}"
     plain = stage("a", None)
-    assert tls_listener([plain]) is None
+    assert tls_listener([plain], "mosquitto") is None
     wanted = tls_listener([plain, stage("b", {"port": 8883, "ca_file": ca}),
-                           stage("c", {"port": 8883, "ca_file": "/etc/x.pem"})])
+                           stage("c", {"port": 8883, "ca_file": "/etc/x.pem"})], "mosquitto")
     assert wanted == {"port": 8883, "ca_files": [ca]}  # only the generated CA's path is written
     with pytest.raises(BrokerError, match="needs port"):
-        tls_listener([stage("d", {"ca_file": ca})])
+        tls_listener([stage("d", {"ca_file": ca})], "mosquitto")
     with pytest.raises(BrokerError, match="same port"):
-        tls_listener([stage("e", {"port": 8883}), stage("f", {"port": 8884})])
+        tls_listener([stage("e", {"port": 8883}), stage("f", {"port": 8884})], "mosquitto")
 
 
 
 def test_a_tls_block_a_managed_broker_cannot_serve_is_refused_when_the_run_is_planned(
         tiny_suite, tmp_path):
-    """No port (or two): refused by `perfpipe plan` and a run's plan, before anything
-    touches a host; it was found at the broker step, after provision and tune."""
+    """No port (or two), or a managed broker perfpipe cannot give a TLS listener: refused
+    by a run's plan (`check_plan`), before anything touches a host; it was found at the
+    broker step, after provision and tune."""
     from tasks.config_files import ConfigError
     from tasks.settings import load_settings
     from tasks.steps.plan import check_plan
@@ -287,6 +288,14 @@ def test_a_tls_block_a_managed_broker_cannot_serve_is_refused_when_the_run_is_pl
                          "broker: {kind: mosquitto, host: localhost}\n")
     with pytest.raises(ConfigError, match=r"suite 'tls': stage tiny_tls\.q0\.c100\.r100: "
                                           "connection.tls needs port"):
+        check_plan(load_settings(), "tls", inventory)
+    (scenarios / "catalog" / "tiny_tls.yml").write_text(
+        (scenarios / "catalog" / "tiny_tls.yml").read_text().replace(
+            "{tls: {ca_file: /x/ca.pem}}", "{tls: {ca_file: /x/ca.pem, port: 8883}}"))
+    inventory.write_text("hosts: [{name: localhost, transport: local, roles: [broker, driver]}]\n"
+                         "broker: {kind: rabbitmq, host: localhost}\n")
+    with pytest.raises(ConfigError, match="suite 'tls': rabbitmq: perfpipe cannot give it a "
+                                          "TLS listener"):
         check_plan(load_settings(), "tls", inventory)
     # a broker perfpipe does not start takes the inventory's port: nothing to refuse
     inventory.write_text("hosts: [{name: localhost, transport: local, roles: [driver]}]\n"

@@ -907,10 +907,11 @@ def test_messages_the_broker_never_acknowledged_are_missing_but_not_lost_promise
     from tasks.analysis.validity import broken_promises, message_loss
 
     out = tmp_path / "out"
+    # 50 in flight a publisher at most: each fills its window while the broker is stopped
     process = start_driver(spec(broker.port, qos=1, publishers=4, rate=100.0, warmup=0,
-                                measure=3, drain=1), out)
+                                measure=3, drain=1, max_inflight=50), out)
     start_at = release(out, process)
-    time.sleep(max(0.0, start_at + 2 - time.time()))
+    time.sleep(max(0.0, start_at + 1.5 - time.time()))
     os.kill(broker.process.pid, signal.SIGSTOP)
     try:
         assert process.wait(30) in (0, 1)
@@ -918,27 +919,25 @@ def test_messages_the_broker_never_acknowledged_are_missing_but_not_lost_promise
         os.kill(broker.process.pid, signal.SIGCONT)
     summary = json.loads((out / SUMMARY_FILE).read_text())
     by_stream = summary["unacked_by_stream"]
-    assert sum(by_stream.values()) == summary["unacked_at_end"] >= 4 * 100 * 0.8
+    assert sum(by_stream.values()) == summary["unacked_at_end"] == 4 * 50
     assert set(by_stream) <= set(summary["last_seq"])
     loss = message_loss([summary], {index: 1 for index in summary["last_seq"]})
-    assert loss.lost >= 4 * 100 * 0.8 and loss.unacked == summary["unacked_at_end"]
-    # at most the message the broker had acknowledged as it stopped, not yet sent on
-    assert loss.lost - loss.unacked <= 4
-    assert broken_promises(1, loss.lost, 0, loss.unacked) in (
-        [], [f"{loss.lost - loss.unacked} messages the broker acknowledged lost at QoS 1, "
-             "which promises delivery"])
+    assert 4 * 50 * 0.75 <= loss.lost <= 4 * 50 + 4 and summary["missing_at_end"] == 0
+    assert loss.unacked == min(4 * 50, loss.lost)  # all missing may be unacknowledged
+    assert broken_promises(1, loss.lost, 0, loss.unacked) == []
     assert broken_promises(1, loss.lost, 0) == [  # what the gate said before
         f"{loss.lost} messages lost at QoS 1, which promises delivery"]
 
 
 def test_deliveries_received_before_they_were_sent_by_the_clocks_are_counted(broker, tmp_path):
-    """Fault: the publishing host's clock 5 ms ahead of the subscribing host's (within
-    what a clock check of a few ms lets through). Each delivery's latency reads about
-    -5 ms: it was counted as 0 us without a word, and the stage's e2e latency read 0.
+    """Fault: the publishing host's clock ahead of the subscribing host's (1 s here, so
+    no load makes a delivery slower; a few ms, within what the clock check lets through,
+    does the same to a fast broker). Each delivery's latency reads negative: it was
+    counted as 0 us without a word, and the stage's e2e latency read 0.
     The subscriber counts them (`e2e_before_sent`), and the aggregation says so."""
     from spark.stage_files import StageFiles, _check_before_sent
 
-    ahead = ("import sys, time; t = time.time_ns; time.time_ns = lambda: t() + 5_000_000; "
+    ahead = ("import sys, time; t = time.time_ns; time.time_ns = lambda: t() + 1_000_000_000; "
              "time.time = lambda: time.time_ns() / 1e9; "
              "from tasks.driver.__main__ import main; sys.exit(main(sys.argv[1:]))")
     publishing, subscribing = tmp_path / "pub" / "out", tmp_path / "sub" / "out"
@@ -952,13 +951,13 @@ def test_deliveries_received_before_they_were_sent_by_the_clocks_are_counted(bro
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     subscriber = start_driver({**spec(broker.port, publishers=0, warmup=0, measure=2, drain=1),
                                "proc": 1}, subscribing)
-    start_at = release(subscribing, subscriber)
+    start_at = release(subscribing, subscriber, int(time.time()) + 3)  # ahead of both clocks
     release(publishing, publisher, start_at)
     assert subscriber.wait(30) == 0 and publisher.wait(30) == 0, publisher.communicate()
     summaries = [json.loads((out / SUMMARY_FILE).read_text()) for out in (publishing, subscribing)]
     received = summaries[1]["totals"]["received"]
     assert received >= 4 * 50 * 2 * 0.9
-    assert summaries[1]["e2e_before_sent"] >= 0.9 * received  # 5 ms is more than the transit
+    assert summaries[1]["e2e_before_sent"] == received
     assert histograms(subscribing)["e2e"].get(0, 0) >= summaries[1]["e2e_before_sent"]
     assert summaries[0]["e2e_before_sent"] == 0  # (it received nothing)
     stage = StageFiles("s", summaries=summaries)

@@ -768,7 +768,10 @@ def test_a_cli_run_stopped_by_sigterm_tears_down_and_closes_the_run(
             said.append(line)
             if line.startswith("broker: "):
                 break
-        time.sleep(2)  # inside the first stage
+        deadline = time.monotonic() + 60  # inside the first stage: its sampler started
+        while not list(tiny_suite.glob("runs/*/raw/*/*/sampler/sampler.log.pid")):
+            assert time.monotonic() < deadline and run.poll() is None, "no stage started"
+            time.sleep(0.1)
         run.send_signal(signal.SIGTERM)
         out, _ = run.communicate(timeout=120)
     finally:
@@ -783,5 +786,5 @@ def test_a_cli_run_stopped_by_sigterm_tears_down_and_closes_the_run(
     assert Store(load_settings().database_url()).run(run_id)["status"] == "failed"
     run_dir = load_settings().run_dir(run_id)
     started = [int(p.read_text()) for p in run_dir.rglob("*.pid") if p.read_text().strip()]
-    assert started, sorted(run_dir.rglob("*"))
+    assert len(started) >= 3, sorted(run_dir.rglob("*"))  # the broker, a driver, the sampler
     assert [pid for pid in started if _environ(pid) is not None] == []  # all stopped

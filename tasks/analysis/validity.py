@@ -199,8 +199,10 @@ class Loss:
     expected: int
     unique: int
     unmatched: tuple[str, ...] = ()  # "publisher I of HOST/PROC": none in ``receivers``
-    # deliveries owed by messages the broker had not acknowledged when the drain ended
-    # (the publishers' ``unacked_by_stream`` times their receivers): not promised yet
+    # missing deliveries that may be of messages the broker had not acknowledged when the
+    # drain ended (the publishers' ``unacked_by_stream`` times their receivers), at most
+    # what is missing beyond the subscribers' gaps: a gap is a message the broker took
+    # before a later one it delivered, so it broke the promise whatever was unacknowledged
     unacked: int = 0
 
     @property
@@ -210,7 +212,7 @@ class Loss:
 
 def message_loss(summaries: Iterable[Mapping], receivers: Mapping[str, int]) -> Loss:
     """The stage's `Loss` (the aggregation's ``lost`` metric, and a search's probes)."""
-    expected = unique = unacked = 0
+    expected = unique = unacked = gaps = 0
     unmatched = []
     for summary in summaries:
         for index, last_seq in sorted((summary.get("last_seq") or {}).items()):
@@ -221,7 +223,9 @@ def message_loss(summaries: Iterable[Mapping], receivers: Mapping[str, int]) -> 
         unique += int(summary.get("unique_received") or 0)
         unacked += sum(int(n) * int(receivers.get(str(index), 0))
                        for index, n in (summary.get("unacked_by_stream") or {}).items())
-    return Loss(expected, unique, tuple(unmatched), unacked)
+        gaps += int(summary.get("missing_at_end") or 0)
+    owed = min(unacked, max(0, expected - unique - gaps))
+    return Loss(expected, unique, tuple(unmatched), owed)
 
 
 def broken_promises(qos: int, lost: float, duplicated: float, unacked: float = 0) -> list[str]:
@@ -273,5 +277,5 @@ def judge(metrics: dict, *, qos: int, aggregation_status: str, problems: list[st
                        "by the connect deadline): the stage ran fewer clients than planned")
     reasons += broken_promises(promised_qos(qos, metrics), metrics.get("lost") or 0,
                                metrics.get("duplicated") or 0,
-                               metrics.get("unacked_at_end") or 0)
+                               metrics.get("unacked_deliveries") or 0)
     return ("invalid" if reasons else "valid"), reasons

@@ -74,10 +74,10 @@ def make_certificates(out_dir: Path, names: list[str], key_bits: int = 2048,
     return {"ca": out_dir / CA_FILE, "cert": out_dir / CERT_FILE, "key_pem": key_pem}
 
 
-def tls_listener(stages: Iterable) -> dict | None:
-    """{port, ca_files} of the one TLS listener a managed broker opens for the planned
-    `stages` (`tasks.catalog.stages.Stage`), or None; BrokerError for stages it cannot
-    serve (checked when a run is planned, and at the broker step)."""
+def tls_listener(stages: Iterable, kind: str, supports_tls: bool = True) -> dict | None:
+    """{port, ca_files} of the one TLS listener a managed broker of `kind` opens for the
+    planned `stages` (`tasks.catalog.stages.Stage`), or None; BrokerError for stages it
+    cannot serve (checked when a run is planned, and at the broker step)."""
     ports, ca_files = set(), set()
     for stage in stages:
         tls = (stage.connection or {}).get("tls")
@@ -92,4 +92,7 @@ def tls_listener(stages: Iterable) -> dict | None:
     if len(ports) > 1:
         raise BrokerError(f"the planned TLS stages use ports {sorted(ports)}; perfpipe opens one "
                           f"TLS listener, so give every connection.tls the same port")
+    if ports and not supports_tls:
+        raise BrokerError(f"{kind}: perfpipe cannot give it a TLS listener; leave the TLS "
+                          "scenarios out of the suite")
     return {"port": ports.pop(), "ca_files": sorted(ca_files)} if ports else None

@@ -27,7 +27,10 @@ def check_nightly(settings: Settings | None = None, *, airflow: bool = False,
     the watchdog DAG (Slack from its Connection first)."""
     settings = settings or load_settings()
     store = settings.store()
-    store.migrate()
+    if airflow:  # the deployed perfpipe's own DAG; a command never migrates a shared store
+        store.migrate()
+    else:
+        store.open_for_commands()
     last = next(iter(store.latest_runs(1, kind="nightly")), None)
     now = now or datetime.now(timezone.utc)
     if not nightly_missing(last, now, settings.nightly_max_age_h):

@@ -196,14 +196,11 @@ def run(ctx: RunContext, call: Call) -> dict:
             stop_broker(ctx)
             (ctx.run_dir / rundir.BROKER_MOVED).unlink(missing_ok=True)  # of that broker
         port = config.port or host.free_port()
-        tls = tls_listener(ctx.stages)
+        tls = tls_listener(ctx.stages, config.kind, adapter.supports_tls)
         if adapter.startable:  # else its start says why it is not
             _refuse_held(host, config, [port] + ([tls["port"]] if tls else []))
         options = {"extra_config": config.extra_config} if config.extra_config else {}
         if tls:
-            if not adapter.supports_tls:
-                raise BrokerError(f"{config.kind}: perfpipe cannot give it a TLS listener; leave "
-                                  f"the TLS scenarios out of the suite")
             options.update(tls_port=tls["port"], local_dir=ctx.run_dir / rundir.TLS_DIR,
                            tls_names=[address, config.host, "localhost", "127.0.0.1"])
         try:

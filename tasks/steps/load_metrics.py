@@ -176,8 +176,9 @@ def record_searches(ctx: RunContext, store, fingerprint: str, results: dict[str,
     (`results`: the job's stage results by id; `judged`: each stage's validity and reasons,
     as `load_results` recorded them; `cpus`: host -> the CPUs perfpipe may use there,
     `provision.usable_cpus`; `cores`: host -> its cores, `provision.host_cpus`): valid
-    only when the search converged and the hold that confirmed it passed the validity
-    gates (a hold keeps up on what it sent and received, on its throughput's stability
+    only when the search converged and the stage that vouches for its answer
+    (`vouching_stage`: the hold that confirmed it, or without holds the best probe) passed
+    the validity gates (a hold keeps up on what it sent and received, on its throughput's stability
     and on its QoS's promise; one aggregated in part, or failing a gate the search does
     not judge, would vouch for a rate and a cost it did not show). Its probes are stages
     too, never compared."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from sql import StoreError
 
 from .. import rundir
-from ..brokers import BrokerError
+from ..brokers import ADAPTERS, BrokerError
 from ..brokers.tls import tls_listener
 from ..catalog.inventory import Inventory, load_inventory
 from ..catalog.placement import too_many_for_hosts
@@ -54,7 +54,7 @@ def check_plan(settings: Settings, suite: str, inventory: Path
             raise ConfigError(f"{inventory}: hosts: {problem}")
     if inv.broker.managed:  # its TLS listener: said now, not after provision and tune
         try:
-            tls_listener(stages)
+            tls_listener(stages, inv.broker.kind, ADAPTERS[inv.broker.kind].supports_tls)
         except BrokerError as exc:
             raise ConfigError(f"suite {suite!r}: {exc}") from None
     return scenarios, inv, stages
