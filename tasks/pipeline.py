@@ -105,9 +105,15 @@ def _promoted(settings: Settings, run_id: str, label: str, stored: bool) -> str:
 STOPPING = (signal.SIGTERM, signal.SIGHUP)  # stop a run as Ctrl-C does: teardown runs
 
 
+class RunStopped(BaseException):
+    """A signal stopped the run's steps. Not a KeyboardInterrupt: invoke (every host
+    command's runner) takes one as meant for the command it runs, passes it on and goes on
+    waiting, so a signal that came during a command was lost and the run went on."""
+
+
 @contextmanager
 def _stopped_as_by_ctrl_c(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt in the steps, once: Python's default
+    """SIGTERM and SIGHUP raise RunStopped in the steps, once: Python's default
     for them ends the process at once, skipping teardown, and the broker, the drivers and
     the sampler (each in a session of its own) ran on, the tuning stayed and the run
     stayed `running`. Yields `shield`, which teardown calls first: from then on these and
@@ -119,7 +125,7 @@ def _stopped_as_by_ctrl_c(say: Callable[[str], None]) -> Iterator[Callable[[], N
 
     def stop(signum: int, _frame: object) -> None:
         shield()
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+        raise RunStopped(f"stopped by {signal.Signals(signum).name}")
 
     def shield() -> None:
         """From here on (teardown) these are said, not obeyed: SIGKILL still ends it."""
@@ -150,7 +156,7 @@ def _run_steps(ctx: RunContext, hosts: list[str], results: dict[str, object],
                 # a step that returns a list said each item as it went: say how many
                 said = f"{len(result)} done" if isinstance(result, list) else result
                 say(f"{step.name}{' ' + host if host else ''}: {said}")
-    except (Exception, KeyboardInterrupt) as exc:  # closed as failed below; trace to a file
+    except (Exception, KeyboardInterrupt, RunStopped) as exc:  # closed as failed below
         trace = ctx.run_dir / rundir.ERROR_LOG
         try:
             trace.write_text(traceback.format_exc())
