@@ -235,29 +235,33 @@ def _start_sampler(ctx: RunContext, sampler: BrokerSampler, stage: Stage, until:
         f"{out_dir}/sampler.log"))
 
 
-def record_launched(ctx: RunContext, stage_id: str, launched: list[Group]) -> None:
+def record_launched(ctx: RunContext, stage_id: str, launched: list[Group],
+                    recorded: list[dict] = ()) -> list[dict]:
     """processes/<stage>.json, for teardown: each process group (the drivers, then the
     sampler, which ends by itself at the stage's end, but not when a run stops early),
     written before anything else is asked of a host, then again with when each started
     (`Host.started`: None for one already gone, nothing for a host that did not answer),
-    so a group whose id the kernel gave another process since is left alone."""
+    so a group whose id the kernel gave another process since is left alone. `recorded`:
+    the groups written already (the drivers, when the sampler is added), kept as they are;
+    returns them all."""
     path = rundir.processes_file(stage_id)
-    groups = [{"host": g.host_name, "group_pid": g.group_pid} for g in launched]
-    ctx.write_json(path, {"processes": groups})
-    for group, launch in zip(groups, launched):
+    new = [{"host": g.host_name, "group_pid": g.group_pid} for g in launched]
+    ctx.write_json(path, {"processes": [*recorded, *new]})
+    for group, launch in zip(new, launched):
         try:
             group["started"] = launch.host.started(launch.group_pid)
         except HostError:
             continue
-    ctx.write_json(path, {"processes": groups})
+    ctx.write_json(path, {"processes": [*recorded, *new]})
+    return [*recorded, *new]
 
 
 def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> dict:
     inventory = ctx.inventory
     plans = place(stage, stage_slots(stage, inventory, usable_cpus(ctx)))
     launched = [_launch(ctx, stage, plan, broker) for plan in plans]
-    groups = [Group(p.plan.host, p.host, p.group_pid) for p in launched]
-    record_launched(ctx, stage.stage_id, groups)
+    recorded = record_launched(ctx, stage.stage_id,
+                               [Group(p.plan.host, p.host, p.group_pid) for p in launched])
     try:
         _wait_ready(launched, READY_TIMEOUT_S)
     except StageError:
@@ -287,7 +291,7 @@ def run_stage(ctx: RunContext, stage: Stage, broker: dict, progress=print) -> di
     })
     if sampler is not None:
         record_launched(ctx, stage.stage_id,
-                        [*groups, _start_sampler(ctx, sampler, stage, windows["end"], broker)])
+                        [_start_sampler(ctx, sampler, stage, windows["end"], broker)], recorded)
     for proc in launched:
         _put_json(proc.host, {"start_at": start_at}, f"{proc.out_dir}/{START_FILE}")
     codes, stopped = _wait_done(launched, windows["end"] + 30, started=start_at,
