@@ -7,6 +7,9 @@ the DAG files read them once at parse time for the `suite` Param's choices
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,12 +22,15 @@ if TYPE_CHECKING:
     from sql import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "PERFPIPE_"
+log = logging.getLogger(__name__)
 
 
 class Settings(BaseSettings):
-    """PERFPIPE_STATE_DIR, PERFPIPE_DB_URL, PERFPIPE_SLACK_TOKEN, ... (see README)."""
+    """PERFPIPE_STATE_DIR, PERFPIPE_DB_URL, PERFPIPE_SLACK_TOKEN, ... (see README). A
+    variable set to the empty string is not set (`PERFPIPE_SLACK_TOKEN=` posts nothing)."""
 
-    model_config = SettingsConfigDict(env_prefix="PERFPIPE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", env_ignore_empty=True)
 
     state_dir: Path = REPO_ROOT / ".state"
     db_url: SecretStr | None = None  # default: SQLite under state_dir
@@ -73,9 +79,29 @@ class Settings(BaseSettings):
         return f"sqlite:///{self.state_dir / 'results.db'}"
 
 
+def misspelt(names: list[str]) -> dict[str, str]:
+    """Each of `names` (environment variables) that is no setting but close to one ->
+    that setting's variable: `PERFPIPE_DB_URI` -> `PERFPIPE_DB_URL`. Other PERFPIPE_
+    names are left alone: an inventory may name any variable for a password."""
+    known = [PREFIX + name.upper() for name in Settings.model_fields]
+    return {name: close[0] for name in names
+            if name.startswith(PREFIX) and name not in known
+            and (close := difflib.get_close_matches(name, known, n=1, cutoff=0.85))}
+
+
+_warned: set[str] = set()
+
+
 def load_settings() -> Settings:
     """The settings from the environment, or a ConfigError naming each PERFPIPE_ variable
-    that cannot be used, what it holds (never a secret's value) and what it needs."""
+    that cannot be used, what it holds (never a secret's value) and what it needs. A
+    variable that looks like a misspelt setting is warned of once per process: unread, it
+    would leave the setting at its default (results in the local SQLite, say)."""
+    for name, meant in misspelt(sorted(os.environ)).items():
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("%s is no perfpipe setting and is ignored: did you mean %s?",
+                        name, meant)
     try:
         return Settings()
     except ValidationError as exc:

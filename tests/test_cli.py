@@ -323,3 +323,25 @@ def test_a_command_never_migrates_a_database_runs_share(perfpipe_env: Path, caps
     assert revision() == "0004"
     load_settings().store().migrate()  # as a run of this perfpipe does
     assert main(["alerts", "list"]) == 0 and revision() == head
+
+
+def test_a_misspelt_setting_is_warned_of_and_an_empty_one_is_unset(perfpipe_env: Path,
+                                                                    monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tasks.notify.slack import notifier_for
+    from tasks.settings import REPO_ROOT, load_settings
+
+    env = {**os.environ, "PERFPIPE_DB_URI": "postgresql+psycopg://x@db/perf",
+           "PERFPIPE_SLACK_TOKEN": "", "PERFPIPE_TEST_MQTT_PASSWORD": "a password's name"}
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "show", "nightly-x"], env=env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    warned = [line for line in done.stderr.splitlines() if "no perfpipe setting" in line]
+    assert warned == ["PERFPIPE_DB_URI is no perfpipe setting and is ignored: did you mean "
+                      "PERFPIPE_DB_URL?"], done.stderr
+    assert "postgresql" not in done.stderr and "MQTT_PASSWORD" not in done.stderr
+    monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", "")
+    assert load_settings().slack_token is None
+    assert notifier_for(load_settings()).client is None  # messages go to files

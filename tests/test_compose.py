@@ -153,8 +153,12 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
     certs_mount = next(v.split(":")[1] for v in service["volumes"] if v.startswith("broker-tls:"))
     broker_mount = next(v.split(":")[1] for v in SERVICES["mosquitto"]["volumes"]
                         if v.startswith("broker-tls:"))
+    ca_mount = next(v.split(":")[1] for v in service["volumes"] if v.startswith("broker-ca:"))
     driver_mount = next(v.split(":")[1] for v in SERVICES["driver1"]["volumes"]
-                        if v.startswith("broker-tls:"))
+                        if v.startswith("broker-ca:"))
+    for name, other in SERVICES.items():  # the server's key reaches the broker alone
+        assert name in ("broker-certs", "mosquitto") or not any(
+            v.startswith("broker-tls:") for v in other.get("volumes", [])), name
     conf = (REPO / "infra/docker/mosquitto.conf").read_text()
     tls = load_catalog(REPO / "scenarios")["messagesight_connburst_tls"].connection.tls
     assert Path(tls.ca_file).parent == Path(driver_mount)
@@ -163,16 +167,18 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
     base = Path(tempfile.mkdtemp(prefix="perfpipe-compose-tls-", dir="/var/tmp"))
     base.chmod(0o755)  # Mosquitto drops to its own user, which must reach the files
     try:
-        certs = base / "certs"
+        certs, ca = base / "certs", base / "ca"
         owner = str(pwd.getpwnam("mosquitto").pw_uid)  # compose: the image's mosquitto, 1883
-        args = [str(certs) if a == certs_mount else owner if a == "1883" else a for a in args]
+        args = [str(certs) if a == certs_mount else str(ca) if a == ca_mount
+                else owner if a == "1883" else a for a in args]
         assert certs_main(args) == 0
+        assert [p.name for p in ca.iterdir()] == [Path(tls.ca_file).name]
         for path in re.findall(rf"{broker_mount}/\S+", conf):
             assert (certs / Path(path).name).is_file(), path
         assert (certs / Path(tls.ca_file).name).read_bytes() == (certs / "ca.pem").read_bytes()
-        made = {p.name: p.stat().st_mtime_ns for p in certs.iterdir()}
+        made = {p: p.stat().st_mtime_ns for p in [*certs.iterdir(), *ca.iterdir()]}
         assert certs_main(args) == 0  # a second run keeps the files the broker already has
-        assert {p.name: p.stat().st_mtime_ns for p in certs.iterdir()} == made
+        assert {p: p.stat().st_mtime_ns for p in [*certs.iterdir(), *ca.iterdir()]} == made
 
         port, tls_port = free_port(), free_port()
         local = (conf.replace("listener 1883 0.0.0.0", f"listener {port} 127.0.0.1")
@@ -183,7 +189,7 @@ def test_the_compose_broker_gets_tls_and_the_drivers_its_ca():
             broker = subprocess.Popen([mosquitto_binary(), "-c", str(base / "mosquitto.conf")],
                                       stdout=log, stderr=subprocess.STDOUT)
         try:
-            context = ssl.create_default_context(cafile=str(certs / Path(tls.ca_file).name))
+            context = ssl.create_default_context(cafile=str(ca / Path(tls.ca_file).name))
             deadline = time.monotonic() + 10
             while True:
                 try:

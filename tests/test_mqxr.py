@@ -41,3 +41,15 @@ def test_activemq_options_keep_other_flags_and_replace_the_heap():
     assert "UseDedicatedTaskRunner=true" in tuned
     assert with_heap(tuned, "256M", "256M") == tuned
     assert heap_options(None) == ["-Xms512M", "-Xmx512M"]  # the package default
+
+
+def test_activemq_options_keep_a_quoted_option_quoted():
+    import shlex
+
+    from tasks.brokers.activemq import _OPTS_LINE, with_heap
+
+    kept = "-Dsun.net.client.defaultReadTimeout=5000 -Djava.ext.note='two words' -Xss1M"
+    tuned = with_heap(f'ACTIVEMQ_OPTS="-Xmx1G {kept} -Xms1G"\n', "256M", "256M")
+    assert tuned == f'ACTIVEMQ_OPTS="-Xms256M -Xmx256M {kept}"\n'
+    # what the start script's shell makes of it: the quoted option is one word still
+    assert shlex.split(_OPTS_LINE.search(tuned)["opts"])[3] == "-Djava.ext.note=two words"

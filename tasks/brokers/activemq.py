@@ -22,8 +22,9 @@ HOME = "/usr/share/activemq"
 OPTIONS_FILE = "/etc/activemq/instances-available/perfpipe/options"
 DEFAULT_OPTS = "-Xms512M -Xmx512M"
 EXTRA_CLASSPATH = "/usr/share/java/mqtt-client.jar"  # the MQTT codec the transport needs
-_OPTS_LINE = re.compile(r'^\s*ACTIVEMQ_OPTS\s*=\s*"(?P<opts>[^"]*)"\s*$', re.M)
+_OPTS_LINE = re.compile(r'^[ \t]*ACTIVEMQ_OPTS[ \t]*=[ \t]*"(?P<opts>[^"]*)"[ \t]*$', re.M)
 _HEAP = re.compile(r"^-Xm[sx]\d+[KMGkmg]?$")
+_HEAP_WORD = re.compile(r"(?<!\S)-Xm[sx]\d+[KMGkmg]?(?!\S)\s*")
 
 CONFIG = """<beans xmlns="http://www.springframework.org/schema/beans"
        xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
@@ -52,8 +53,8 @@ def with_heap(options_text: str | None, xms: str, xmx: str) -> str:
     match = _OPTS_LINE.search(text)
     if not match:
         return text.rstrip("\n") + f'\nACTIVEMQ_OPTS="-Xms{xms} -Xmx{xmx}"\n'
-    kept = [o for o in shlex.split(match["opts"]) if not _HEAP.match(o)]
-    line = f'ACTIVEMQ_OPTS="{" ".join([f"-Xms{xms}", f"-Xmx{xmx}", *kept])}"'
+    kept = _HEAP_WORD.sub("", match["opts"]).strip()  # the rest as written, quotes and all
+    line = f'ACTIVEMQ_OPTS="{" ".join(filter(None, [f"-Xms{xms}", f"-Xmx{xmx}", kept]))}"'
     return text[:match.start()] + line + text[match.end():]
 
 

@@ -1,7 +1,7 @@
 """A broker TLS certificate signed by a throwaway CA, for a broker perfpipe does not manage.
 
     python -m tasks.brokers.certs --out DIR --name mosquitto [--name HOST ...]
-                                  [--owner UID] [--days 365]
+                                  [--owner UID] [--days 365] [--ca-out CA_DIR]
 
 perfpipe makes a CA per run when it starts the broker itself (`tasks.steps.broker`). A broker
 started by someone else, e.g. the Mosquitto of docker-compose.yml, needs its certificate
@@ -9,7 +9,8 @@ before it starts, and the driver hosts need the CA where the TLS scenarios look 
 (``tls.ca_file``: ``.../perfpipe-ca.pem``). This writes, into DIR: ``ca.pem`` and the same CA
 as ``perfpipe-ca.pem``, ``server.pem`` (subjectAltName: every --name) and ``server.key``
 (mode 0600, owned by --owner: the uid the broker drops to). The CA's private key is never
-written, so nothing else can be signed with it.
+written, so nothing else can be signed with it. With --ca-out, ``perfpipe-ca.pem`` is also
+copied into CA_DIR: a folder for the driver hosts that holds no server key.
 
 Idempotent: files that are there, cover every --name and stay valid for another day are
 kept, so a broker already running with them and drivers holding the CA still agree.
@@ -62,8 +63,21 @@ def still_good(out_dir: Path, names: list[str], margin: datetime.timedelta) -> b
     return all(subject_alt_name(name) in alt for name in names)
 
 
-def write_certificates(out_dir: Path, names: list[str], days: int, owner: int | None) -> bool:
-    """Make the files unless they are still good; returns whether new ones were made."""
+def write_certificates(out_dir: Path, names: list[str], days: int, owner: int | None,
+                       ca_dir: Path | None = None) -> bool:
+    """Make the files unless they are still good, and copy the CA into `ca_dir` (when
+    given) unless it is there already; returns whether new ones were made."""
+    made = _write_server_files(out_dir, names, days, owner)
+    if ca_dir is not None:
+        ca = out_dir / GENERATED_CA
+        copy = ca_dir / GENERATED_CA
+        if not copy.is_file() or copy.read_bytes() != ca.read_bytes():
+            ca_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ca, copy)
+    return made
+
+
+def _write_server_files(out_dir: Path, names: list[str], days: int, owner: int | None) -> bool:
     if still_good(out_dir, names, datetime.timedelta(days=1)):
         return False
     made = make_certificates(out_dir, names, days=days)
@@ -87,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--owner", type=int, default=None,
                         help="uid that must read server.key (the broker's user, e.g. 1883)")
     parser.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    parser.add_argument("--ca-out", type=Path, default=None,
+                        help="a folder for the driver hosts: the CA only, no server key")
     args = parser.parse_args(argv)
     if args.days < 2:
         parser.error("--days: at least 2 (files valid for less than a day are replaced)")
-    made = write_certificates(args.out, args.name, args.days, args.owner)
+    made = write_certificates(args.out, args.name, args.days, args.owner, args.ca_out)
     print(f"{'wrote' if made else 'kept'} {args.out / CA_FILE}, {args.out / GENERATED_CA}, "
-          f"{args.out / CERT_FILE}, {args.out / KEY_FILE} for {', '.join(args.name)}")
+          f"{args.out / CERT_FILE}, {args.out / KEY_FILE} for {', '.join(args.name)}"
+          + (f"; the CA in {args.ca_out / GENERATED_CA}" if args.ca_out else ""))
     return 0
 
 

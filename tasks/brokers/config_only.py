@@ -21,10 +21,6 @@ from .base import BrokerAdapter
 from .errors import BrokerError
 from .sys_topics import sys_messages, sys_version
 
-# Where brokers announce their version: EMQX ($SYS/brokers/<node>/version), Mosquitto and
-# others ($SYS/broker/version).
-SYS_VERSION_TOPICS = ("$SYS/brokers/+/version", "$SYS/broker/version")
-
 
 def http_json(url: str, timeout_s: float = 3.0) -> dict | None:
     """A JSON object from an HTTP GET, or None when unreachable or not JSON."""
@@ -42,6 +38,9 @@ class ConfigOnlyBroker(BrokerAdapter):
     managed_fix = ""  # what to do instead of managed: true
     startable = False
     sys_stats_topics: tuple[str, ...] = ("$SYS/#",)
+    # where this broker announces its version, and only it: another broker's topic would
+    # let a Mosquitto at the address pass for this kind
+    version_topics: tuple[str, ...] = ("$SYS/broker/version",)
 
     @classmethod
     def managed_error(cls) -> str:
@@ -54,9 +53,9 @@ class ConfigOnlyBroker(BrokerAdapter):
         raise BrokerError(f"{self.title} is never started by perfpipe, so it never stops it")
 
     def probe_version(self, address: str, port: int) -> str:
-        """The running broker's version over the network ($SYS, EMQX's topic too), or
+        """The running broker's version over the network (its `version_topics`), or
         "unknown"."""
-        return sys_version(address, port, topics=SYS_VERSION_TOPICS)
+        return sys_version(address, port, topics=self.version_topics)
 
     def stats(self, address: str, port: int, wait_s: float = 3.0) -> dict[str, str]:
         """A snapshot of the broker's $SYS topics ({} when it publishes none to this client)."""

@@ -62,6 +62,7 @@ class Emqx(ConfigOnlyBroker):
                    f"`python -m tasks.brokers.render emqx`) and set managed: false with its "
                    f"address and port")
     sys_stats_topics = ("$SYS/brokers/+/stats/#",)
+    version_topics = ("$SYS/brokers/+/version",)  # not Mosquitto's $SYS/broker/version
     process_pattern = r"beam\.smp.*emqx"
     # /api/v5/prometheus/stats on the dashboard port (the erlang_vm_* collectors must be
     # enabled for the node's CPU: prometheus.collectors.vm_statistics = enabled)
