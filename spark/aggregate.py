@@ -77,6 +77,7 @@ from tasks.rundir import STAGE_METRICS_PARQUET as PARQUET_DIR
 
 WHOLE_STAGE_KINDS = ("connect", "subscribe")  # happen before the window: use every second
 _COLUMN_TYPES = {"kind": T.StringType()}  # others are integers
+_COLUMN_VALUES = {"kind": HISTOGRAM_KINDS}  # a string column's values (others: not negative)
 SESSION_SETTINGS = ("spark.sql.shuffle.partitions", "spark.sql.session.timeZone")  # per session
 SPARK_SETTINGS = {
     "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
@@ -95,7 +96,10 @@ def parse_lines(lines: DataFrame, columns: tuple[str, ...]) -> DataFrame:
     them), so a line is split on commas and every field cast to its type
     (``_COLUMN_TYPES``, else a long): about twice as fast as Spark's CSV reader on these
     narrow rows. The header line and empty lines are skipped; a line is valid when it has
-    exactly the contract's fields and each one parses (an empty string is not a kind).
+    exactly the contract's fields and each one parses: a kind one of the contract's
+    (`HISTOGRAM_KINDS`), a number not negative (seconds, buckets, counts and counters all
+    count up from 0). Any other line is malformed and said (a negative bucket read as a
+    negative latency, an unknown kind was dropped unsaid).
     Nothing downstream filters rows before the sums (conditions sit inside the
     aggregates): a filter would be pushed below this projection and split every line
     once per reference.
@@ -106,8 +110,8 @@ def parse_lines(lines: DataFrame, columns: tuple[str, ...]) -> DataFrame:
         *others, F.split("value", ",").alias("_tokens"))
     typed = [F.get("_tokens", i).try_cast(_COLUMN_TYPES.get(c, T.LongType())).alias(c)
              for i, c in enumerate(columns)]
-    checks = [F.col(c).isNotNull() & (F.col(c) != "") if _COLUMN_TYPES.get(c) == T.StringType()
-              else F.col(c).isNotNull() for c in columns]
+    checks = [F.col(c).isNotNull() & (F.col(c).isin(*_COLUMN_VALUES[c]) if c in _COLUMN_VALUES
+                                      else F.col(c) >= 0) for c in columns]
     width = (F.size("_tokens") == len(columns)).alias("_width")
     return (tokens.select(*others, *typed, width)
             .select(*others, *columns,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,10 +154,13 @@ SAMPLE_FILES = {"broker": (SAMPLER_FILE, SAMPLER_COLUMNS, ()),
 
 
 def _number(text: str) -> float | None:
+    """A CSV cell's number; None when empty, not a number, or not finite (a Prometheus
+    +Inf: one such cell made the run's stage_metrics.json unwritable)."""
     try:
-        return float(text) if text != "" else None
+        value = float(text) if text != "" else None
     except ValueError:
         return None
+    return value if value is None or math.isfinite(value) else None
 
 
 def read_samples(path: Path, columns: tuple[str, ...], window: tuple[int, int],

@@ -328,11 +328,37 @@ def _broker_source(stage: StageFiles) -> tuple[str, list[dict]]:
     return "nothing", []
 
 
+BROKER_SECONDS = 0.8  # the judged broker figures need samples in this share of the window
+
+
+def _judged_from(stage: StageFiles, source: str, rows: list[dict]) -> bool:
+    """Whether the broker's judged figures (its CPU a message, its memory per 1,000
+    clients) may be taken from `rows`: from the source the setup measures every night (its
+    processes, when the sampler was told how to find them) and over most of the window.
+    Else a night whose process was not found would be judged on its host's CPU and used
+    memory, or on 3 seconds of 60, against nights of its processes: a false step."""
+    meant = "processes" if (stage.doc.get("sampler") or {}).get("processes") else source
+    if source != meant:
+        stage.problem(f"broker_cpu_s_per_10k and broker_rss_per_1k_conn not computed: from "
+                      f"{source}, not the broker's processes its other nights are from",
+                      notice=False)
+        return False
+    seconds = len({r.get("second") for r in rows})
+    span = stage.window[1] - stage.window[0] if stage.window else 0
+    if span and seconds < BROKER_SECONDS * span:
+        stage.problem(f"broker_cpu_s_per_10k and broker_rss_per_1k_conn not computed: the "
+                      f"broker was sampled in {seconds} of the window's {span} seconds "
+                      f"(at least {BROKER_SECONDS:.0%} needed)", notice=False)
+        return False
+    return True
+
+
 def broker_metrics(stage: StageFiles, delivered_rate: float | None,
                    source: tuple[str, list[dict]]) -> dict:
     """The broker over the measure window: CPU, RSS and what a message costs, from the best
-    `source` `_broker_source` found (said in a problem line when it is not its processes),
-    plus its processes' detail, its own counts and its host."""
+    `source` `_broker_source` found (said in a problem line when it is not its processes;
+    the judged figures only from the source its nights are from: `_judged_from`), plus its
+    processes' detail, its own counts and its host."""
     source, rows = source
     if source not in ("processes", "nothing"):
         stage.problem(f"broker CPU and RSS from {source}: its processes were not sampled",
@@ -342,12 +368,13 @@ def broker_metrics(stage: StageFiles, delivered_rate: float | None,
         cpu, rss = sample_values(rows, "cpu_pct"), sample_values(rows, "rss_bytes")
         metrics.update(broker_cpu_avg=_avg(cpu), broker_cpu_max=_max(cpu),
                        broker_rss_avg=_avg(rss), broker_rss_max=_max(rss))
-        # CPU-seconds per second, over messages per second, for 10,000 messages
-        metrics["broker_cpu_s_per_10k"] = _ratio(
-            None if metrics["broker_cpu_avg"] is None else metrics["broker_cpu_avg"] / 100,
-            (delivered_rate or 0) / 10_000)
-        metrics["broker_rss_per_1k_conn"] = _ratio(metrics["broker_rss_avg"],
-                                                   (stage.doc.get("clients") or 0) / 1000)
+        if _judged_from(stage, source, rows):
+            # CPU-seconds per second, over messages per second, for 10,000 messages
+            metrics["broker_cpu_s_per_10k"] = _ratio(
+                None if metrics["broker_cpu_avg"] is None else metrics["broker_cpu_avg"] / 100,
+                (delivered_rate or 0) / 10_000)
+            metrics["broker_rss_per_1k_conn"] = _ratio(metrics["broker_rss_avg"],
+                                                       (stage.doc.get("clients") or 0) / 1000)
     elif stage.doc.get("broker_host"):
         stage.problem("no broker CPU or RSS in the measure window")
     if source == "processes":

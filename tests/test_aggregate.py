@@ -313,10 +313,12 @@ def run(tmp_path_factory) -> Run:
         (run_dir / "hosts" / f"{host}.json").write_text(json.dumps({"host": host, **clock}))
     # cut the last row (a drain second) of one file mid-way: two columns and the newline
     truncate(raw / "s4_truncated" / "h1" / "0" / COUNTERS_FILE, 5)
-    # two bad lines in a histogram file: a field that is no number, a row one field short
+    # four bad lines in a histogram file: a field that is no number, a row one field short,
+    # a kind the contract has not, a negative bucket (it read as a negative latency)
     hist = raw / "s4_truncated" / "h2" / "0" / HISTOGRAMS_FILE
     header, rest = hist.read_text().split("\n", 1)
-    hist.write_text(f"{header}\n{MEASURE[0]},e2e,x7,3\n{MEASURE[0]},e2e,100\n{rest}")
+    hist.write_text(f"{header}\n{MEASURE[0]},e2e,x7,3\n{MEASURE[0]},e2e,100\n"
+                    f"{MEASURE[0]},e2e2,100,3\n{MEASURE[0]},e2e,-5,3\n{rest}")
     outs = [run_dir / "out1", run_dir / "out2"]
     # two independent submits at once (one with PYTHONPATH as the pipeline sets it, one
     # without): their outputs must be byte-identical
@@ -678,7 +680,7 @@ def test_truncated_file_makes_stage_incomplete(run: Run):
     assert named, stage["problems"]
     # the cut row is counted as malformed, in the file it came from; so are bad lines
     assert f"1 malformed rows skipped in {COUNTERS_FILE} of h1/0" in stage["problems"]
-    assert f"2 malformed rows skipped in {HISTOGRAMS_FILE} of h2/0" in stage["problems"]
+    assert f"4 malformed rows skipped in {HISTOGRAMS_FILE} of h2/0" in stage["problems"]
     samples = expect.samples["e2e"]  # the bad lines added nothing to the percentiles
     assert stage["metrics"]["e2e_latency_max"] == pytest.approx(max(samples),
                                                                  abs=_tolerance(max(samples)))
@@ -748,3 +750,49 @@ def test_more_unique_deliveries_than_expected_is_said_not_hidden_as_no_loss():
     assert loss_metrics(over)["lost"] == 0 and not over.incomplete
     (said,) = over.problem_list()
     assert said.startswith("230 unique deliveries where 200 were expected: loss reads 0")
+
+
+def test_the_judged_broker_figures_come_only_from_its_nights_source_over_most_seconds(tmp_path):
+    """A night whose broker process was not found falls back to its host's CPU and used
+    memory, and a sampler that kept only a few seconds of the window: both are recorded,
+    but neither gives the judged cost a message or memory per 1,000 clients, and the
+    stage says why; a CSV cell of +Inf reads as empty. Pure: no Spark."""
+    from spark.stage_files import StageFiles
+    from spark.stage_metrics import _broker_source, broker_metrics
+
+    window = (1000, 1060)
+    seconds = range(*window)
+
+    def stage(**samples) -> StageFiles:
+        return StageFiles("s", window=window, samples=samples,
+                          doc={"clients": 1000, "broker_host": "b",
+                               "sampler": {"processes": "session 42", "dedicated": True}})
+
+    def judged(files: StageFiles) -> dict:
+        return broker_metrics(files, 50_000.0, _broker_source(files))
+
+    proc = [{"second": s, "cpu_pct": 40.0, "rss_bytes": 2e7, "processes": 1} for s in seconds]
+    whole = stage(broker=proc)
+    metrics = judged(whole)
+    assert metrics["broker_cpu_s_per_10k"] == pytest.approx(0.4 / 5)
+    assert metrics["broker_rss_per_1k_conn"] == pytest.approx(2e7)
+    assert not whole.problem_list()
+
+    host = [{"second": s, "cpu_pct": 90.0, "mem_used_bytes": 9e8} for s in seconds]
+    lost = stage(broker=[{**r, "processes": 0} for r in proc], host=host)
+    metrics = judged(lost)
+    assert metrics["broker_cpu_avg"] == 90.0  # recorded, said where from
+    assert metrics.get("broker_cpu_s_per_10k") is None
+    assert metrics.get("broker_rss_per_1k_conn") is None
+    assert any("not computed: from its host, not the broker's processes" in p
+               for p in lost.problem_list()), lost.problem_list()
+
+    few = stage(broker=proc[:3])
+    metrics = judged(few)
+    assert metrics["broker_cpu_avg"] == 40.0 and metrics.get("broker_cpu_s_per_10k") is None
+    assert any("sampled in 3 of the window's 60 seconds" in p for p in few.problem_list())
+
+    path = tmp_path / "broker.csv"
+    write_csv(path, SAMPLER_COLUMNS, [(1000, "inf", 5, *[1] * (len(SAMPLER_COLUMNS) - 3)),
+                                      (1001, "-Inf", 5, *[1] * (len(SAMPLER_COLUMNS) - 3))])
+    assert [r["cpu_pct"] for r in read_samples(path, SAMPLER_COLUMNS, window)] == [None, None]
