@@ -272,6 +272,13 @@ def exit_code(status: str, warning: str | None, airflow_state: str = "success", 
 # what is beyond doubt; like `unchanged`, it clears a suspicion.
 VERDICTS = ("regression", "suspected", "improvement", "unchanged", "learning", "no_baseline",
             "invalid")
+
+
+def verdict_rank(verdict: str) -> int:
+    """Where a verdict sorts, worst first (`VERDICTS`' order; one it does not know, last)."""
+    return VERDICTS.index(verdict) if verdict in VERDICTS else len(VERDICTS)
+
+
 # A bad night: its value stays out of later baselines, and its alert is opened or confirmed.
 FLAGGED = ("suspected", "regression")
 # Nothing was compared: these say nothing of a change, so they neither open, confirm nor

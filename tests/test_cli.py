@@ -10,7 +10,7 @@ import pytest
 
 from tasks.cli import main, parser
 from tasks.views.summary import run_summary, short_summary
-from tasks.views.tables import verdict_rows
+from tasks.views.tables import metrics_rows, verdict_rows
 
 
 def test_a_suite_that_does_not_exist_is_one_line_before_airflow_starts(perfpipe_env: Path,
@@ -213,8 +213,16 @@ def test_the_report_the_cli_and_slack_count_and_show_verdicts_alike() -> None:
     assert message["blocks"][1]["text"]["text"] == f"verdicts: {said}"
     assert Counter(verdict_counts(rows)) == Counter({"regression": 1, "unchanged": 1,
                                                      "not judged (host off its usual)": 1})
-    shown = {r["metric"]: r for r in verdict_rows([stage])}["e2e_latency_avg"]
+    listed = verdict_rows([stage])
+    shown = {r["metric"]: r for r in listed}["e2e_latency_avg"]
     assert (shown["baseline"], shown["tonight"], shown["unit"]) == (1.0, 1.5, "ms")
+    assert listed[0]["verdict"] == "regression"  # worst first, as the report lists them
+    # the measured figures beside them in the same unit (they were in us)
+    stage["metrics"] = {"e2e_latency_p50": 900.0, "delivered_rate": 5000.0}
+    (measured,) = metrics_rows([stage])
+    assert measured["e2e p50 ms"] == 0.9 and measured["delivered msg/s"] == 5000.0
+    page = render({**run, "broker_version": None}, [stage], [])
+    assert "mosquitto (version not known yet) ·" in page and "mosquitto None" not in page
 
 
 def test_airflow_failing_itself_is_one_line_with_the_trace_in_its_log(perfpipe_env: Path,

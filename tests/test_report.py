@@ -243,6 +243,29 @@ def test_each_scenarios_rate_chart_runs_along_what_its_stages_step() -> None:
     assert ">burst: delivered rate against publishers<" in chart("burst")  # one step
 
 
+def test_each_qos_has_its_own_expected_line_where_its_rate_is_its_own() -> None:
+    """ibm_fanin runs QoS 0, 1 and 2 at 0.3, 0.25 and 0.2 of the rate: each QoS's dashed
+    line follows its own intended deliveries (one line drew QoS 2's under all three, so a
+    QoS 0 that delivered all of its own read 50% above "expected")."""
+    from tasks.views.report import rate_charts
+
+    share = {0: 0.3, 1: 0.25, 2: 0.2}
+    page = rate_charts([{"params": {"scenario": "fanin", "qos": qos,
+                                    "groups": [{"role": "pub", "count": n},
+                                               {"role": "sub", "count": 1}]},
+                         "metrics": {"delivered_rate": share[qos] * n * 100,
+                                     "target_rate": share[qos] * n * 100,
+                                     "expected_delivery_rate": share[qos] * n * 100}}
+                        for qos in share for n in (100, 1000)])
+    lines = re.findall(r'<polyline[^>]*stroke="([^"]*)"[^>]*?( stroke-dasharray="[^"]*")? '
+                       r'points="([^"]*)"', page)
+    solid = {color: points for color, dash, points in lines if not dash}
+    dashed = {color: points for color, dash, points in lines if dash}
+    assert len(solid) == 3 and dashed == solid  # every QoS delivered all its own
+    assert len(set(solid.values())) == 3
+    assert all(f"QoS {qos} expected (every intended delivery)" in page for qos in share)
+
+
 def test_a_night_judged_before_its_noise_is_known_has_no_band_in_the_report():
     """The report draws the band the export and the Grafana view give: none for a night
     judged while learning, whose sigma rests on a few nights, even one flagged as beyond

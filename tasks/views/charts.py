@@ -146,25 +146,32 @@ def _legend(frame: Frame, labels: Sequence[tuple[str, str]]) -> str:
                    f'fill="{color}">{escape(label)}</text>' for i, (label, color) in enumerate(labels))
 
 
-def line_chart(lines: dict[str, Sequence[Point]], *, target: Sequence[Point] = (),
+def line_chart(lines: dict[str, Sequence[Point]], *,
+               targets: dict[str, Sequence[Point]] | None = None,
                x_label: str, y_label: str, title: str, width: int = 520,
                height: int = 300, chart_id: str = "", x_kind: str = "linear",
                y_kind: str = "linear", x_ticks: Sequence[tuple[float, str]] | None = None) -> str:
-    """Lines of (x, y) points, one colour each, with an optional dashed target line."""
-    xs = [x for points in lines.values() for x, _ in points] + [x for x, _ in target]
-    ys = [y for points in lines.values() for _, y in points] + [y for _, y in target]
+    """Lines of (x, y) points, one colour each, and dashed target lines: a line's own
+    (`targets` under its label) in its colour, or one for all (under any other label) in
+    grey."""
+    targets = targets or {}
+    everything = [*lines.values(), *targets.values()]
+    xs = [x for points in everything for x, _ in points]
+    ys = [y for points in everything for _, y in points]
     frame = Frame(width, height, Scale.fit(xs, x_kind), Scale.fit(ys, y_kind))
     if x_ticks is None and x_kind == "linear":
         x_ticks = [(x, _fmt(x)) for x in sorted(set(xs))]
     body = [frame.axes(x_label, y_label, x_ticks)]
     legend = []
-    for i, (label, points) in enumerate(sorted(lines.items())):
-        color = PALETTE[i % len(PALETTE)]
-        body.append(frame.polyline(sorted(points), color))
-        legend.append((label, color))
-    if target:  # drawn last: a line that follows the target stays visible under the dashes
-        body.append(frame.polyline(sorted(target), "#555", dashed=True))
-        legend.append(("expected (every intended delivery)", "#666"))
+    colors = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(sorted(lines))}
+    for label, points in sorted(lines.items()):
+        body.append(frame.polyline(sorted(points), colors[label]))
+        legend.append((label, colors[label]))
+    # drawn last: a line that follows its target stays visible under the dashes
+    for label, points in sorted(targets.items()):
+        body.append(frame.polyline(sorted(points), colors.get(label, "#555"), dashed=True))
+        legend.append((f"{label} expected (every intended delivery)" if label in colors
+                       else "expected (every intended delivery)", colors.get(label, "#666")))
     return frame.svg([*body, _legend(frame, legend)], title, chart_id=chart_id)
 
 

@@ -66,7 +66,8 @@ def bencher_bmf(stages: Iterable[dict]) -> dict[str, dict[str, dict[str, float]]
         comparisons = {c["metric"]: c for c in stage.get("comparisons", [])}
         measures: dict[str, dict[str, float]] = {}
         for name, value in stage["metrics"].items():
-            if value is None or METRICS[name].better == "none":
+            known = METRICS.get(name)  # a name since removed from tasks.metrics: not sent
+            if value is None or known is None or known.better == "none":
                 continue
             factor = BENCHER_BUILTINS.get(name, ("", 1.0))[1]
             metric = {"value": value * factor}

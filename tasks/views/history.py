@@ -8,7 +8,7 @@ import math
 from datetime import datetime
 from html import escape
 
-from ..metrics import CAPACITY_AND_COST, FLAGGED, VERDICTS, flagged_across, noise_known
+from ..metrics import CAPACITY_AND_COST, FLAGGED, flagged_across, noise_known, verdict_rank
 from .charts import VERDICT_COLORS, Night, history_chart, sparkline
 from .tables import flagged_together, mde_text, verdict_note
 from .units import readable, show, unit_of
@@ -67,7 +67,7 @@ def nights_of(metric: str, earlier: list[dict], stage: dict) -> tuple[list[Night
 
 def _flagged(stages: list[dict]) -> list[tuple[dict, dict]]:
     found = [(s, c) for s in stages for c in s.get("comparisons", []) if c["verdict"] in FLAGGED]
-    return sorted(found, key=lambda sc: (VERDICTS.index(sc[1]["verdict"]), sc[0]["stage_id"]))
+    return sorted(found, key=lambda sc: (verdict_rank(sc[1]["verdict"]), sc[0]["stage_id"]))
 
 
 def _changes_across(flagged: list[tuple[dict, dict]]) -> list[str]:
@@ -148,9 +148,7 @@ def history_section(stages: list[dict], histories: Histories) -> str:
     ones (rate, capacity, cost), open; the others folded under them."""
     parts = []
     for stage in stages:
-        comparisons = sorted(stage.get("comparisons", []),
-                             key=lambda c: VERDICTS.index(c["verdict"]) if c["verdict"] in VERDICTS
-                             else len(VERDICTS))
+        comparisons = sorted(stage.get("comparisons", []), key=lambda c: verdict_rank(c["verdict"]))
         earlier = histories.get(stage["stage_id"], [])
         shown = [(c, _figure(stage, c, earlier)) for c in comparisons]
         is_open = [c["verdict"] in FLAGGED or c["metric"] in HEADLINE for c, _ in shown]

@@ -22,10 +22,24 @@ from collections.abc import Callable
 from html import escape
 
 from ..driver.histogram import percentile
-from ..metrics import BROKER_CPU_SERIES, TAIL_KINDS, VERDICTS, bucket_series, p99_per_s_series
+from ..metrics import (
+    BROKER_CPU_SERIES,
+    TAIL_KINDS,
+    bucket_series,
+    p99_per_s_series,
+    verdict_rank,
+)
 from .charts import PALETTE, line_chart, percentile_x, time_series
 from .history import Histories, attention, history_section
-from .tables import in_run_order, invalid_reasons, noted, said_counts, verdict_counts, verdict_note
+from .tables import (
+    broker_version_text,
+    in_run_order,
+    invalid_reasons,
+    noted,
+    said_counts,
+    verdict_counts,
+    verdict_note,
+)
 from .units import show, unit_of
 
 SCORE_CARD = (("delivered_rate", "delivered"), ("expected_delivery_rate", "expected"),
@@ -95,8 +109,9 @@ def stepped_axis(stages: list[dict]) -> tuple[str, Callable[[dict], float | None
 
 def rate_charts(stages: list[dict]) -> str:
     """Per scenario: delivered rate against what its stages step (`stepped_axis`), one line
-    per QoS, the deliveries the stages intend dashed (their publish rate times the
-    subscribers a message reaches)."""
+    per QoS, the deliveries the stages intend dashed, one line per QoS too (their publish
+    rate times the subscribers a message reaches: a scenario's QoS may each have a rate of
+    their own, and one expected line drew the last QoS's under every other)."""
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for stage in stages:
         by_scenario[stage["params"].get("scenario", "?")].append(stage)
@@ -104,16 +119,18 @@ def rate_charts(stages: list[dict]) -> str:
     for scenario, members in sorted(by_scenario.items()):
         label, x_of = stepped_axis(members)
         lines: dict[str, list] = defaultdict(list)
-        target = {}
+        targets: dict[str, dict] = defaultdict(dict)
         for stage in members:
             x, delivered = x_of(stage), stage["metrics"].get("delivered_rate")
             if x is None:  # a stage whose offered rate is not known: no point
                 continue
+            qos = f"QoS {stage['params'].get('qos')}"
             if delivered is not None:
-                lines[f"QoS {stage['params'].get('qos')}"].append((x, delivered))
+                lines[qos].append((x, delivered))
             if stage["metrics"].get("expected_delivery_rate") is not None:
-                target[x] = stage["metrics"]["expected_delivery_rate"]
-        chart = line_chart(lines, target=sorted(target.items()), x_label=label,
+                targets[qos][x] = stage["metrics"]["expected_delivery_rate"]
+        chart = line_chart(lines, targets={q: sorted(t.items()) for q, t in targets.items()},
+                           x_label=label,
                            y_label="delivered msg/s", chart_id=f"rate-{scenario}",
                            title=f"{scenario}: delivered rate against {label}")
         figures.append(f"<figure>{chart}<figcaption>{escape(scenario)}</figcaption></figure>")
@@ -232,8 +249,7 @@ def verdicts(stages: list[dict]) -> str:
     """Every verdict, worst first, with the smallest step its metric can show (MDE) and
     why a metric is not guarded (too noisy) or not judged yet (learning)."""
     found = [(s["stage_id"], c) for s in stages for c in s.get("comparisons", [])]
-    found.sort(key=lambda item: VERDICTS.index(item[1]["verdict"])
-               if item[1]["verdict"] in VERDICTS else len(VERDICTS))
+    found.sort(key=lambda item: verdict_rank(item[1]["verdict"]))
     if not found:
         return "<p>No comparisons.</p>"
     rows = "".join(
@@ -318,7 +334,7 @@ def render(run: dict, stages: list[dict], hosts: list[dict], tuning: list[dict] 
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
             f'<p>{escape(run["kind"])} · suite {escape(run["suite"])} · '
-            f'{escape(run["broker_kind"])} {escape(str(run.get("broker_version")))} · '
+            f'{escape(run["broker_kind"])} {escape(broker_version_text(run))} · '
             + _status(run)
             + (f' · release {escape(run["release_label"])}' if run.get("release_label") else "")
             + (f' · warning: {escape(run["warning"])}' if run.get("warning") else "")

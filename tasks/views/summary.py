@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..metrics import NOT_JUDGED, VERDICTS, compared_release
 from .tables import (
+    broker_version_text,
     HOST_OFF,
     in_run_order,
     invalid_reasons,
@@ -29,9 +30,8 @@ NONE_VALID = ("no stage was valid, so nothing was compared; an invalid stage fee
 
 
 def _header(run: dict) -> list[str]:
-    version = run.get("broker_version") or "(version not known yet)"
     return [f"\nrun {run['run_id']} ({run['kind']}, suite {run['suite']}, {run['broker_kind']} "
-            f"{version}): {run['status']}"] + (
+            f"{broker_version_text(run)}): {run['status']}"] + (
         [f"warning: {run['warning']}"] if run.get("warning") else [])
 
 

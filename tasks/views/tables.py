@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from ..analysis.host_gates import gated_note
-from ..metrics import VERDICTS, flagged_across
+from ..metrics import VERDICTS, flagged_across, verdict_rank
 from ..rundir import STAGE_METRICS
 from .units import readable, unit_of
 
@@ -75,15 +75,24 @@ def noted(stages: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
+def broker_version_text(run: dict) -> str:
+    """The run's broker version as the report and the summary say it: not known until the
+    broker step read it."""
+    return run.get("broker_version") or "(version not known yet)"
+
+
+# metrics_rows' columns: heading (its unit the report's, `units.unit_of`) -> metric
+_METRIC_COLUMNS = {"expected": "expected_delivery_rate", "delivered": "delivered_rate",
+                   "e2e p50": "e2e_latency_p50", "e2e p99": "e2e_latency_p99",
+                   "p99 w/o stalls": "e2e_latency_p99_no_stall", "stall": "e2e_stall_seconds"}
+
+
 def metrics_rows(stages: list[dict]) -> list[dict]:
+    """A stage a row, each figure in the unit the verdicts and the report show it in."""
     return [{
         "stage": s["stage_id"], "validity": s["validity"],
-        "expected msg/s": s["metrics"].get("expected_delivery_rate"),
-        "delivered msg/s": s["metrics"].get("delivered_rate"),
-        "e2e p50 us": s["metrics"].get("e2e_latency_p50"),
-        "e2e p99 us": s["metrics"].get("e2e_latency_p99"),
-        "p99 w/o stalls us": s["metrics"].get("e2e_latency_p99_no_stall"),
-        "stall s": s["metrics"].get("e2e_stall_seconds"),
+        **{f"{head} {unit_of(name)}": readable(name, s["metrics"].get(name))
+           for head, name in _METRIC_COLUMNS.items()},
         "lost": s["metrics"].get("lost"), "errors": s["metrics"].get("errors"),
     } for s in stages]
 
@@ -210,7 +219,10 @@ def covariate_note(detail: dict, *, short: bool = False) -> str:
 
 
 def verdict_rows(stages: list[dict]) -> list[dict]:
-    """One row a verdict; its values in the unit the report shows them in (`units`)."""
+    """One row a verdict, worst first (in run order within a verdict); its values in the
+    unit the report shows them in (`units`)."""
+    found = [(s, c) for s in stages for c in s.get("comparisons", [])]
+    found.sort(key=lambda sc: verdict_rank(sc[1]["verdict"]))  # stable: run order kept
     return [{
         "stage": s["stage_id"], "metric": c["metric"], "verdict": c["verdict"],
         "baseline": readable(c["metric"], c["baseline_value"]),
@@ -219,4 +231,4 @@ def verdict_rows(stages: list[dict]) -> list[dict]:
         "MDE %": (c.get("detail") or {}).get("mde_pct"),
         "MDE all stages %": ((c.get("detail") or {}).get("across") or {}).get("mde_pct"),
         "note": verdict_note(c, short=True),
-    } for s in stages for c in s.get("comparisons", [])]
+    } for s, c in found]
