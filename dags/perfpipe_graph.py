@@ -21,11 +21,12 @@ from airflow.sdk import Param, get_current_context, task
 
 from tasks.airflow_glue.dag_runs import dag_run_key
 from tasks.airflow_glue.spark import AggregateOperator
-from tasks.steps import STEPS, Step
+from tasks.steps import AGGREGATE_TIMEOUT_S, STEPS, Step
 
 LAB_POOL = "perfpipe_lab"
 RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
-TIMEOUTS = {"stages": timedelta(hours=6)}  # a backstop: each stage bounds itself from its plan
+TIMEOUTS = {"stages": timedelta(hours=6),  # a backstop: each stage bounds itself from its plan
+            "aggregate": timedelta(seconds=AGGREGATE_TIMEOUT_S)}
 
 
 def on_failure(context) -> None:
@@ -65,7 +66,7 @@ def _host_step_task(step: Step):
     return run
 
 
-@task(doc_md="Host names of the run's inventory, to map the per-host steps over.")
+@task(doc_md="Host names of the run's inventory, to map the per-host steps over.", **RETRY)
 def hosts(perf_run: str) -> list[str]:
     from tasks.run_context import RunContext
     from tasks.settings import load_settings
@@ -93,10 +94,13 @@ def pipeline(perf_run):
     """plan's output -> every later step in order, teardown always; returns (the graph's
     first task: the host list the per-host steps map over; the teardown task).
 
-    Teardown is an Airflow teardown whose setup is that first task: Airflow runs a teardown
-    only when one of its setups succeeded, and the run exists (to close, with its hosts to
-    stop and restore) from there on, whichever later step fails. With the broker step as
-    its setup, a broker that did not start left the run open and the hosts tuned."""
+    Teardown is an Airflow teardown whose setups are plan and that first task: Airflow runs
+    a teardown when one of its setups succeeded, and the run exists (to close, with its
+    hosts to stop and restore) once plan made it, whichever later step fails. With the
+    broker step as its setup, a broker that did not start left the run open and the hosts
+    tuned; with the host list alone, a host list (or the release's gate) that failed did.
+    Teardown is safe to run again, so it retries (a lab lock another run held too long, a
+    results DB down for a moment)."""
     names = hosts(perf_run)
     chain, closed = [], None
     for step in STEPS:
@@ -112,7 +116,7 @@ def pipeline(perf_run):
             chain[-1] >> made
         chain.append(made)
         closed = made if step.always else closed
-    closed.as_teardown(setups=names)
+    closed.as_teardown(setups=[perf_run, names])
     return names, closed
 
 

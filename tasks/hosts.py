@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import invoke
@@ -364,6 +365,28 @@ def _socket_options(sock: socket.socket) -> None:
                         int(SSH_DEAD_AFTER_S * 1000))
 
 
+@dataclass(frozen=True)
+class HostKeyCheck:
+    """How an SSH host must prove it is the host meant: show the `pinned` key (a paramiko
+    key), else with `strict` be in this machine's known_hosts files; else any key is taken
+    (fabric's default, paramiko's AutoAddPolicy)."""
+
+    pinned: Any = field(default=None, repr=False)
+    strict: bool = False
+
+    def apply(self, client: Any, address: str, port: int) -> None:
+        """Set up paramiko's `client` to check `address`:`port` this way."""
+        import paramiko
+
+        if self.pinned is None and not self.strict:
+            return
+        client.load_system_host_keys()
+        if self.pinned is not None:
+            known = address if port == 22 else f"[{address}]:{port}"
+            client.get_host_keys().add(known, self.pinned.get_name(), self.pinned)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+
 class SshHost(Host):
     """A host over SSH through fabric's Connection (same run model as LocalHost)."""
 
@@ -371,7 +394,8 @@ class SshHost(Host):
                  key_file: str | None = None, gateway: SshHost | None = None,
                  python: str = "python3", code_root: str = "/opt/perfpipe",
                  work_root: str = "/var/tmp/perfpipe", connect_timeout: float = 10.0,
-                 connect_kwargs: dict | None = None) -> None:
+                 connect_kwargs: dict | None = None,
+                 host_key_check: HostKeyCheck = HostKeyCheck()) -> None:
         import fabric  # imported here: the local default never needs paramiko
 
         # paramiko says "Connected", "Authentication successful" at INFO for every
@@ -381,7 +405,7 @@ class SshHost(Host):
         self._args = dict(name=name, address=address, port=port, user=user, key_file=key_file,
                           gateway=gateway, python=python, code_root=code_root,
                           work_root=work_root, connect_timeout=connect_timeout,
-                          connect_kwargs=connect_kwargs)
+                          connect_kwargs=connect_kwargs, host_key_check=host_key_check)
         if connect_kwargs is None:
             connect_kwargs = ({"key_filename": key_file, "look_for_keys": False,
                                "allow_agent": False} if key_file else {})
@@ -397,6 +421,7 @@ class SshHost(Host):
             address, user=user, port=port, connect_kwargs=connect_kwargs,
             connect_timeout=connect_timeout,
             gateway=gateway._connection if gateway else None)
+        host_key_check.apply(self._connection.client, address, port)
 
     supports_login = True
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tasks.steps import STEPS
+from tasks.steps import AGGREGATE_TIMEOUT_S, STEPS
 from tasks.steps.aggregate import SUBMIT_CONF, spark_job
 
 pytestmark = pytest.mark.xdist_group("airflow-db")
@@ -57,8 +58,6 @@ def test_only_dag_files_are_parsed_as_dag_files(dagbag):
 
 
 def test_the_tests_dag_runs_stay_out_of_make_runs_airflow_home():
-    import os
-
     assert Path(os.environ["AIRFLOW_HOME"]).resolve() != (REPO / ".state" / "airflow").resolve()
 
 
@@ -77,6 +76,11 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.schedule == "0 2 * * *" or str(dag.timetable.summary) == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.get_task("teardown").is_teardown
+    # a run exists from plan on: a failed host list still has it closed and its hosts put back
+    assert {t.task_id for t in dag.get_task("teardown").upstream_list if t.is_setup} \
+        == {"plan", "hosts"}
+    assert dag.get_task("teardown").retries > 0 and dag.get_task("hosts").retries > 0
+    assert dag.get_task("aggregate").execution_timeout.total_seconds() == AGGREGATE_TIMEOUT_S
     steps = [step.name for step in STEPS]
     assert set(steps) <= set(dag.task_ids)
     for before, after in zip(steps, steps[1:]):  # in the registry's order
@@ -190,3 +194,28 @@ def test_suite_params_follow_the_scenarios_dir(tiny_suite, monkeypatch):
     monkeypatch.setenv("PERFPIPE_SCENARIOS_DIR", str(tiny_suite / "nowhere"))
     param = load_dag("mqtt_perf_nightly").params.get_param("suite")  # no suites file: free text
     assert "enum" not in param.schema and param.value == "tiny"
+
+
+def test_the_aggregate_tasks_spark_submit_gets_no_secret(tmp_path, monkeypatch):
+    """The provider's hook hands spark-submit a copy of the worker's whole environment, the
+    results DB's Connection and the Slack token among them; the aggregate task's does not.
+    A spark-submit on PATH that writes down its environment stands in for Spark's (the real
+    job runs in the DAG tests)."""
+    from tasks.airflow_glue.spark import AggregateOperator
+
+    seen = tmp_path / "env.json"
+    fake = tmp_path / "bin" / "spark-submit"
+    fake.parent.mkdir()
+    fake.write_text(f"#!{sys.executable}\nimport json, os\n"
+                    f"open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", '{"conn_type": "postgres", "password": "pw"}')
+    monkeypatch.setenv("PERFPIPE_SLACK_TOKEN", "xoxb-secret")
+    monkeypatch.setenv("PERFPIPE_KEPT", "kept")
+    operator = AggregateOperator(task_id="aggregate", application="job.py", conn_id="spark_default",
+                                 env_vars={"GIVEN": "1"})
+    operator._get_hook().submit("job.py")
+    env = json.loads(seen.read_text())
+    assert "AIRFLOW_CONN_PERFPIPE_RESULTS" not in env and "PERFPIPE_SLACK_TOKEN" not in env
+    assert env["PERFPIPE_KEPT"] == "kept" and env["GIVEN"] == "1"

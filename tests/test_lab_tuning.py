@@ -285,14 +285,27 @@ def test_ssh_key_from_an_airflow_connection_never_lands_on_disk(lab, perfpipe_en
     import json
 
     private_key = (STATE / "client_key").read_text()
-    monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_LAB_DRIVER1", json.dumps({
-        "conn_type": "ssh", "host": "10.250.77.12", "login": "root",
-        "extra": {"private_key": private_key}}))
+    host_key = (STATE / "hosts" / "driver1" / "host_key.pub").read_text().split()
+    other_key = (STATE / "hosts" / "driver2" / "host_key.pub").read_text().split()
+
+    def connection(**extra) -> None:
+        monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_LAB_DRIVER1", json.dumps({
+            "conn_type": "ssh", "host": "10.250.77.12", "login": "root",
+            "extra": {"private_key": private_key, **extra}}))
+
     inventory = tmp_path / "conn.yml"
     inventory.write_text(
         "hosts: [{name: driver1, transport: ssh, ssh_conn_id: perfpipe_lab_driver1, "
         "roles: [driver, broker], python: /usr/bin/python3, tuning_allow: []}]\n"
         "broker: {host: driver1}\ntuning_profile: lab-net\n")
+    # as the SSH provider checks a host: the Connection's host_key, else known_hosts
+    for refused in ({"host_key": " ".join(other_key[:2])}, {}):  # another host's; none known
+        connection(**refused)
+        assert perfpipe(["tune", "--inventory", str(inventory), "--check"]) != 0
+        out = capsys.readouterr()
+        assert "10.250.77.12" in out.err and ("not found in known_hosts" in out.err
+                                              or "does not match" in out.err), out.err
+    connection(host_key=" ".join(host_key[:2]))
     code = perfpipe(["tune", "--inventory", str(inventory), "--check"])
     out = capsys.readouterr()
     assert code == 0, out.err

@@ -611,3 +611,15 @@ def test_under_airflow_a_summary_slack_refused_fails_the_alert_task_and_is_sent_
     assert [t.split(" run ")[0] for t in told] == [
         "perfpipe release rc-refused", "perfpipe release rc-back"], told
     assert "sent late" in told[0]
+
+
+def test_two_hosts_failing_in_one_second_each_keep_their_failure_message(tmp_path):
+    """Two instances of a mapped task (provision on two hosts) failing in the same second:
+    each message is its own file (one overwrote the other, and that alert was never sent)."""
+    from tasks.notify.failure import write_message
+
+    paths = [write_message(tmp_path, "provision", {"text": f"provision failed on {host}"})
+             for host in ("driver1", "driver2")]
+    assert paths[0] != paths[1]
+    assert sorted(json.loads(p.read_text())["text"] for p in tmp_path.glob("*-provision.json")) \
+        == ["provision failed on driver1", "provision failed on driver2"]

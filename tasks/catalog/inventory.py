@@ -327,6 +327,7 @@ def connect(inventory: Inventory, name: str, work_root: str, keep_env: tuple[str
 
         details = from_connection(config.ssh_conn_id)
         return SshHost(config.name, details.address, port=details.port, user=details.user,
-                       connect_kwargs=details.connect_kwargs, **common)
+                       connect_kwargs=details.connect_kwargs,
+                       host_key_check=details.host_key_check, **common)
     return SshHost(config.name, config.address, port=config.port, user=config.user or "root",
                    key_file=str(config.key_file) if config.key_file else None, **common)

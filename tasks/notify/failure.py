@@ -10,6 +10,7 @@ Slack did not take is sent by a later run's alert step (`tasks.steps.alert.resen
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,10 +18,13 @@ from ..rundir import FAILURES_DIR
 
 
 def write_message(directory: Path, task_id: str, message: dict) -> Path:
+    """A new file `<time>-<random>-<task id>.json`: two instances of a mapped task that
+    fail in the same second (two hosts' provision) each keep theirs."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    path = directory / f"{stamp}-{task_id}.json"
-    path.write_text(json.dumps(message, indent=1))
+    path = directory / f"{stamp}-{secrets.token_hex(4)}-{task_id}.json"
+    with open(path, "x") as handle:  # never another's
+        handle.write(json.dumps(message, indent=1))
     return path
 
 

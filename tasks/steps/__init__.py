@@ -34,6 +34,10 @@ class Step:
     always: bool = False  # runs whatever happened before it
 
 
+# the Spark job's bound, from the CLI and under Airflow: a standalone master with no free
+# worker would keep the lab lock, and every later run's lab steps, waiting for ever
+AGGREGATE_TIMEOUT_S = 1800
+
 STEPS: tuple[Step, ...] = (
     Step("plan", "validate suite + inventory, expand stages, create the run"),
     Step("provision", "check each host, ship the driver, record its fingerprint",
@@ -51,7 +55,7 @@ STEPS: tuple[Step, ...] = (
     Step("alert", "Slack: new regressions, thread replies for known ones, a release summary "
          "(written to the run folder without a token)", retry=True),
     Step("teardown", "stop drivers and broker, restore tuning, close the run with its status",
-         lab=True, always=True),
+         retry=True, lab=True, always=True),
 )
 BY_NAME: dict[str, Step] = {step.name: step for step in STEPS}
 

@@ -17,7 +17,7 @@ from .. import rundir
 from ..child_env import child_env
 from ..run_context import RunContext
 from ..settings import REPO_ROOT, load_settings
-from . import Call
+from . import AGGREGATE_TIMEOUT_S, Call
 
 SPARK_JOB = REPO_ROOT / "spark" / "aggregate.py"
 
@@ -62,7 +62,8 @@ def submit(run_dir: Path, master: str) -> str:
         argv = [spark_submit_binary(), "--master", master, *conf, str(SPARK_JOB),
                 *job_arguments(run_dir)]
     env = child_env(PYTHONPATH=str(REPO_ROOT), PYSPARK_PYTHON=sys.executable)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env,
+                          timeout=AGGREGATE_TIMEOUT_S)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         raise AggregationError(f"spark-submit exited {done.returncode}:\n{tail}")
