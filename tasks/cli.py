@@ -91,7 +91,8 @@ def _with_store(call: Callable[[Store, argparse.Namespace], int]
     return run
 
 
-_export = _with_store(lambda store, args: export_run(store, args.run_id, args.format, args.out))
+_export = _with_store(lambda store, args: export_run(store, args.run_id, args.format, args.out,
+                                                    force=args.force))
 
 
 @_with_store
@@ -280,6 +281,10 @@ def parser() -> argparse.ArgumentParser:
                         "of its runs lack), and otava.yaml")
     export.add_argument("--out", type=Path, required=True,
                         help="bencher: the JSON file to write; otava: the folder to write into")
+    export.add_argument("--force", action="store_true",
+                        help="export a run that did not finish ok or is excluded from "
+                        "baselines too (refused without it: Bencher and Otava would take "
+                        "it for a good night)")
     _command(sub, "check-nightly", "exit 1 and alert when no nightly ran recently "
              "(PERFPIPE_NIGHTLY_MAX_AGE_H, default 26 h)",
              "What the watchdog DAG does: when no nightly run started within "

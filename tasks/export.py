@@ -27,8 +27,11 @@ OTAVA_CONFIG = "otava.yaml"
 
 
 def export_run(store: Store, run_id: str, fmt: str, out: Path,
-               say: Callable[[str], None] = print) -> int:
-    """Write run `run_id` in format `fmt` to `out`; say what was written and how to use it."""
+               say: Callable[[str], None] = print, *, force: bool = False) -> int:
+    """Write run `run_id` in format `fmt` to `out`; say what was written and how to use it.
+    A run that did not finish ok, or is excluded from baselines, is refused unless `force`:
+    Bencher takes every upload as a night of its history and Otava analyses the series
+    whole, so a failed night would be a change point there that perfpipe never judged."""
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     if fmt == "bencher" and out.is_dir():
@@ -39,6 +42,10 @@ def export_run(store: Store, run_id: str, fmt: str, out: Path,
     if run is None:
         raise ValueError(f"no run {run_id!r}; recent: "
                          f"{[r['run_id'] for r in store.latest_runs(5)]}")
+    if not force and (run["status"] != "ok" or run["excluded"]):
+        state = run["status"] + (", excluded from baselines" if run["excluded"] else "")
+        raise ValueError(f"run {run_id} is {state}: other tools would take it for a good "
+                         f"night; export it anyway with --force")
     stages = store.stages(run_id)
     if not views.exported(stages):
         raise ValueError(f"run {run_id} has no valid stage to export")

@@ -118,6 +118,12 @@ def test_perfpipe_export_writes_both_formats_and_names_a_bad_run_in_one_line(
     assert main(["export", "nope", "--format", "bencher", "--out", str(bmf)]) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("perfpipe")]
     assert len(said) == 1 and said[0].startswith("perfpipe: no run 'nope'; recent: ['n14'")
+    # a failed night is no night for Bencher's or Otava's history, unless asked for
+    assert main(["export", "failed", "--format", "bencher", "--out", str(bmf)]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("perfpipe")]
+    assert said == ["perfpipe: run failed is failed: other tools would take it for a good "
+                    "night; export it anyway with --force"], said
+    assert main(["export", "failed", "--format", "bencher", "--out", str(bmf), "--force"]) == 0
 
     # an --out of the wrong kind, or where nothing can be written: one line, exit 2 (it
     # was a traceback, and exit 1, which says a run did not end ok)

@@ -56,7 +56,8 @@ def report(tmp_path: Path) -> Path:
               for i, (qos, n) in enumerate((q, n) for q in (0, 1) for n in (50, 100, 200))]
     stages.append(stage(6, 2, 200, 1200.0, "invalid", "delivered 60% of the target <rate>"))
     stages[2]["notes"] = "the broker granted QoS <1>\nclocks not trusted"
-    hosts = [{"host": "driver<1>", "cpu_model": "x86", "cpus": 2, "hash": "abc"}]
+    hosts = [{"host": "driver<1>", "cpu_model": "x86", "cpus": 2, "hash": "abc",
+              "roles": ["broker", "driver"], "clock_offset_s": -6e-06, "clock_trusted": True}]
     tuning = [{"host": "driver<1>", "entries": [{"kind": "sysctl", "key": "net.core.somaxconn",
                                                 "wanted": "4096", "before": "128",
                                                 "after": "4096", "ok": True, "action": "applied"}]}]
@@ -80,6 +81,11 @@ def test_report_is_self_contained_and_escaped(report):
     assert ('<h2>Notes on the stages</h2><ul id="notes"><li>fanin.q0.c200: the broker granted '
             'QoS &lt;1&gt;</li><li>fanin.q0.c200: clocks not trusted</li></ul>') in html
     assert "<p>Nothing to note.</p>" in render(RUN, [stage(0, 0, 50, 500.0)], [])
+    # the host as a person reads it, not as Python prints it
+    row = html[html.index('<table id="hosts">'):]
+    row = row[:row.index("</table>")]
+    assert ">broker, driver<" in row and ">-0.006 ms<" in row and ">yes<" in row, row
+    assert ">clock offset<" in row and "[" not in row and "True" not in row
 
 
 def test_report_renders_in_chromium_with_charts_and_score_card(report, tmp_path):

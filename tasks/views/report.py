@@ -288,10 +288,22 @@ def stage_notes(stages: list[dict]) -> str:
         f"<li>{escape(whose)}: {escape(note)}</li>" for whose, note in notes) + "</ul>"
 
 
+_HOST_HEADINGS = {"clock_offset_s": "clock offset", "memory_bytes": "memory",
+                  "paho_mqtt": "paho-mqtt"}
+
+
 def _host_cell(host: dict, column: str) -> str:
+    """A fingerprint field as a person reads it: memory in GiB, the clock's offset in ms,
+    yes/no, a list joined."""
     value = host.get(column)
     if column == "memory_bytes" and isinstance(value, (int, float)):
         return f"{value / 2**30:,.1f} GiB"
+    if column == "clock_offset_s" and isinstance(value, (int, float)):
+        return f"{value * 1000:+.3f} ms"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, (list, tuple)):
+        return escape(", ".join(map(str, value)))
     return show(value)
 
 
@@ -300,8 +312,9 @@ def hosts_section(hosts: list[dict], tuning: list[dict]) -> str:
                "paho_mqtt", "clock_offset_s", "clock_trusted", "hash")
     rows = "".join("<tr>" + "".join(f'<td class="l">{_host_cell(h, c)}</td>' for c in columns)
                    + "</tr>" for h in hosts)
-    table = (f'<table id="hosts"><tr>{"".join(f"<th class=l>{c}</th>" for c in columns)}</tr>'
-             f"{rows}</table>")
+    heads = "".join(f'<th class="l">{_HOST_HEADINGS.get(c, c.replace("_", " "))}</th>'
+                    for c in columns)
+    table = f'<table id="hosts"><tr>{heads}</tr>{rows}</table>'
     entries = "".join(
         f'<tr><td class="l">{escape(t["host"])}</td><td class="l">{escape(e["kind"])}</td>'
         f'<td class="l">{escape(e["key"])}</td><td class="l">{show(e["wanted"])}</td>'
