@@ -12,7 +12,8 @@ import traceback
 from pathlib import Path
 
 from .airflow_glue.dag_runs import NIGHTLY_DAG, dag_run_key
-from .airflow_glue.dag_test import TaskEnd, airflow_log_path, test_dag
+from .airflow_glue.dag_test import TaskEnd, airflow_log_path, dags_folder_problem, test_dag
+from .config_files import ConfigError
 from .metrics import exit_code
 from .settings import Settings
 
@@ -23,8 +24,11 @@ def run_nightly(settings: Settings, suite: str) -> int:
     from .steps.plan import check_plan
     from .views.summary import short_summary
 
-    # a suite or inventory no run can use: one line before Airflow starts, not a task trace
+    # a suite or inventory no run can use, an Airflow home without these DAGs: one line
+    # before Airflow starts, not a task trace
     check_plan(settings, suite, Path(settings.inventory))
+    if problem := dags_folder_problem(NIGHTLY_DAG):
+        raise ConfigError(problem)
     log = airflow_log_path(NIGHTLY_DAG)
     steps = StepLines()
     started = time.time()

@@ -33,6 +33,24 @@ def test_an_inventory_no_run_can_use_is_one_line_too(perfpipe_env: Path, tmp_pat
     assert line.startswith(f"perfpipe: {inventory}") and "broker" in line, line
 
 
+def test_an_airflow_home_without_the_dags_is_one_line_too(perfpipe_env: Path, tmp_path: Path,
+                                                          monkeypatch, capsys) -> None:
+    """dag.test() runs the DAG as the home's bundles have it: another dags folder ended in
+    "the dag is not serialized" after Airflow started; a folder linking dags/ will do."""
+    from tasks.airflow_glue.dag_test import DAGS_DIR, dags_folder_problem
+
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", str(tmp_path / "their_dags"))
+    (tmp_path / "their_dags").mkdir()
+    assert main(["nightly"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"perfpipe: Airflow's dags folder {tmp_path / 'their_dags'} does not hold "
+                    f"{DAGS_DIR / 'mqtt_perf_nightly.py'}, so dag.test() cannot run "
+                    f"mqtt_perf_nightly: set AIRFLOW__CORE__DAGS_FOLDER={DAGS_DIR} (as `make "
+                    f"run` does) or link {DAGS_DIR} into it"), line
+    (tmp_path / "their_dags" / "perfpipe").symlink_to(DAGS_DIR)
+    assert dags_folder_problem("mqtt_perf_nightly") is None
+
+
 def test_show_and_report_on_a_fresh_state_say_there_is_no_such_run(perfpipe_env: Path,
                                                                     capsys) -> None:
     """A store nothing wrote to yet is made first, as for every other store command: an

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -48,6 +49,24 @@ def load_dag(dag_id: str, dags_dir: Path = DAGS_DIR):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dag
+
+
+def dags_folder_problem(dag_id: str, dags_dir: Path = DAGS_DIR) -> str | None:
+    """Why `dag.test()` cannot run dags/<dag_id>.py from this Airflow home, or None.
+    dag.test() runs the DAG as Airflow's configured bundles serialize it: a dags folder
+    without this checkout's file ends in "the dag is not serialized". A folder that holds
+    the file (itself, or a link to it or to dags/) will do; it is never changed here (a
+    bundle synced with perfpipe's DAGs alone would drop the home's other DAGs)."""
+    from airflow.configuration import conf
+
+    folder = Path(conf.get("core", "dags_folder")).expanduser()
+    target = (dags_dir / f"{dag_id}.py").resolve()
+    for root, _dirs, files in os.walk(folder, followlinks=True):
+        if target.name in files and (Path(root) / target.name).resolve() == target:
+            return None
+    return (f"Airflow's dags folder {folder} does not hold {target}, so dag.test() cannot "
+            f"run {dag_id}: set AIRFLOW__CORE__DAGS_FOLDER={dags_dir} (as `make run` does) "
+            f"or link {dags_dir} into it")
 
 
 def airflow_log_path(dag_id: str) -> Path:
