@@ -21,12 +21,11 @@ from airflow.sdk import Param, get_current_context, task
 
 from tasks.airflow_glue.dag_runs import dag_run_key
 from tasks.airflow_glue.spark import AggregateOperator
-from tasks.steps import AGGREGATE_TIMEOUT_S, STEPS, Step
+from tasks.steps import STEPS, Step
 
 LAB_POOL = "perfpipe_lab"
 RETRY = {"retries": 2, "retry_delay": timedelta(seconds=10), "retry_exponential_backoff": True}
-TIMEOUTS = {"stages": timedelta(hours=6),  # a backstop: each stage bounds itself from its plan
-            "aggregate": timedelta(seconds=AGGREGATE_TIMEOUT_S)}
+TIMEOUTS = {"stages": timedelta(hours=6)}  # a backstop: each stage bounds itself from its plan
 
 
 def on_failure(context) -> None:
@@ -94,13 +93,13 @@ def pipeline(perf_run):
     """plan's output -> every later step in order, teardown always; returns (the graph's
     first task: the host list the per-host steps map over; the teardown task).
 
-    Teardown is an Airflow teardown whose setups are plan and that first task: Airflow runs
-    a teardown when one of its setups succeeded, and the run exists (to close, with its
-    hosts to stop and restore) once plan made it, whichever later step fails. With the
-    broker step as its setup, a broker that did not start left the run open and the hosts
-    tuned; with the host list alone, a host list (or the release's gate) that failed did.
-    Teardown is safe to run again, so it retries (a lab lock another run held too long, a
-    results DB down for a moment)."""
+    Teardown is an Airflow teardown whose setup is that first task: Airflow runs a teardown
+    only when one of its setups succeeded, and the run exists (to close, with its hosts to
+    stop and restore) from there on, whichever later step fails. With the broker step as
+    its setup, a broker that did not start left the run open and the hosts tuned. The host
+    list retries (it only reads the run's inventory), and the release DAG's gate before it
+    closes the run itself when it fails (`tasks.steps.plan.goes_on`); with plan as a setup
+    too, a dry run, which the gate skips everything after, queued teardown for the lab."""
     names = hosts(perf_run)
     chain, closed = [], None
     for step in STEPS:
@@ -116,7 +115,7 @@ def pipeline(perf_run):
             chain[-1] >> made
         chain.append(made)
         closed = made if step.always else closed
-    closed.as_teardown(setups=[perf_run, names])
+    closed.as_teardown(setups=names)
     return names, closed
 
 

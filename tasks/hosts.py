@@ -368,23 +368,25 @@ def _socket_options(sock: socket.socket) -> None:
 @dataclass(frozen=True)
 class HostKeyCheck:
     """How an SSH host must prove it is the host meant: show the `pinned` key (a paramiko
-    key), else with `strict` be in this machine's known_hosts files; else any key is taken
-    (fabric's default, paramiko's AutoAddPolicy)."""
+    key), or the key this machine's known_hosts files hold for it (`known_hosts`); with
+    `strict`, a host found in neither is refused. The default takes any key (fabric's,
+    paramiko's AutoAddPolicy)."""
 
     pinned: Any = field(default=None, repr=False)
     strict: bool = False
+    known_hosts: bool = False
 
     def apply(self, client: Any, address: str, port: int) -> None:
         """Set up paramiko's `client` to check `address`:`port` this way."""
         import paramiko
 
-        if self.pinned is None and not self.strict:
-            return
-        client.load_system_host_keys()
+        if self.known_hosts:
+            client.load_system_host_keys()
         if self.pinned is not None:
             known = address if port == 22 else f"[{address}]:{port}"
             client.get_host_keys().add(known, self.pinned.get_name(), self.pinned)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        if self.strict:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
 
 
 class SshHost(Host):
@@ -421,7 +423,9 @@ class SshHost(Host):
             address, user=user, port=port, connect_kwargs=connect_kwargs,
             connect_timeout=connect_timeout,
             gateway=gateway._connection if gateway else None)
-        host_key_check.apply(self._connection.client, address, port)
+        # the name and port it connects to (an ssh_config HostName may have changed them)
+        host_key_check.apply(self._connection.client, self._connection.host,
+                             self._connection.port)
 
     supports_login = True
 

@@ -791,6 +791,14 @@ def test_the_judged_broker_figures_come_only_from_its_nights_source_over_most_se
     metrics = judged(few)
     assert metrics["broker_cpu_avg"] == 40.0 and metrics.get("broker_cpu_s_per_10k") is None
     assert any("sampled in 3 of the window's 60 seconds" in p for p in few.problem_list())
+    # a window's seconds but a fifth of them, or one, will do: a late tick skips a second
+    for window, kept, judged_then in (((1000, 1060), 48, True), ((1000, 1060), 47, False),
+                                      ((1000, 1003), 2, True), ((1000, 1003), 1, False),
+                                      ((1000, 1004), 3, True)):
+        short = stage(broker=proc[:kept])
+        short.window = window
+        assert (judged(short).get("broker_cpu_s_per_10k") is not None) is judged_then, \
+            (window, kept)
 
     path = tmp_path / "broker.csv"
     write_csv(path, SAMPLER_COLUMNS, [(1000, "inf", 5, *[1] * (len(SAMPLER_COLUMNS) - 3)),

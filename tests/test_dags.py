@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tasks.steps import AGGREGATE_TIMEOUT_S, STEPS
+from tasks.steps import STEPS
 from tasks.steps.aggregate import SUBMIT_CONF, spark_job
 
 pytestmark = pytest.mark.xdist_group("airflow-db")
@@ -76,11 +77,10 @@ def test_nightly_schedule_and_teardown(dagbag):
     assert dag.schedule == "0 2 * * *" or str(dag.timetable.summary) == "0 2 * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert dag.get_task("teardown").is_teardown
-    # a run exists from plan on: a failed host list still has it closed and its hosts put back
-    assert {t.task_id for t in dag.get_task("teardown").upstream_list if t.is_setup} \
-        == {"plan", "hosts"}
-    assert dag.get_task("teardown").retries > 0 and dag.get_task("hosts").retries > 0
-    assert dag.get_task("aggregate").execution_timeout.total_seconds() == AGGREGATE_TIMEOUT_S
+    assert {t.task_id for t in dag.get_task("teardown").upstream_list if t.is_setup} == {"hosts"}
+    assert dag.get_task("hosts").retries > 0  # a moment's hiccup does not leave the run open
+    # a failed teardown is said at once (a retry would find the run closed and restore nothing)
+    assert dag.get_task("teardown").retries == 0
     steps = [step.name for step in STEPS]
     assert set(steps) <= set(dag.task_ids)
     for before, after in zip(steps, steps[1:]):  # in the registry's order
@@ -196,7 +196,7 @@ def test_suite_params_follow_the_scenarios_dir(tiny_suite, monkeypatch):
     assert "enum" not in param.schema and param.value == "tiny"
 
 
-def test_the_aggregate_tasks_spark_submit_gets_no_secret(tmp_path, monkeypatch):
+def test_the_aggregate_tasks_spark_submit_gets_no_secret_nor_runs_for_ever(tmp_path, monkeypatch):
     """The provider's hook hands spark-submit a copy of the worker's whole environment, the
     results DB's Connection and the Slack token among them; the aggregate task's does not.
     A spark-submit on PATH that writes down its environment stands in for Spark's (the real
@@ -206,8 +206,9 @@ def test_the_aggregate_tasks_spark_submit_gets_no_secret(tmp_path, monkeypatch):
     seen = tmp_path / "env.json"
     fake = tmp_path / "bin" / "spark-submit"
     fake.parent.mkdir()
-    fake.write_text(f"#!{sys.executable}\nimport json, os\n"
-                    f"open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    fake.write_text(f"#!{sys.executable}\nimport json, os, time\n"
+                    f"open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+                    f"time.sleep(float(os.environ.get('GIVEN_SLEEP', 0)))\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_RESULTS", '{"conn_type": "postgres", "password": "pw"}')
@@ -219,3 +220,14 @@ def test_the_aggregate_tasks_spark_submit_gets_no_secret(tmp_path, monkeypatch):
     env = json.loads(seen.read_text())
     assert "AIRFLOW_CONN_PERFPIPE_RESULTS" not in env and "PERFPIPE_SLACK_TOKEN" not in env
     assert env["PERFPIPE_KEPT"] == "kept" and env["GIVEN"] == "1"
+    # and a spark-submit that never ends is killed after the CLI's bound (here 1 s), not a
+    # task timeout that would count the wait for the lab lock too
+    import tasks.steps
+
+    monkeypatch.setattr(tasks.steps, "AGGREGATE_TIMEOUT_S", 1)
+    operator = AggregateOperator(task_id="aggregate", application="job.py", conn_id="spark_default",
+                                 env_vars={"GIVEN_SLEEP": "60"})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="spark-submit killed after 1 s"):
+        operator._get_hook().submit("job.py")
+    assert time.monotonic() - started < 30

@@ -40,6 +40,22 @@ def test_dry_run_plans_and_loads_no_host(tiny_suite):
     assert not (Path(run["artifact_dir"]) / "broker.json").exists()
 
 
+def test_a_release_gate_that_fails_closes_the_run_it_planned(tiny_suite):
+    """The gate (the stage table, after plan) failing leaves teardown, whose setup comes
+    after it, unrun: the gate closes the run itself, or it stayed `running` for good."""
+    from tasks import rundir
+    from tasks.settings import load_settings
+    from tasks.steps.plan import goes_on, plan_run
+
+    settings = load_settings()
+    run_id = plan_run(settings, suite="tiny", kind="release", release_label="9.9")
+    (settings.run_dir(run_id) / rundir.PLAN).unlink()  # the run's plan, gone
+    with pytest.raises(FileNotFoundError):
+        goes_on(run_id, dry_run=False)
+    run = store().run(run_id)
+    assert (run["status"], run["excluded"]) == ("failed", True), run
+
+
 def test_a_failing_stage_still_tears_down_and_alerts(tiny_suite, tmp_path, slack, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PERFPIPE_SLACK", json.dumps(
         {"conn_type": "slack", "password": "xoxb-failure", "extra": {"base_url": slack.base_url}}))

@@ -152,7 +152,8 @@ def _host(name: str) -> None:
     if pid_file.exists() and _alive(int(pid_file.read_text())):
         return
     # Our namespace, but not our sshd (another checkout's lab, or one left behind): clear it.
-    _kill_namespace_processes(ns)
+    if left := _kill_namespace_processes(ns):
+        raise SystemExit(f"lab up: {ns}: processes {' '.join(left)} did not exit")
     host_key = hdir / "host_key"
     if not host_key.exists():
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(host_key))
@@ -200,37 +201,56 @@ def up() -> dict:
     return info
 
 
-def _kill_namespace_processes(ns: str) -> None:
-    pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _namespace_pids(ns: str) -> list[str]:
+    return sh("ip", "netns", "pids", ns, check=False).stdout.split()
+
+
+def _kill_namespace_processes(ns: str) -> list[str]:
+    """SIGTERM every process in the namespace, SIGKILL what is left after a few seconds;
+    returns the pids still there after that (none, but for a process stuck in the kernel)."""
+    pids = _namespace_pids(ns)
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
         for pid in pids:
             try:
                 os.kill(int(pid), sig)
             except (OSError, ValueError):
                 pass
-        time.sleep(0.3)
-        pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+        deadline = time.monotonic() + wait_s
+        while (pids := _namespace_pids(ns)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if not pids:
-            return
+            return []
+    return pids
 
 
-def _remove_cgroups(name: str) -> None:
-    """The host's pids subtree (children first); only cgroups the lab created."""
+def _remove_cgroups(name: str) -> list[str]:
+    """The host's pids subtree (children first); only cgroups the lab created. Returns
+    the ones that could not be removed (still holding a process), after trying them all."""
     root = Path("/sys/fs/cgroup/pids") / f"pplab-{name}"
+    left = []
     if root.is_dir():
-        for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        for path in [*sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True), root]:
             if path.is_dir():
-                path.rmdir()
-        root.rmdir()
+                try:
+                    path.rmdir()
+                except OSError as exc:
+                    left.append(f"{path}: {exc.strerror}")
+    return left
 
 
 def down() -> None:
+    """Remove every lab host, then the bridge and the lab's state; a host whose processes
+    will not die keeps its namespace (deleting its name would leave them running where no
+    later `down` finds them), and down fails naming them, after removing all it can."""
+    problems = []
     for name in HOSTS:
         ns = netns(name)
         if sh("ip", "netns", "pids", ns, check=False).returncode == 0:
-            _kill_namespace_processes(ns)
-            sh("ip", "netns", "del", ns, check=False)
-        _remove_cgroups(name)
+            if left := _kill_namespace_processes(ns):
+                problems.append(f"{ns}: processes {' '.join(left)} did not exit; namespace kept")
+            else:
+                sh("ip", "netns", "del", ns, check=False)
+        problems += _remove_cgroups(name)
         sh("ip", "link", "del", f"ppl-{name}"[:15], check=False)
     sh("ip", "link", "del", BRIDGE, check=False)
     for rel in ("opt/perfpipe", "var/tmp/perfpipe"):
@@ -241,12 +261,22 @@ def down() -> None:
     if (STATE / "hosts").exists():
         shutil.rmtree(STATE / "hosts")
     (STATE / "lab.json").unlink(missing_ok=True)
+    if problems:
+        raise SystemExit("lab down: " + "; ".join(problems))
 
 
 def status() -> dict:
     return {name: {"address": address(name),
                    "namespace": sh("ip", "netns", "pids", netns(name), check=False).returncode == 0,
-                   "sshd": (host_dir(name) / "sshd.pid").exists()} for name in HOSTS}
+                   "sshd": _sshd_alive(name)} for name in HOSTS}
+
+
+def _sshd_alive(name: str) -> bool:
+    pid_file = host_dir(name) / "sshd.pid"
+    try:
+        return _alive(int(pid_file.read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

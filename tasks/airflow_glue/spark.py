@@ -3,6 +3,7 @@ runs (`tasks.steps.as_step`), spark-submit started with perfpipe's child environ
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -10,16 +11,37 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 
 class ChildEnvSubmitHook(SparkSubmitHook):
-    """The provider's hook, but spark-submit gets the worker's environment without its
-    secrets (`tasks.child_env`): the hook hands it a copy of every variable, the results
-    DB's Connection and the Slack token among them. Variables given to the operator
-    (`env_vars`) are added, as the hook adds them."""
+    """The provider's hook for perfpipe's job (local or standalone, client mode), with two
+    changes. spark-submit gets the worker's environment without its secrets
+    (`tasks.child_env`; the hook hands it a copy of every variable, the results DB's
+    Connection and the Slack token among them), plus the operator's `env_vars`; and it is
+    killed after `AGGREGATE_TIMEOUT_S`, the CLI's bound (a standalone master with no free
+    worker would hold the lab for ever; a task timeout would count the lab lock's wait
+    too). Not for YARN or Kubernetes: their credentials look like secrets and are dropped."""
+
+    timed_out = False
 
     def submit(self, application: str = "", **kwargs: Any) -> str | None:
         from tasks.child_env import child_env
+        from tasks.steps import AGGREGATE_TIMEOUT_S
 
         kwargs["env"] = child_env(**{k: str(v) for k, v in (self._env_vars or {}).items()})
-        return super().submit(application, **kwargs)
+        timer = threading.Timer(AGGREGATE_TIMEOUT_S, self._time_out)
+        timer.start()
+        try:
+            return super().submit(application, **kwargs)
+        except Exception as exc:
+            if self.timed_out:
+                raise RuntimeError(f"spark-submit killed after {AGGREGATE_TIMEOUT_S} s") from exc
+            raise
+        finally:
+            timer.cancel()
+
+    def _time_out(self) -> None:
+        process = getattr(self, "_submit_sp", None)
+        if process is not None and process.poll() is None:
+            self.timed_out = True
+            process.kill()
 
     def _build_spark_submit_command(self, application: str) -> list[str]:
         command = super()._build_spark_submit_command(application)

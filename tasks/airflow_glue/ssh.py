@@ -5,10 +5,11 @@ or the private key itself, kept in the Connection's extra) from Airflow's connec
 secrets backend, so no key has to sit next to the DAGs. The key stays in memory: it is
 handed to paramiko and never written, logged or returned.
 
-The host is checked as the SSH provider's own operators check it: against the
-Connection's ``host_key`` when it has one, else against this machine's known_hosts files;
-any key is taken only when its extra says ``no_host_key_check`` (or
-``allow_host_key_change``) is true. A host reached any other way takes any key, as fabric does.
+The host is checked as the SSH provider's hook checks it: against the Connection's
+``host_key`` when it has one and this machine's known_hosts files, a host in neither
+refused; ``no_host_key_check: true`` takes a host known to neither (and no pin), and
+``allow_host_key_change: true`` reads no known_hosts and takes a new key, the pin still
+checked. A host reached any other way takes any key, as fabric does.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def from_connection(conn_id: str) -> SshDetails:
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
     hook = SSHHook(ssh_conn_id=conn_id)
-    kwargs: dict = {"look_for_keys": False, "allow_agent": False}
+    kwargs: dict = {"look_for_keys": False}
     if hook.pkey is not None:
         kwargs["pkey"] = hook.pkey
     elif hook.key_file:
@@ -40,7 +41,8 @@ def from_connection(conn_id: str) -> SshDetails:
             kwargs["passphrase"] = hook.password
     elif hook.password:
         kwargs["password"] = hook.password
-    trusting = hook.no_host_key_check or hook.allow_host_key_change
-    check = HostKeyCheck(pinned=None if trusting else hook.host_key, strict=not trusting)
+    check = HostKeyCheck(pinned=None if hook.no_host_key_check else hook.host_key,
+                         strict=not (hook.no_host_key_check or hook.allow_host_key_change),
+                         known_hosts=not hook.allow_host_key_change)
     return SshDetails(hook.remote_host, int(hook.port or 22), hook.username or "root", kwargs,
                       check)

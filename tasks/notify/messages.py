@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..views.tables import flagged_together, said_counts
+from ..views.tables import broker_version_text, flagged_together, said_counts
 from ..views.units import with_unit
 
 MAX_ROWS = 10
@@ -169,7 +169,7 @@ def run_message(run: dict, rows: list[Row], counts: dict[str, int], links: Links
              f"{suspected} suspected" if suspected else ""]
     what = ", ".join(p for p in parts if p) or "no regressions"
     head = (f"perfpipe {run['kind']}{label} run {run['run_id']}: {what} "
-            f"({run['broker_kind']} {run.get('broker_version') or ''}, suite {run['suite']})")
+            f"({run['broker_kind']} {broker_version_text(run)}, suite {run['suite']})")
     summary = said_counts(counts)
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
               _section(f"verdicts: {summary or 'none'}")]

@@ -55,7 +55,7 @@ STEPS: tuple[Step, ...] = (
     Step("alert", "Slack: new regressions, thread replies for known ones, a release summary "
          "(written to the run folder without a token)", retry=True),
     Step("teardown", "stop drivers and broker, restore tuning, close the run with its status",
-         retry=True, lab=True, always=True),
+         lab=True, always=True),
 )
 BY_NAME: dict[str, Step] = {step.name: step for step in STEPS}
 

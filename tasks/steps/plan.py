@@ -153,9 +153,17 @@ def close_dry_run(run_id: str) -> str:
 
 def goes_on(run_id: str, dry_run: bool) -> bool:
     """The release DAG's gate after planning: prints the stage table, and for a dry run
-    closes it (`close_dry_run`) and says the pipeline stops here."""
-    if dry_run:
-        print(close_dry_run(run_id))
-        return False
-    print(stage_table(run_id))
-    return True
+    closes it (`close_dry_run`) and says the pipeline stops here. A gate that fails closes
+    the run failed before raising: no host was touched yet, and teardown, whose setup comes
+    after the gate, never runs to close it."""
+    try:
+        if dry_run:
+            print(close_dry_run(run_id))
+            return False
+        print(stage_table(run_id))
+        return True
+    except Exception as exc:
+        load_settings().store().finish_run(
+            run_id, "failed", excluded=True,
+            reason=f"the release gate failed before any host was loaded: {type(exc).__name__}")
+        raise

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..metrics import NOT_JUDGED, VERDICTS, compared_release
 from .tables import (
-    broker_version_text,
     HOST_OFF,
+    broker_version_text,
     in_run_order,
     invalid_reasons,
     metrics_rows,
