@@ -47,6 +47,17 @@ def test_an_airflow_home_without_the_dags_is_one_line_too(perfpipe_env: Path, tm
                     f"{DAGS_DIR / 'mqtt_perf_nightly.py'}, so dag.test() cannot run "
                     f"mqtt_perf_nightly: set AIRFLOW__CORE__DAGS_FOLDER={DAGS_DIR} (as `make "
                     f"run` does) or link {DAGS_DIR} into it"), line
+    # a bundle of the home's that is dags/ will do, and one that is no folder cannot be told
+    import json
+
+    for bundles in ([{"name": "perfpipe", "kwargs": {"path": str(DAGS_DIR)},
+                      "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"}],
+                    [{"name": "git", "kwargs": {},
+                      "classpath": "airflow.providers.git.bundles.git.GitDagBundle"}]):
+        monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+        assert dags_folder_problem("mqtt_perf_nightly") is None
+    monkeypatch.delenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST")
+    assert dags_folder_problem("mqtt_perf_nightly") is not None
     (tmp_path / "their_dags" / "perfpipe").symlink_to(DAGS_DIR)
     assert dags_folder_problem("mqtt_perf_nightly") is None
 

@@ -53,17 +53,25 @@ def load_dag(dag_id: str, dags_dir: Path = DAGS_DIR):
 
 def dags_folder_problem(dag_id: str, dags_dir: Path = DAGS_DIR) -> str | None:
     """Why `dag.test()` cannot run dags/<dag_id>.py from this Airflow home, or None.
-    dag.test() runs the DAG as Airflow's configured bundles serialize it: a dags folder
-    without this checkout's file ends in "the dag is not serialized". A folder that holds
-    the file (itself, or a link to it or to dags/) will do; it is never changed here (a
-    bundle synced with perfpipe's DAGs alone would drop the home's other DAGs)."""
+    dag.test() runs the DAG as the home's configured DAG bundles serialize it: bundles
+    without this checkout's file end in "the dag is not serialized". A local bundle that
+    holds the file (the dags folder itself, or a link to it or to dags/) will do; with a
+    bundle that is not a local folder (git), it cannot be told here, and dag.test() tries.
+    The home is never changed (a bundle synced with perfpipe's DAGs alone would drop its
+    other DAGs)."""
     from airflow.configuration import conf
 
-    folder = Path(conf.get("core", "dags_folder")).expanduser()
     target = (dags_dir / f"{dag_id}.py").resolve()
-    for root, _dirs, files in os.walk(folder, followlinks=True):
-        if target.name in files and (Path(root) / target.name).resolve() == target:
+    folder = Path(conf.get("core", "dags_folder")).expanduser()
+    # [dag_processor] dag_bundle_config_list, read as Airflow's bundle manager reads it
+    # (the manager itself logs to stdout); a local bundle without a path is the dags folder
+    for bundle in conf.getjson("dag_processor", "dag_bundle_config_list") or []:
+        if not str(bundle.get("classpath", "")).endswith(".LocalDagBundle"):
             return None
+        path = (bundle.get("kwargs") or {}).get("path") or folder
+        for root, _dirs, files in os.walk(path, followlinks=True):
+            if target.name in files and (Path(root) / target.name).resolve() == target:
+                return None
     return (f"Airflow's dags folder {folder} does not hold {target}, so dag.test() cannot "
             f"run {dag_id}: set AIRFLOW__CORE__DAGS_FOLDER={dags_dir} (as `make run` does) "
             f"or link {dags_dir} into it")
