@@ -128,8 +128,10 @@ def _check_summary(stage: StageFiles, summary: dict, label: str) -> None:
 def _check_process(stage: StageFiles, stage_dir: Path, host: str, proc: str, listed: bool) -> None:
     label = f"{host}/{proc}"
     proc_dir = stage_dir / host / proc
-    if not listed:
-        stage.problem(f"unexpected process {label}: not listed in {STAGE_FILE}")
+    if not listed:  # a copy or a hand run in the run folder: its messages are no stage's
+        stage.problem(f"unexpected process {label}: not listed in {STAGE_FILE}; its files "
+                      "are left out")
+        return
     try:
         summary = _read_json(proc_dir / SUMMARY_FILE)
     except FileNotFoundError:
@@ -225,7 +227,8 @@ def load_stage(raw_dir: Path, stage_id: str) -> StageFiles:
         stage.problem(f"no measure window in {STAGE_FILE}", incomplete=True)
     listed = _listed_processes(stage)
     for host, proc in sorted(listed | _process_dirs(stage_dir)):
-        _check_process(stage, stage_dir, host, proc, (host, proc) in listed)
+        # a stage.json that lists none (unreadable, said above): every folder is read
+        _check_process(stage, stage_dir, host, proc, not listed or (host, proc) in listed)
     _check_samples(stage, stage_dir)
     return stage
 

@@ -804,3 +804,29 @@ def test_the_judged_broker_figures_come_only_from_its_nights_source_over_most_se
     write_csv(path, SAMPLER_COLUMNS, [(1000, "inf", 5, *[1] * (len(SAMPLER_COLUMNS) - 3)),
                                       (1001, "-Inf", 5, *[1] * (len(SAMPLER_COLUMNS) - 3))])
     assert [r["cpu_pct"] for r in read_samples(path, SAMPLER_COLUMNS, window)] == [None, None]
+
+
+def test_a_process_folder_the_stage_never_launched_is_left_out_and_said(tmp_path):
+    """A stray raw/<stage>/<host>/<proc>/ (a hand run into the run folder, a copy): its
+    messages are no stage's, so its files are not summed into the stage's rates and
+    latencies (they were, with a notice); a stage.json that lists no process reads every
+    folder, as before. Pure: no Spark."""
+    from spark.stage_files import load_stage
+    from tasks.driver.output import SUMMARY_FILE
+
+    stage_dir = tmp_path / "raw" / "s1"
+    for host, proc in (("h1", "0"), ("h9", "0")):
+        (stage_dir / host / proc).mkdir(parents=True)
+        (stage_dir / host / proc / SUMMARY_FILE).write_text(json.dumps(
+            {"host": host, "proc": proc, "status": "ok"}))
+        write_csv(stage_dir / host / proc / COUNTERS_FILE, COUNTER_COLUMNS,
+                  [(MEASURE[0], *[1] * (len(COUNTER_COLUMNS) - 1))])
+    doc = {"stage_id": "s1", "processes": [{"host": "h1", "proc": "0"}],
+           "windows": {"measure_start": MEASURE[0], "measure_end": MEASURE[-1] + 1}}
+    (stage_dir / STAGE_FILE).write_text(json.dumps(doc))
+    stage = load_stage(tmp_path / "raw", "s1")
+    assert [s["host"] for s in stage.summaries] == ["h1"]
+    assert [p.parent.parent.name for p in stage.files["counters"]] == ["h1"]
+    assert any("unexpected process h9/0" in p and "left out" in p for p in stage.problem_list())
+    (stage_dir / STAGE_FILE).write_text(json.dumps({**doc, "processes": []}))
+    assert len(load_stage(tmp_path / "raw", "s1").summaries) == 2
