@@ -81,6 +81,12 @@ def test_report_is_self_contained_and_escaped(report):
     assert ('<h2>Notes on the stages</h2><ul id="notes"><li>fanin.q0.c200: the broker granted '
             'QoS &lt;1&gt;</li><li>fanin.q0.c200: clocks not trusted</li></ul>') in html
     assert "<p>Nothing to note.</p>" in render(RUN, [stage(0, 0, 50, 500.0)], [])
+    # a p-value of 4e-5 is not a certainty: never rounded up to 100
+    sure = stage(5, 0, 50, 500.0)
+    sure["comparisons"][0]["confidence"] = 0.99996
+    page = render(RUN, [sure], [])
+    table = page[page.index('<table id="verdicts">'):]
+    assert "<td>&gt;99.9</td>" in table and "100.0" not in table[:table.index("</table>")]
     # the host as a person reads it, not as Python prints it
     row = html[html.index('<table id="hosts">'):]
     row = row[:row.index("</table>")]

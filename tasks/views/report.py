@@ -245,6 +245,14 @@ def cost_table(stages: list[dict]) -> str:
     return f'<table id="cost"><tr><th class="l">stage</th>{head}</tr>{rows}</table>'
 
 
+def _confidence(confidence: float | None) -> str:
+    """1 - p as a percentage, never rounded up to a certainty: 0.99996 is ">99.9", not
+    "100.0"."""
+    if confidence is None:
+        return show(None)
+    return "&gt;99.9" if confidence > 0.999 else show(100 * confidence)
+
+
 def verdicts(stages: list[dict]) -> str:
     """Every verdict, worst first, with the smallest step its metric can show (MDE) and
     why a metric is not guarded (too noisy) or not judged yet (learning)."""
@@ -258,7 +266,7 @@ def verdicts(stages: list[dict]) -> str:
         f'<td>{show(c["baseline_value"], c["metric"])}</td><td>{show(c["value"], c["metric"])}</td>'
         f'<td class="l">{escape(unit_of(c["metric"]))}</td><td>{show(c["change_pct"])}</td><td>{show((c.get("detail") or {}).get("mde_pct"))}</td>'
         f'<td>{show(((c.get("detail") or {}).get("across") or {}).get("mde_pct"))}</td>'
-        f'<td>{show(None if c["confidence"] is None else 100 * c["confidence"])}</td>'
+        f'<td>{_confidence(c["confidence"])}</td>'
         f'<td class="l">{escape(verdict_note(c))}</td></tr>'
         for stage_id, c in found)
     return ('<table id="verdicts"><tr><th class="l">stage</th><th class="l">metric</th>'
