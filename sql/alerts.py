@@ -103,6 +103,8 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
     changed), or None when there is none and none is needed. suspected / regression open or
     update it; any other judged verdict closes it: `cleared` if it was only suspected (acked
     or not), else `recovered`. invalid and no_baseline say nothing about the change: no-op.
+    A verdict of a night older than the one an alert of its history last followed (its
+    compare run again) leaves the alerts as they are (`_judged_since`).
 
     Given `judged_on` (tonight's history), an alert opened on a night of another history
     (another host fingerprint or setup; a release run's, for a nightly judged against the
@@ -112,6 +114,8 @@ def follow_verdict(s: Session, *, stage_key: str, metric: str, run_id: str, verd
     if verdict in NOT_JUDGED:
         return None
     _check_run(s, run_id)
+    if _judged_since(s, stage_key, metric, run_id, judged_on):
+        return None  # an older night judged again: its verdict is stored, the alerts are not its
     alert = _open_of_history(s, stage_key, metric, judged_on)
     if verdict in VERDICT_STATUS:
         if alert is None:
@@ -142,6 +146,17 @@ def _ever_confirmed(s: Session, alert: Alert, judged_on: History | None) -> bool
     return any(alert_key(base, detail) == alert.stage_key
                and (judged_on is None or holds(s, run_id, judged_on))
                for detail, run_id in nights)
+
+
+def _judged_since(s: Session, stage_key: str, metric: str, run_id: str,
+                  judged_on: History | None) -> bool:
+    """Whether an alert of stage_key+metric of tonight's history (`judged_on`, as
+    `_open_of_history` tells it) last followed a night that started after run `run_id`:
+    an earlier night's compare run again (a cleared DAG task, a new detector)."""
+    started = s.get(Run, run_id).started_at
+    later = s.scalars(select(Alert).join(Run, Alert.last_run_id == Run.run_id).where(
+        Alert.stage_key == stage_key, Alert.metric == metric, Run.started_at > started))
+    return any(judged_on is None or holds(s, alert.first_run_id, judged_on) for alert in later)
 
 
 def _check_run(s: Session, run_id: str) -> None:

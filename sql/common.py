@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -72,8 +72,13 @@ def upsert(session: Session, model: type[Base], values: dict[str, Any], keys: tu
 def upsert_baseline(session: Session, kind: str, label: str, run_id: str,
                     broker_kind: str = "") -> None:
     """A reset marker, or a release pin (`broker_kind`: its run's; a label is pinned once
-    per broker kind)."""
+    per broker kind). The same run pinned again keeps its pin's time: a release run
+    started since resolves its baseline by that time, and would lose it."""
     check("baselines.kind", kind)
+    same = session.scalar(select(Baseline.run_id).where(
+        Baseline.kind == kind, Baseline.broker_kind == broker_kind, Baseline.label == label))
+    if same == run_id:
+        return
     upsert(session, Baseline, {"kind": kind, "broker_kind": broker_kind, "label": label,
                                "run_id": run_id, "created_at": utcnow()},
            ("kind", "broker_kind", "label"))

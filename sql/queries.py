@@ -89,11 +89,26 @@ def _held_out(s: Session, history: History, rows: list[Any]) -> dict[tuple[str, 
     return out
 
 
+def _with_unflagged(rows: list[Any], held: dict[tuple[str, str], set[str]],
+                    limit: int) -> list[Any]:
+    """The newest `rows` up to the `limit`-th whose values no flag holds out (all of them
+    when fewer): a change flagged night after night (an acked regression) must not push
+    the nights before it out of the window, or its own values would soon be all that is
+    left, the metric learning again, its regressed level the baseline."""
+    unflagged = 0
+    for i, r in enumerate(rows):
+        unflagged += not held.get((r.run_id, r.stage_id))
+        if unflagged == limit:
+            return rows[:i + 1]
+    return rows
+
+
 def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before: datetime,
             limit: int, setup: dict | None = None) -> list[dict[str, Any]]:
     """One entry per comparable run (a run is assumed to have one stage per stage key),
-    the newest `limit` of them that measured `setup` when given (`measured_alike`): its
-    metrics, the metrics held out of baselines, its verdicts by metric and the stage's params."""
+    the newest that measured `setup` when given (`measured_alike`), up to the `limit`-th
+    of them none of whose values a flag holds out (`_with_unflagged`): its metrics, the
+    metrics held out of baselines, its verdicts by metric and the stage's params."""
     q = _comparable(stage_key, fingerprint_hash, before)
     of = History(stage_key, fingerprint_hash, setup)
     starts = reset_starts(s, of, before)
@@ -101,10 +116,22 @@ def history(s: Session, stage_key: str, fingerprint_hash: str | None, *, before:
         q = q.where(Run.started_at >= starts.pop(None))
     q = q.order_by(Run.started_at.desc(), Run.run_id.desc())
     if setup is None:
-        rows = s.execute(q.limit(limit)).all()
+        def newest(n: int) -> list[Any]:
+            return s.execute(q.limit(n)).all()
     else:  # the setup is Python's rule: read every night's params (one small row each)
-        rows = [r for r in s.execute(q) if measured_alike(r.params, setup)][:limit]
-    held = _held_out(s, of, rows)
+        alike = [r for r in s.execute(q) if measured_alike(r.params, setup)]
+
+        def newest(n: int) -> list[Any]:
+            return alike[:n]
+    fetched = limit
+    while True:  # more nights only while flagged ones crowd the newest out
+        rows = newest(fetched)
+        held = _held_out(s, of, rows)
+        kept = _with_unflagged(rows, held, limit)
+        if len(kept) < len(rows) or len(rows) < fetched:
+            rows = kept
+            break
+        fetched *= 2
     for r in rows:  # a metric's nights before its accepted change stay out of its baseline
         held.setdefault((r.run_id, r.stage_id), set()).update(
             metric for metric, start in starts.items() if r.started_at < start)

@@ -364,6 +364,64 @@ def test_accepting_one_metrics_change_leaves_the_stages_other_regressions_standi
     assert store.alert(alerts["broker_rss_per_1k_conn"]["id"])["status"] == "confirmed"
 
 
+def test_a_regression_acked_for_months_stays_one_and_never_becomes_the_baseline(
+        store: Store) -> None:
+    """A person acks a throughput drop and nobody fixes it for months. Every night is
+    judged a regression and held out; the 60-night window once filled with those held
+    nights alone, the metric went back to learning, the alert closed as "recovered" and
+    the regressed level became the baseline. The window now reaches back past the held
+    nights to the ones before the change."""
+    from tasks.analysis.policy import Policy
+    from tasks.steps.compare import compare_stored
+
+    jitter = (1.0, 1.008, 0.993, 1.004, 0.997, 1.006, 0.99, 1.002, 0.996, 1.01, 0.995, 1.003)
+
+    def night(day: int, rate: float) -> str:
+        run_id = f"n{day:03d}"
+        new_run(store, run_id, day)
+        store.record_stage(run_id, "fanin.q1", scenario="fanin", stage_key="fanin.q1",
+                           params={"qos": 1}, fingerprint_hash="fp1")
+        store.record_results(run_id, "fanin.q1", series={}, validity="valid", reason=None,
+                             metrics={"delivered_rate": rate * jitter[day % len(jitter)]})
+        (verdict,) = [v["verdict"] for v in compare_stored(store, run_id, {})["verdicts"]
+                      if v["metric"] == "delivered_rate"]
+        store.finish_run(run_id, "ok")
+        return verdict
+
+    for day in range(10):
+        night(day, 1000.0)
+    assert night(10, 800.0) == "suspected"
+    (alert,) = store.alerts()
+    store.set_alert_status(alert["id"], "acked")
+    nights = Policy().history_nights + 10  # past the point where the window was all held
+    said = [night(day, 800.0) for day in range(11, 11 + nights)]
+    assert said == ["regression"] * nights
+    assert store.alert(alert["id"])["status"] == "acked"
+
+
+def test_an_older_night_judged_again_leaves_the_alerts_as_they_are(store: Store) -> None:
+    """A regression confirmed on n12 and n13; n09's compare is run again (a cleared DAG
+    task, a new detector). Its verdict closed today's alert as "recovered", its last night
+    n09, and the next night opened a second alert for the same regression."""
+    from tasks.steps.compare import compare_stored
+
+    jitter = (1.0, 1.008, 0.993, 1.004, 0.997, 1.006, 0.99, 1.002, 0.996, 1.01, 0.995, 1.003)
+    for day in range(14):
+        run_id = f"n{day:02d}"
+        new_run(store, run_id, day)
+        store.record_stage(run_id, "fanin.q1", scenario="fanin", stage_key="fanin.q1",
+                           params={"qos": 1}, fingerprint_hash="fp1")
+        rate = (1000.0 if day < 12 else 800.0) * jitter[day % len(jitter)]
+        store.record_results(run_id, "fanin.q1", series={}, validity="valid", reason=None,
+                             metrics={"delivered_rate": rate})
+        compare_stored(store, run_id, {})
+        store.finish_run(run_id, "ok")
+    (alert,) = store.alerts()
+    assert (alert["status"], alert["last_run_id"]) == ("confirmed", "n13")
+    compare_stored(store, "n09", {})
+    assert store.alerts() == [alert]
+
+
 def test_release_baseline(store: Store) -> None:
     new_run(store, "rel1", kind="release", release_label="v1")
     with pytest.raises(StoreError, match="running"):
@@ -374,6 +432,13 @@ def test_release_baseline(store: Store) -> None:
     nightly(store, "rel2", 2)
     store.pin_release_baseline("v1", "rel2")
     assert store.release_baseline("v1", "mosquitto") == "rel2" and store.release_baseline("v0", "mosquitto") is None
+    # a release run started since the pin keeps it when the same run is pinned again (a
+    # retried promote): the pin's time is not moved past the run's start
+    store.create_run("rel3", kind="release", suite="smoke", broker_kind="mosquitto",
+                     artifact_dir="/runs/rel3", release_label="v2")
+    assert store.release_baseline_for("rel3") == ("v1", "rel2")
+    store.pin_release_baseline("v1", "rel2")
+    assert store.release_baseline_for("rel3") == ("v1", "rel2")
     store.finish_run("rel2", "ok", excluded=True, reason="bad host")
     with pytest.raises(StoreError, match="excluded"):
         store.pin_release_baseline("v1", "rel2")
@@ -578,8 +643,9 @@ def test_each_setup_keeps_its_own_history_in_the_compare_step_and_the_report(
     again = inputs("n5")
     assert [h["run_id"] for h in again["history"]] == ["n2", "n1"]
     assert again["new_history"] is None and again["previous"]["delivered_rate"]["run_id"] == "n2"
+    # n2's suspicion holds its value out: the nights reach back to one that holds nothing
     assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n5", limit=1,
-                                               setup=one)] == ["n2"]
+                                               setup=one)] == ["n2", "n1"]
     assert [h["run_id"] for h in store.history("fanin.q1", "fp1", before_run="n5", limit=1)] \
         == ["n4"]
 
