@@ -156,7 +156,12 @@ def _judged_since(s: Session, stage_key: str, metric: str, run_id: str,
     started = s.get(Run, run_id).started_at
     later = s.scalars(select(Alert).join(Run, Alert.last_run_id == Run.run_id).where(
         Alert.stage_key == stage_key, Alert.metric == metric, Run.started_at > started))
-    return any(judged_on is None or holds(s, alert.first_run_id, judged_on) for alert in later)
+    return any(_of_history(s, alert, judged_on) for alert in later)
+
+
+def _of_history(s: Session, alert: Alert, judged_on: History | None) -> bool:
+    """Whether `alert` was opened on a night of history `judged_on` (any, when None)."""
+    return judged_on is None or holds(s, alert.first_run_id, judged_on)
 
 
 def _check_run(s: Session, run_id: str) -> None:
@@ -198,7 +203,7 @@ def _open_of_history(s: Session, stage_key: str, metric: str,
     """The newest open alert of stage_key+metric that tonight's history opened (see
     `follow_verdict`)."""
     for alert in s.scalars(_newest_first(stage_key, metric, open_only=True)):
-        if judged_on is None or holds(s, alert.first_run_id, judged_on):
+        if _of_history(s, alert, judged_on):
             return alert
     return None
 

@@ -479,7 +479,7 @@ class Store:
                              f"it ({metric_defs.RELEASE_LABEL_RULE})")
         with self._tx() as s:
             run = self._run(s, run_id)
-            if run.status != "ok" or run.excluded:
+            if not metric_defs.feeds_baselines(run.status, run.excluded):
                 raise StoreError(f"run {run_id!r} is {run.status}"
                                  f"{' and excluded' if run.excluded else ''}: only an ok, "
                                  "not excluded run can be a release baseline")

@@ -20,6 +20,7 @@ import yaml
 from sql import Store
 
 from .fingerprint import measured_alike
+from .metrics import feeds_baselines
 from .views import export as views
 
 FORMATS = ("bencher", "otava")
@@ -42,7 +43,7 @@ def export_run(store: Store, run_id: str, fmt: str, out: Path,
     if run is None:
         raise ValueError(f"no run {run_id!r}; recent: "
                          f"{[r['run_id'] for r in store.latest_runs(5)]}")
-    if not force and (run["status"] != "ok" or run["excluded"]):
+    if not force and not feeds_baselines(run["status"], run["excluded"]):
         state = run["status"] + (", excluded from baselines" if run["excluded"] else "")
         raise ValueError(f"run {run_id} is {state}: other tools would take it for a good "
                          f"night; export it anyway with --force")

@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import invoke
 

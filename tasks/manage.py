@@ -20,7 +20,7 @@ from sql import Store
 from sql.alerts import release_of
 
 from . import rundir
-from .metrics import ALERT_ACTIONS
+from .metrics import ALERT_ACTIONS, feeds_baselines
 from .run_context import folder_of
 from .settings import Settings, load_settings
 from .views.summary import run_summary
@@ -111,7 +111,7 @@ def promote_release(run_id: str, label: str, asked: bool = True,
     store = (settings or load_settings()).store()  # migrated already: the run's plan stored it
     try:
         run = store.run(run_id)
-        if run is None or run["status"] != "ok" or run["excluded"]:
+        if run is None or not feeds_baselines(run["status"], run["excluded"]):
             status = run["status"] if run else "not stored"
             return f"not promoted: run {run_id} is {status}; only an ok run becomes a baseline"
         promote(store, run_id, label, said.append)

@@ -251,6 +251,13 @@ RUN_KINDS = ("nightly", "release", "manual")
 RUN_STATUSES = ("running", "ok", "failed", "invalid")
 
 
+def feeds_baselines(status: str, excluded: bool) -> bool:
+    """Whether a run may stand for a good night: a rolling or release baseline, a pin,
+    another tool's history. It finished ok and no one excluded it (the store's
+    `queries._comparable` asks the same in SQL)."""
+    return status == "ok" and not excluded
+
+
 def exit_code(status: str, warning: str | None, airflow_state: str = "success", *,
               stored: bool = True) -> int:
     """A closed run's status as `perfpipe run` and `perfpipe nightly` exit with it: 0 ok,

@@ -23,8 +23,9 @@ OPTIONS_FILE = "/etc/activemq/instances-available/perfpipe/options"
 DEFAULT_OPTS = "-Xms512M -Xmx512M"
 EXTRA_CLASSPATH = "/usr/share/java/mqtt-client.jar"  # the MQTT codec the transport needs
 _OPTS_LINE = re.compile(r'^[ \t]*ACTIVEMQ_OPTS[ \t]*=[ \t]*"(?P<opts>[^"]*)"[ \t]*$', re.M)
-_HEAP = re.compile(r"^-Xm[sx]\d+[KMGkmg]?$")
-_HEAP_WORD = re.compile(r"(?<!\S)-Xm[sx]\d+[KMGkmg]?(?!\S)\s*")
+_HEAP_OPTION = r"-Xm[sx]\d+[KMGkmg]?"  # -Xms512M, -Xmx4G
+_HEAP = re.compile(f"^{_HEAP_OPTION}$")  # one shell word
+_HEAP_WORD = re.compile(rf"(?<!\S){_HEAP_OPTION}(?!\S)\s*")  # in a line, with what follows it
 
 CONFIG = """<beans xmlns="http://www.springframework.org/schema/beans"
        xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
